@@ -11,6 +11,7 @@ Offsets come back in characters of the text as given, so spans index the origina
 from __future__ import annotations
 
 import unicodedata
+from functools import lru_cache
 from typing import Sequence
 
 import regex
@@ -42,17 +43,32 @@ def dpr_tokenize(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def _token_spans(passage_tokens: list[tuple[str, int, int]], answer: str) -> list[tuple[int, int]]:
-    words = [t for t, _, _ in passage_tokens]
-    ans = [t for t, _, _ in dpr_tokenize(answer)]
-    if not ans:
-        return []
-    n = len(ans)
-    return [
-        (passage_tokens[i][1], passage_tokens[i + n - 1][2])
-        for i in range(len(words) - n + 1)
-        if words[i : i + n] == ans
-    ]
+class TokenizedText:
+    """A passage's DPR tokens with, for each token, where it occurs: an answer whose first token is
+    absent is rejected at once, which matters for TriviaQA's dozens of aliases per question."""
+
+    __slots__ = ("words", "spans", "positions")
+
+    def __init__(self, text: str):
+        tokens = dpr_tokenize(text)
+        self.words = [t for t, _, _ in tokens]
+        self.spans = [(s, e) for _, s, e in tokens]
+        self.positions: dict[str, list[int]] = {}
+        for i, w in enumerate(self.words):
+            self.positions.setdefault(w, []).append(i)
+
+    def find(self, answer_words: tuple[str, ...]) -> list[tuple[int, int]]:
+        """Character spans where the token sequence occurs."""
+        n = len(answer_words)
+        if not n:
+            return []
+        return [(self.spans[i][0], self.spans[i + n - 1][1]) for i in self.positions.get(answer_words[0], ())
+                if tuple(self.words[i:i + n]) == answer_words]
+
+
+@lru_cache(maxsize=65536)
+def answer_words(answer: str) -> tuple[str, ...]:
+    return tuple(t for t, _, _ in dpr_tokenize(answer))
 
 
 def _regex_spans(text: str, pattern: str) -> list[tuple[int, int]]:
@@ -65,20 +81,20 @@ def _regex_spans(text: str, pattern: str) -> list[tuple[int, int]]:
 
 
 def answer_spans(text: str, answers: Sequence[str], regex_answers: bool = False,
-                 tokens: list[tuple[str, int, int]] | None = None) -> list[tuple[int, int]]:
+                 tokens: TokenizedText | None = None) -> list[tuple[int, int]]:
     """Character spans in `text` where any answer occurs, sorted and de-duplicated.
-    Pass `tokens=dpr_tokenize(text)` to reuse a tokenisation across calls."""
+    Pass `tokens=TokenizedText(text)` to reuse a tokenisation across calls."""
     spans: set[tuple[int, int]] = set()
     if regex_answers:
         for pattern in answers:
             spans.update(_regex_spans(text, pattern))
     else:
-        tokens = dpr_tokenize(text) if tokens is None else tokens
+        tokens = TokenizedText(text) if tokens is None else tokens
         for answer in answers:
-            spans.update(_token_spans(tokens, answer))
+            spans.update(tokens.find(answer_words(answer)))
     return sorted(spans)
 
 
 def has_answer(text: str, answers: Sequence[str], regex_answers: bool = False,
-               tokens: list[tuple[str, int, int]] | None = None) -> bool:
+               tokens: TokenizedText | None = None) -> bool:
     return bool(answer_spans(text, answers, regex_answers, tokens))

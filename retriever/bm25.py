@@ -1,0 +1,96 @@
+"""BM25 over title + text of a built corpus, with bm25s: Lucene's scoring (k1=1.5, b=0.75),
+English stop words removed, Snowball English stemming (PyStemmer).
+
+The index lives in CORPUS/bm25/ with a manifest holding the corpus fingerprint and the parameters,
+and is rebuilt when either changes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import bm25s
+import numpy as np
+import Stemmer
+
+from common.corpus import PassageStore, corpus_info
+from common.io import InputError, atomic_path, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    k1: float = 1.5
+    b: float = 0.75
+    method: str = "lucene"
+    stopwords: str = "en"
+    stemmer: str = "english"
+
+
+class BM25Index:
+    def __init__(self, model: bm25s.BM25, params: BM25Params, fingerprint: str):
+        self.model = model
+        self.params = params
+        self.fingerprint = fingerprint
+        self._stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
+
+    def tokenize(self, texts: list[str]) -> list[list[str]]:
+        return bm25s.tokenize(texts, stopwords=self.params.stopwords, stemmer=self._stemmer,
+                              return_ids=False, show_progress=False)
+
+    @classmethod
+    def build(cls, corpus_dir: str | os.PathLike, params: BM25Params = BM25Params()) -> "BM25Index":
+        corpus_dir = Path(corpus_dir)
+        info = corpus_info(corpus_dir)
+        store = PassageStore(corpus_dir)
+        log.info("building a BM25 index over %d passages of %s", len(store), corpus_dir)
+        model = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
+        index = cls(model, params, info["fingerprint"])
+        texts = [f"{p['title']} {p['text']}" for p in store]
+        store.close()
+        model.index(index.tokenize(texts), show_progress=True)
+        with atomic_path(corpus_dir / "bm25") as tmp:
+            model.save(str(tmp), show_progress=False)
+            write_json(tmp / "manifest.json", {"fingerprint": info["fingerprint"], "passages": len(texts),
+                                                "params": asdict(params)})
+        return index
+
+    @classmethod
+    def load(cls, corpus_dir: str | os.PathLike) -> "BM25Index":
+        corpus_dir = Path(corpus_dir)
+        index_dir = corpus_dir / "bm25"
+        manifest = read_json(index_dir / "manifest.json")
+        fingerprint = corpus_info(corpus_dir)["fingerprint"]
+        if manifest["fingerprint"] != fingerprint:
+            raise InputError(f"{index_dir} was built for another version of the corpus "
+                             f"({manifest['fingerprint']} != {fingerprint}): rebuild it")
+        model = bm25s.BM25.load(str(index_dir), show_progress=False)
+        return cls(model, BM25Params(**manifest["params"]), fingerprint)
+
+    @classmethod
+    def open(cls, corpus_dir: str | os.PathLike, params: BM25Params = BM25Params()) -> "BM25Index":
+        """The saved index if it matches the corpus and the parameters, else a freshly built one."""
+        manifest = Path(corpus_dir) / "bm25" / "manifest.json"
+        if manifest.exists():
+            saved = read_json(manifest)
+            if saved.get("params") == asdict(params) and saved.get("fingerprint") == corpus_info(corpus_dir)["fingerprint"]:
+                return cls.load(corpus_dir)
+            log.info("the saved BM25 index does not match the corpus or the parameters: rebuilding")
+        return cls.build(corpus_dir, params)
+
+    @property
+    def num_passages(self) -> int:
+        return int(self.model.scores["num_docs"])
+
+    def search(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (into passages.jsonl) and scores of the top k passages, each (len(questions), k)."""
+        k = min(k, self.num_passages)
+        rows, scores = self.model.retrieve(self.tokenize(questions), k=k, show_progress=False, n_threads=0)
+        return rows, scores
+
+    def scores(self, question: str) -> np.ndarray:
+        """The BM25 score of every passage for one question."""
+        return self.model.get_scores(self.tokenize([question])[0])

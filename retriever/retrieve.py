@@ -1,0 +1,42 @@
+"""Run any retriever over a question set and write DPR's retrieval-results file.
+
+A retriever here is anything with `search(questions: list[str], k) -> (rows, scores)`, rows indexing
+the corpus's passages.jsonl.
+"""
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Protocol, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from common.corpus import PassageStore
+from common.metrics.has_answer import TokenizedText
+from common.questions import Question
+from common.retrieval_file import make_entry
+
+log = logging.getLogger(__name__)
+
+
+class Retriever(Protocol):
+    def search(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Question], k: int,
+             batch_size: int = 256) -> list[dict]:
+    # Popular passages come back for many questions: read and tokenise each once.
+    @lru_cache(maxsize=200_000)
+    def passage(row: int) -> tuple[dict, TokenizedText]:
+        p = store[row]
+        return p, TokenizedText(p["text"])
+
+    entries = []
+    for start in tqdm(range(0, len(questions), batch_size), desc="retrieve", unit=" batches", disable=None):
+        batch = questions[start:start + batch_size]
+        rows, scores = retriever.search([q.question for q in batch], k)
+        for q, q_rows, q_scores in zip(batch, rows, scores):
+            hits = [passage(int(r)) for r in q_rows]
+            entries.append(make_entry(q, [p for p, _ in hits], q_scores, [t for _, t in hits]))
+    return entries
