@@ -1,0 +1,78 @@
+"""`odqa supervise`: reading-comprehension examples from question/answer pairs by distant supervision.
+
+For each training question, the passages whose text contains an answer (DPR's has_answer; regex for
+CuratedTREC) are the positives; BM25 ranks them and the best `positives_per_question` become examples
+`{id, question, answers, regex, passage_id, title, text, answer_char_spans, bm25_score, dataset}`.
+Questions go to train or validation by a hash of the question text, so the split is the same on every
+machine and every run, and one question's examples never straddle it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from common.answer_index import AnswerIndex
+from common.corpus import PassageStore, corpus_info
+from common.io import atomic_path, write_json
+from common.metrics.has_answer import answer_spans
+from common.questions import load_questions, question_set_name
+from retriever.bm25 import BM25Index
+
+log = logging.getLogger(__name__)
+
+
+def split_of(question: str, validation_percent: float) -> str:
+    bucket = int(hashlib.md5(question.strip().lower().encode("utf-8")).hexdigest(), 16) % 10_000
+    return "validation" if bucket < validation_percent * 100 else "train"
+
+
+def supervise(question_sets: Sequence[str], corpus_dir: str | os.PathLike, out_dir: str | os.PathLike,
+              positives_per_question: int = 1, validation_percent: float = 10.0) -> dict:
+    corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
+    store = PassageStore(corpus_dir)
+    answers_index = AnswerIndex((p["text"] for p in store), total=len(store))
+    bm25 = BM25Index.open(corpus_dir)
+    stats = {"corpus": str(corpus_dir), "fingerprint": corpus_info(corpus_dir)["fingerprint"],
+             "positives_per_question": positives_per_question, "validation_percent": validation_percent,
+             "datasets": {}, "examples": {"train": 0, "validation": 0}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / "train.jsonl") as train_tmp, atomic_path(out_dir / "validation.jsonl") as val_tmp, \
+            open(train_tmp, "w", encoding="utf-8") as train_f, open(val_tmp, "w", encoding="utf-8") as val_f:
+        files = {"train": train_f, "validation": val_f}
+        for name in question_sets:
+            dataset = question_set_name(name)
+            questions = load_questions(name)
+            found = {"train": 0, "validation": 0}
+            asked = {"train": 0, "validation": 0}
+            for q in tqdm(questions, desc=f"supervise {dataset}", unit=" q", mininterval=2, disable=None):
+                split = split_of(q.question, validation_percent)
+                asked[split] += 1
+                rows = answers_index.find(q.answers, q.regex)
+                if not rows:
+                    continue
+                found[split] += 1
+                scores = bm25.scores(q.question)[rows]
+                for i in np.argsort(-scores, kind="stable")[:positives_per_question]:
+                    p = store[rows[i]]
+                    example = {"id": q.id, "question": q.question, "answers": q.answers, "regex": q.regex,
+                               "passage_id": p["id"], "title": p["title"], "text": p["text"],
+                               "answer_char_spans": answer_spans(p["text"], q.answers, q.regex),
+                               "bm25_score": float(scores[i]), "dataset": dataset}
+                    files[split].write(json.dumps(example, ensure_ascii=False) + "\n")
+                    stats["examples"][split] += 1
+            stats["datasets"][dataset] = {
+                "questions": len(questions), "with_positive": sum(found.values()),
+                "with_positive_percent": 100.0 * sum(found.values()) / len(questions),
+                "train_questions": found["train"], "validation_questions": found["validation"],
+                "train_asked": asked["train"], "validation_asked": asked["validation"]}
+            log.info("%s: %d of %d questions have a positive passage", dataset, sum(found.values()), len(questions))
+    store.close()
+    write_json(out_dir / "stats.json", stats)
+    return stats

