@@ -20,8 +20,7 @@ def _corpus_arg(p: argparse.ArgumentParser) -> None:
 def cmd_data_fetch(args) -> None:
     from common import datapack
     result = datapack.fetch(force=args.force)
-    verb = "fetched" if result["fetched"] else "already fetched; nothing to do"
-    print(f"data pack {verb}: {datapack.data_dir()}")
+    print(f"data pack in {datapack.data_dir()}:")
     for rel, n in result["outputs"].items():
         print(f"  {rel}: {n}")
 

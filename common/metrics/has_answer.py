@@ -71,12 +71,18 @@ def answer_words(answer: str) -> tuple[str, ...]:
     return tuple(t for t, _, _ in dpr_tokenize(answer))
 
 
+def _compiled_or_none(pattern: str):
+    try:
+        return compile_answer_regex(pattern)
+    except ValueError:
+        return None  # DPR treats an answer regex that does not compile as matching nothing
+
+
 def _regex_spans(text: str, pattern: str) -> list[tuple[int, int]]:
     norm, source = _nfd_with_offsets(text)
-    try:
-        compiled = compile_answer_regex(pattern)
-    except ValueError:
-        return []  # DPR treats an answer regex that does not compile as matching nothing
+    compiled = _compiled_or_none(pattern)
+    if compiled is None:
+        return []
     return [(source[m.start()], source[m.end() - 1] + 1) for m in compiled.finditer(norm) if m.end() > m.start()]
 
 
@@ -97,4 +103,8 @@ def answer_spans(text: str, answers: Sequence[str], regex_answers: bool = False,
 
 def has_answer(text: str, answers: Sequence[str], regex_answers: bool = False,
                tokens: TokenizedText | None = None) -> bool:
-    return bool(answer_spans(text, answers, regex_answers, tokens))
+    if regex_answers:  # DPR: `pattern.search(text) is not None`, so an empty match counts too
+        norm = unicodedata.normalize("NFD", text)
+        patterns = [c for c in map(_compiled_or_none, answers) if c is not None]
+        return any(c.search(norm) is not None for c in patterns)
+    return bool(answer_spans(text, answers, tokens=tokens))

@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from common.corpus import PassageStore, build_corpus
+from common.io import InputError
+from common.questions import load_questions
+from common.retrieval_eval import answerable_flags, evaluate_results
+from common.retrieval_file import read_results, write_results
+from retriever.bm25 import BM25Index, BM25Params
+from retriever.retrieve import retrieve
+from tests.conftest import TINY_DOCS, write_jsonl
+
+
+def test_bm25_ranks_the_passage_with_the_answer_first(tiny_corpus, tiny_questions):
+    index = BM25Index.open(tiny_corpus)
+    store = PassageStore(tiny_corpus)
+    entries = retrieve(index, store, load_questions(tiny_questions), k=3)
+    by_id = {e["id"]: e for e in entries}
+    assert by_id["q0"]["ctxs"][0]["title"] == "Wilhelm Röntgen" and by_id["q0"]["ctxs"][0]["has_answer"]
+    assert by_id["q1"]["ctxs"][0]["title"] == "The Beatles" and by_id["q1"]["ctxs"][0]["has_answer"]
+    assert by_id["q2"]["ctxs"][0]["id"] == "paris#0"
+    assert not any(c["has_answer"] for c in by_id["q4"]["ctxs"])
+    scores = [c["score"] for c in by_id["q0"]["ctxs"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_index_is_saved_reused_and_rebuilt_when_stale(tiny_corpus, tiny_docs, tmp_path):
+    BM25Index.open(tiny_corpus)
+    manifest = tiny_corpus / "bm25" / "manifest.json"
+    mtime = manifest.stat().st_mtime_ns
+    BM25Index.open(tiny_corpus)
+    assert manifest.stat().st_mtime_ns == mtime                           # reused
+    BM25Index.open(tiny_corpus, BM25Params(k1=0.9))
+    assert json.loads(manifest.read_text())["params"]["k1"] == 0.9        # other parameters: rebuilt
+    build_corpus([write_jsonl(tmp_path / "more.jsonl", TINY_DOCS[:2])], tiny_corpus)
+    with pytest.raises(InputError, match="another version of the corpus"):
+        BM25Index.load(tiny_corpus)
+    assert BM25Index.open(tiny_corpus).num_passages == 4                  # rebuilt for the new corpus
+
+
+def test_retrieval_file_round_trip_and_metrics(tiny_corpus, tiny_questions, tmp_path):
+    index = BM25Index.open(tiny_corpus)
+    entries = retrieve(index, PassageStore(tiny_corpus), load_questions(tiny_questions), k=100)
+    assert all(len(e["ctxs"]) == 6 for e in entries)                      # k is capped by the corpus
+    path = tmp_path / "run.json"
+    write_results(path, entries)
+    assert read_results(path) == entries
+    answerable = answerable_flags(entries, tiny_corpus)
+    assert answerable == [True, True, True, True, False]
+    metrics = evaluate_results(entries, answerable, ks=(1, 5))
+    assert metrics["all"]["questions"] == 5 and metrics["answerable"]["questions"] == 4
+    assert metrics["answerable"]["Top-5"] == 100.0
+    assert metrics["all"]["Top-5"] == 80.0
+
+
+def test_read_results_rejects_a_file_of_another_shape(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([{"question": "q", "ctxs": [{"id": "1"}]}]))
+    with pytest.raises(InputError, match="ctx 0 has no \"has_answer\""):
+        read_results(path)
+    path.write_text("{")
+    with pytest.raises(InputError, match="not valid JSON"):
+        read_results(path)

@@ -1,0 +1,68 @@
+"""The `odqa` command's wiring: help, each subcommand end to end on a tiny corpus, errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from system.cli import build_parser, main
+
+SUBCOMMANDS = ["demo", "data fetch", "corpus build", "supervise", "retrieve", "eval-retrieval"]
+
+
+def test_console_script_lists_subcommands():
+    out = subprocess.run([sys.executable, "-m", "system.cli", "--help"], capture_output=True, text=True, check=True)
+    for name in ["demo", "data", "corpus", "supervise", "retrieve", "eval-retrieval"]:
+        assert name in out.stdout
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_each_subcommand_explains_its_flags(sub, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(sub.split() + ["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: odqa " + sub) and "--" in out
+
+
+def test_build_retrieve_evaluate_supervise(tmp_path, tiny_docs, tiny_questions, capsys):
+    corpus = tmp_path / "corpus"
+    assert main(["-q", "corpus", "build", "--input", str(tiny_docs), "--out", str(corpus)]) == 0
+    assert "6 passages from 4 documents" in capsys.readouterr().out
+
+    run = tmp_path / "run.json"
+    assert main(["-q", "retrieve", "--questions", str(tiny_questions), "--corpus", str(corpus),
+                 "--k", "5", "--out", str(run)]) == 0
+    entries = json.loads(run.read_text())
+    assert len(entries) == 5 and all(len(e["ctxs"]) == 5 for e in entries)
+
+    assert main(["-q", "eval-retrieval", str(run), "--corpus", str(corpus), "--topk", "1", "5",
+                 "--json", str(tmp_path / "m.json")]) == 0
+    table = capsys.readouterr().out
+    assert "| run | all | 5 |" in table and "| run | answerable | 4 |" in table
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["run"]["answerable"]["Top-5"] == 100.0
+
+    assert main(["-q", "supervise", "--questions", str(tiny_questions), "--corpus", str(corpus),
+                 "--validation-percent", "0"]) == 0
+    assert "| tiny-q | 5 | 4 | 80.0 |" in capsys.readouterr().out
+    assert (corpus / "supervision" / "train.jsonl").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["retrieve", "--questions", "no-such-set", "--out", "x.json"], "unknown question set 'no-such-set'"),
+    (["retrieve", "--questions", "nq-test", "--out", "x.json"], "run `odqa data fetch` first"),
+    (["corpus", "build", "--input", "/nonexistent.jsonl", "--out", "c"], "corpus input not found: /nonexistent.jsonl"),
+    (["eval-retrieval", "/nonexistent.json"], "file not found: /nonexistent.json"),
+])
+def test_bad_input_exits_2_with_a_message_naming_it(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_empty_question_is_refused_with_its_line(tmp_path, tiny_corpus, capsys):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question": "fine", "answers": ["a"]}\n{"question": "  ", "answers": ["b"]}\n')
+    assert main(["retrieve", "--questions", str(questions), "--corpus", str(tiny_corpus), "--out", "r.json"]) == 2
+    assert f'{questions}:2: empty or missing "question"' in capsys.readouterr().err

