@@ -1,48 +1,13 @@
-import json
 from pathlib import Path
 
 import pytest
 
 from common.corpus import build_corpus
 from common.paths import odqa_home
+from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
 
 # The user's cache, where README's first command put the data pack; read before any test overrides it.
 USER_HOME = odqa_home()
-
-# A small world: facts planted in distinct documents, one with nested sections.
-TINY_DOCS = [
-    {"id": "paris", "title": "Paris", "sections": [
-        {"title": "", "paragraphs": ["Paris is the capital and largest city of France.",
-                                     "The Eiffel Tower was completed in 1889 for the World's Fair."]},
-        {"title": "History", "paragraphs": ["The city was founded by the Parisii tribe around 250 BC."],
-         "sections": [{"title": "Middle Ages", "paragraphs": ["Notre-Dame was built starting in 1163."]}]},
-    ]},
-    {"id": "beatles", "title": "The Beatles", "abstract": "English rock band.", "sections": [
-        {"title": "", "paragraphs": ["The Beatles were an English rock band formed in Liverpool in 1960. "
-                                     "Their members were John Lennon, Paul McCartney, George Harrison and Ringo Starr."]},
-    ]},
-    {"id": "roentgen", "title": "Wilhelm Röntgen", "sections": [
-        {"title": "", "paragraphs": ["Wilhelm Conrad Röntgen won the first Nobel Prize in Physics in 1901 "
-                                     "for his discovery of X-rays."]},
-    ]},
-    {"id": "everest", "title": "Mount Everest", "sections": [
-        {"title": "", "paragraphs": ["Mount Everest is Earth's highest mountain above sea level, at 8,849 metres. "
-                                     "It lies in the Mahalangur Himal range of the Himalayas."]},
-    ]},
-]
-
-TINY_QUESTIONS = [
-    {"id": "q0", "question": "who won the first nobel prize in physics", "answers": ["Wilhelm Conrad Röntgen"]},
-    {"id": "q1", "question": "in which city was the beatles band formed", "answers": ["Liverpool"]},
-    {"id": "q2", "question": "when was the eiffel tower completed", "answers": ["1889"]},
-    {"id": "q3", "question": "how tall is mount everest", "answers": ["8,849 metres"]},
-    {"id": "q4", "question": "who invented the telephone", "answers": ["Alexander Graham Bell"]},
-]
-
-
-def write_jsonl(path: Path, rows) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ from common.retrieval_eval import answerable_flags, evaluate_results
 from common.retrieval_file import read_results, write_results
 from retriever.bm25 import BM25Index, BM25Params
 from retriever.retrieve import retrieve
-from tests.conftest import TINY_DOCS, write_jsonl
+from tiny_data import TINY_DOCS, write_jsonl
 
 
 def test_bm25_ranks_the_passage_with_the_answer_first(tiny_corpus, tiny_questions):

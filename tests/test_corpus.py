@@ -4,7 +4,7 @@ import pytest
 
 from common.corpus import PassageStore, build_corpus, corpus_info, read_source
 from common.io import InputError, atomic_path, read_jsonl
-from tests.conftest import write_jsonl
+from tiny_data import write_jsonl
 
 
 def load(path):

@@ -2,7 +2,7 @@ import json
 
 from common.io import read_jsonl
 from retriever.supervise import split_of, supervise
-from tests.conftest import write_jsonl
+from tiny_data import write_jsonl
 
 
 def test_supervise_writes_examples_with_answer_spans(tiny_corpus, tiny_questions, tmp_path):
