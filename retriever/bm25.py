@@ -86,7 +86,7 @@ class BM25Index:
     def num_passages(self) -> int:
         return int(self.model.scores["num_docs"])
 
-    def search(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows (into passages.jsonl) and scores of the top k passages, each (len(questions), k)."""
         k = min(k, self.num_passages)
         rows, scores = self.model.retrieve(self.tokenize(questions), k=k, show_progress=False, n_threads=0)

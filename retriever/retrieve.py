@@ -1,6 +1,6 @@
 """Run any retriever over a question set and write DPR's retrieval-results file.
 
-A retriever here is anything with `search(questions: list[str], k) -> (rows, scores)`, rows indexing
+A retriever here is anything with `search_passages(questions, k) -> (rows, scores)`, rows indexing
 the corpus's passages.jsonl.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class Retriever(Protocol):
-    def search(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
+    def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Question], k: int,
@@ -35,8 +35,10 @@ def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Ques
     entries = []
     for start in tqdm(range(0, len(questions), batch_size), desc="retrieve", unit=" batches", disable=None):
         batch = questions[start:start + batch_size]
-        rows, scores = retriever.search([q.question for q in batch], k)
+        rows, scores = retriever.search_passages([q.question for q in batch], k)
         for q, q_rows, q_scores in zip(batch, rows, scores):
+            keep = q_rows >= 0  # a retriever may find fewer than k passages
+            q_rows, q_scores = q_rows[keep], q_scores[keep]
             hits = [passage(int(r)) for r in q_rows]
             entries.append(make_entry(q, [p for p, _ in hits], q_scores, [t for _, t in hits]))
     return entries

@@ -78,6 +78,34 @@ def cmd_eval_retrieval(args) -> None:
         write_json(args.json, rows)
 
 
+def add_dataclass_args(p: argparse.ArgumentParser, cls, overrides: dict, helps: dict) -> None:
+    """One flag per dataclass field (--field-name), so the dataclass holds each setting and its default."""
+    import dataclasses
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        default = overrides.get(f.name, f.default)
+        required = default is dataclasses.MISSING
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        if kind == "bool":
+            p.add_argument(flag, action="store_true", help=helps.get(f.name, ""))
+            continue
+        conv = int if kind.startswith("int") else float if kind.startswith("float") else str
+        p.add_argument(flag, type=conv, default=None if required else default, required=required,
+                       help=helps.get(f.name, "") + ("" if required else f" (default: {default})"))
+
+
+def dataclass_from_args(cls, args):
+    import dataclasses
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def cmd_train_phrase(args) -> None:
+    from retriever.phrase_train import PhraseTrainArgs, train
+    result = train(dataclass_from_args(PhraseTrainArgs, args))
+    print(f"validation EM by epoch: {', '.join(f'{x:.2f}' for x in result['validation_em'])}; "
+          f"best {result['best_em']:.2f}; {result['steps']} steps; best checkpoint: {args.out_dir}/best")
+
+
 def cmd_demo(args) -> None:
     from system.demo import run_demo
     print(run_demo(out_dir=args.out))
@@ -144,6 +172,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="also write the metrics to this JSON file")
     _corpus_arg(p)
     p.set_defaults(func=cmd_eval_retrieval)
+    from common.paths import default_corpus, default_encoder
+    from retriever.phrase_train import PhraseTrainArgs
+    p = sub.add_parser("train-phrase", help="train the dense phrase and question encoders",
+                       description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "
+                                   "head; AdamW with warm-up and decay, clipping; through accelerate (`accelerate "
+                                   "launch -m system.cli train-phrase ...` for several processes or DeepSpeed).")
+    sup = default_corpus() / "supervision"
+    add_dataclass_args(p, PhraseTrainArgs, {
+        "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
+        "encoder": str(default_encoder())}, {
+        "train_file": "supervision examples from `odqa supervise`",
+        "out_dir": "where checkpoint/, last/ and best/ go",
+        "encoder": "AutoModel name or path, or a phrase checkpoint to continue",
+        "head": "start/end vectors: 'split' halves of the hidden state or two 'linear' heads",
+        "question_encoder": "'dual' LMs or one 'shared' LM with two heads",
+        "max_span_len": "L: longest phrase in tokens",
+        "pre_batch": "C: preceding batches whose gold vectors are negatives",
+        "unified": "one softmax over in-passage, in-batch and pre-batch tokens",
+        "resume": "continue from OUT_DIR/checkpoint"})
+    p.set_defaults(func=cmd_train_phrase)
     return parser
 
 

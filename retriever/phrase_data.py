@@ -1,0 +1,81 @@
+"""Phrase-model inputs: questions, and passages as `[CLS] title [SEP] text [SEP]` with a mask of the
+tokens that may start or end a phrase (text tokens only: never special or title tokens), the
+character offset of each token in the text, and the gold start/end tokens of every answer occurrence."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EncodedPassages:
+    batch: dict                 # input_ids, attention_mask, token_type_ids: (B, T)
+    candidate: torch.Tensor     # (B, T) bool: token may be a phrase boundary
+    offsets: torch.Tensor       # (B, T, 2) character offsets in the passage text (0, 0 outside it)
+
+
+def encode_passages(tokenizer, titles: list[str], texts: list[str], max_tokens: int,
+                    use_title: bool = True) -> EncodedPassages:
+    first = titles if use_title else texts
+    second = texts if use_title else None
+    enc = tokenizer(first, second, truncation="only_second" if use_title else True, max_length=max_tokens,
+                    padding=True, return_offsets_mapping=True, return_tensors="pt")
+    text_seq = 1 if use_title else 0
+    candidate = torch.zeros_like(enc["input_ids"], dtype=torch.bool)
+    for b in range(len(texts)):
+        ids = enc.sequence_ids(b)
+        candidate[b] = torch.tensor([s == text_seq for s in ids])
+    offsets = enc.pop("offset_mapping") * candidate.unsqueeze(-1)
+    return EncodedPassages(batch=dict(enc), candidate=candidate, offsets=offsets)
+
+
+def encode_questions(tokenizer, questions: list[str], max_tokens: int) -> dict:
+    return dict(tokenizer(questions, truncation=True, max_length=max_tokens, padding=True, return_tensors="pt"))
+
+
+def gold_token_spans(offsets: torch.Tensor, candidate: torch.Tensor, char_spans, max_span_len: int):
+    """Token (start, end) of each answer character span that survived truncation and fits in L."""
+    out = []
+    starts, ends = offsets[:, 0].tolist(), offsets[:, 1].tolist()
+    cand = candidate.tolist()
+    for s, e in char_spans:
+        ts = next((i for i, ok in enumerate(cand) if ok and starts[i] <= s < ends[i]), None)
+        if ts is None:
+            ts = next((i for i, ok in enumerate(cand) if ok and starts[i] >= s), None)
+        te = next((j for j in range(len(cand) - 1, -1, -1) if cand[j] and starts[j] < e <= ends[j]), None)
+        if te is None:
+            te = next((j for j in range(len(cand) - 1, -1, -1) if cand[j] and ends[j] <= e), None)
+        if ts is not None and te is not None and 0 <= te - ts < max_span_len:
+            out.append((ts, te))
+    return out
+
+
+def collate(tokenizer, examples: list[dict], max_passage_tokens: int, max_question_tokens: int,
+            max_span_len: int) -> dict | None:
+    """A training batch; examples whose answer was truncated away are dropped (None if none is left)."""
+    passages = encode_passages(tokenizer, [e["title"] for e in examples], [e["text"] for e in examples],
+                               max_passage_tokens)
+    gold_start = torch.zeros_like(passages.candidate)
+    gold_end = torch.zeros_like(passages.candidate)
+    keep = []
+    for b, e in enumerate(examples):
+        spans = gold_token_spans(passages.offsets[b], passages.candidate[b], e["answer_char_spans"], max_span_len)
+        for s, t in spans:
+            gold_start[b, s] = gold_end[b, t] = True
+        if spans:
+            keep.append(b)
+    if not keep:
+        return None
+    idx = torch.tensor(keep)
+    questions = encode_questions(tokenizer, [examples[b]["question"] for b in keep], max_question_tokens)
+    return {
+        "questions": questions,
+        "passages": {k: v[idx] for k, v in passages.batch.items()},
+        "candidate": passages.candidate[idx], "offsets": passages.offsets[idx],
+        "gold_start": gold_start[idx], "gold_end": gold_end[idx],
+        "texts": [examples[b]["text"] for b in keep], "answers": [examples[b]["answers"] for b in keep],
+    }

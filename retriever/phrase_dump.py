@@ -1,0 +1,119 @@
+"""`odqa dump-phrases`: start and end vectors of every passage token that may bound a phrase.
+
+Passages are encoded in batches sorted by length; a token is kept when it is a text token and its
+filter logit (max of "can start", "can end") passes `threshold` (None keeps every text token). Vectors
+are stored as float16 in chunk files with their metadata (passage row, token index, character start/end
+in the passage). `--shard k/n` takes the k-th of n contiguous slices of the corpus, so n processes or
+GPUs split a large corpus; each chunk is written atomically and skipped when already there, so an
+interrupted shard resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from common.corpus import PassageStore, corpus_info
+from common.io import InputError, atomic_path, write_json
+from retriever.phrase_data import encode_passages
+from retriever.phrase_model import DensePhraseModel, load_tokenizer, phrase_encoder_hash
+
+log = logging.getLogger(__name__)
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise InputError(f"--shard must look like 3/8, not {shard!r}") from None
+    if not 1 <= k <= n:
+        raise InputError(f"--shard {shard}: need 1 <= k <= n")
+    return k, n
+
+
+def shard_rows(total: int, k: int, n: int) -> range:
+    return range((k - 1) * total // n, k * total // n)
+
+
+def shard_dir(dump_dir: Path, k: int, n: int) -> Path:
+    return dump_dir / f"shard-{k:03d}-of-{n:03d}"
+
+
+@torch.no_grad()
+def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, dump_dir: str | os.PathLike,
+                 shard: str = "1/1", batch_size: int = 32, chunk_passages: int = 1024,
+                 threshold: float | None = None, device: str | None = None) -> dict:
+    k, n = parse_shard(shard)
+    dump_dir = Path(dump_dir)
+    store = PassageStore(corpus_dir)
+    info = corpus_info(corpus_dir)
+    enc_hash = phrase_encoder_hash(model_dir)
+    out = shard_dir(dump_dir, k, n)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"encoder_hash": enc_hash, "fingerprint": info["fingerprint"], "threshold": threshold,
+                "chunk_passages": chunk_passages, "shard": [k, n]}
+    settings_path = out / "settings.json"
+    if settings_path.exists() and json.loads(settings_path.read_text()) != settings:
+        raise InputError(f"{out} holds a dump made with other settings, encoder or corpus: remove it or use another --out")
+    write_json(settings_path, settings)
+
+    rows = shard_rows(len(store), k, n)
+    # Sorting by length makes batches of similar lengths (little padding); the order is deterministic,
+    # so chunk i always holds the same passages and a resumed run skips the finished chunks.
+    lengths = np.array([len(store[r]["text"]) for r in rows])
+    order = np.asarray(rows)[np.argsort(lengths, kind="stable")] if len(rows) else np.zeros(0, np.int64)
+    chunks = [order[i:i + chunk_passages] for i in range(0, len(order), chunk_passages)]
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = DensePhraseModel.from_pretrained(model_dir).to(device).eval()
+    tokenizer = load_tokenizer(model_dir)
+    cfg = model.config
+    done = sum((out / f"chunk-{i:05d}.npz").exists() for i in range(len(chunks)))
+    if done:
+        log.info("%s: %d of %d chunks already dumped; resuming", out, done, len(chunks))
+    bar = tqdm(total=len(order), initial=sum(len(c) for i, c in enumerate(chunks) if (out / f"chunk-{i:05d}.npz").exists()),
+               desc=f"dump-phrases {k}/{n}", unit=" passages", disable=None)
+    for i, chunk in enumerate(chunks):
+        path = out / f"chunk-{i:05d}.npz"
+        if path.exists():
+            continue
+        parts = {key: [] for key in ("start", "end", "passage_row", "token", "char_start", "char_end", "filter")}
+        for b in range(0, len(chunk), batch_size):
+            batch_rows = chunk[b:b + batch_size]
+            passages = [store[int(r)] for r in batch_rows]
+            enc = encode_passages(tokenizer, [p["title"] for p in passages], [p["text"] for p in passages],
+                                  cfg.max_passage_tokens)
+            start, end, filt = model.encode_passages(**{kk: v.to(device) for kk, v in enc.batch.items()})
+            keep = enc.candidate.to(device)
+            if threshold is not None:
+                keep &= filt.max(-1).values >= threshold
+            bi, ti = keep.nonzero(as_tuple=True)   # row-major: a passage's tokens stay together, in order
+            parts["start"].append(start[bi, ti].half().cpu().numpy())
+            parts["end"].append(end[bi, ti].half().cpu().numpy())
+            parts["filter"].append(filt[bi, ti].max(-1).values.half().cpu().numpy())
+            bi, ti = bi.cpu(), ti.cpu()
+            parts["passage_row"].append(np.asarray(batch_rows)[bi.numpy()].astype(np.int64))
+            parts["token"].append(ti.numpy().astype(np.int32))
+            parts["char_start"].append(enc.offsets[bi, ti, 0].numpy().astype(np.int32))
+            parts["char_end"].append(enc.offsets[bi, ti, 1].numpy().astype(np.int32))
+            bar.update(len(batch_rows))
+        arrays = {key: np.concatenate(v) if v else np.zeros(0) for key, v in parts.items()}
+        # Group by passage row (batches were sorted by length, not row) keeping token order.
+        order_in_chunk = np.lexsort((arrays["token"], arrays["passage_row"]))
+        arrays = {key: v[order_in_chunk] for key, v in arrays.items()}
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+    bar.close()
+    store.close()
+    total_vectors = sum(int(np.load(out / f"chunk-{i:05d}.npz")["token"].shape[0]) for i in range(len(chunks)))
+    summary = {**settings, "passages": len(order), "chunks": len(chunks), "vectors": total_vectors,
+               "vectors_per_passage": total_vectors / max(len(order), 1), "dim": model.dim,
+               "max_span_len": cfg.max_span_len}
+    write_json(out / "done.json", summary)
+    log.info("%s: %d vectors for %d passages (%.1f per passage)", out, total_vectors, len(order),
+             summary["vectors_per_passage"])
+    return summary

@@ -1,0 +1,142 @@
+"""DensePhrases' encoders: every passage token gets a start and an end vector, a question gets one
+of each, and a phrase (i, j), j - i < L, scores `q_start . h_start[i] + q_end . h_end[j]`.
+
+Two ways to get start/end vectors from the phrase LM's hidden state h (dimension d):
+  head="split"   the paper's: h[:d/2] is the start vector, h[d/2:] the end vector (no new weights);
+  head="linear"  two d x d linear heads (more parameters, full-width vectors).
+Question vectors come from the [CLS] of two LMs started from the same checkpoint (question_encoder=
+"dual", the paper's choice) or of one shared LM with two heads ("shared").
+A filter head gives each token a "can start" and a "can end an answer" logit, used to drop tokens from
+the phrase dump.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModel, AutoTokenizer
+
+from common.io import InputError, atomic_path
+
+
+@dataclass
+class PhraseModelConfig:
+    encoder: str                      # any AutoModel name or path (BERT family)
+    head: str = "split"               # "split" | "linear"
+    question_encoder: str = "dual"    # "dual" | "shared"
+    max_span_len: int = 20            # L, in tokens
+    max_passage_tokens: int = 192
+    max_question_tokens: int = 48
+
+    def __post_init__(self):
+        if self.head not in ("split", "linear"):
+            raise ValueError(f"head must be 'split' or 'linear', not {self.head!r}")
+        if self.question_encoder not in ("dual", "shared"):
+            raise ValueError(f"question_encoder must be 'dual' or 'shared', not {self.question_encoder!r}")
+
+
+class DensePhraseModel(nn.Module):
+    def __init__(self, config: PhraseModelConfig, lms: dict[str, nn.Module] | None = None):
+        super().__init__()
+        self.config = config
+        load = lambda: AutoModel.from_pretrained(config.encoder)  # noqa: E731
+        lms = lms or {}
+        self.phrase_lm = lms.get("phrase_lm") or load()
+        self.q_start_lm = lms.get("q_start_lm") or load()
+        self.q_end_lm = (lms.get("q_end_lm") or load()) if config.question_encoder == "dual" else None
+        d = self.phrase_lm.config.hidden_size
+        if config.head == "split" and d % 2:
+            raise ValueError(f"head='split' needs an even hidden size, {config.encoder} has {d}")
+        self.dim = d // 2 if config.head == "split" else d
+        if config.head == "linear":
+            self.start_head, self.end_head = nn.Linear(d, d), nn.Linear(d, d)
+        if config.question_encoder == "shared":
+            # One LM for both question vectors: two heads keep them apart.
+            self.q_start_head, self.q_end_head = nn.Linear(d, d), nn.Linear(d, d)
+        self.filter_head = nn.Linear(d, 2)
+
+    def _split(self, h: torch.Tensor, start_head: str, end_head: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.config.head == "split":
+            return h[..., : self.dim], h[..., self.dim:]
+        return getattr(self, start_head)(h), getattr(self, end_head)(h)
+
+    def encode_passages(self, input_ids, attention_mask, token_type_ids=None):
+        """Start and end vectors (B, T, dim) and filter logits (B, T, 2) for every token."""
+        h = self.phrase_lm(input_ids=input_ids, attention_mask=attention_mask,
+                           token_type_ids=token_type_ids).last_hidden_state
+        start, end = self._split(h, "start_head", "end_head")
+        return start, end, self.filter_head(h)
+
+    def encode_questions(self, input_ids, attention_mask, token_type_ids=None):
+        """Question start and end vectors, (B, dim) each."""
+        kw = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        if self.config.question_encoder == "shared":
+            cls = self.q_start_lm(**kw).last_hidden_state[:, 0]
+            if self.config.head == "split":
+                return cls[:, : self.dim], cls[:, self.dim:]
+            return self.q_start_head(cls), self.q_end_head(cls)
+        cls_s = self.q_start_lm(**kw).last_hidden_state[:, 0]
+        cls_e = self.q_end_lm(**kw).last_hidden_state[:, 0]
+        if self.config.head == "split":
+            return cls_s[:, : self.dim], cls_e[:, self.dim:]
+        return cls_s, cls_e
+
+    # --- checkpoints: one directory, each LM a plain HF checkpoint, heads in heads.pt ---
+
+    def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
+        with atomic_path(out_dir) as tmp:
+            tmp.mkdir()
+            for name in ("phrase_lm", "q_start_lm", "q_end_lm"):
+                lm = getattr(self, name)
+                if lm is not None:
+                    lm.save_pretrained(tmp / name)
+            heads = {k: v for k, v in self.state_dict().items() if not k.split(".")[0].endswith("_lm")}
+            torch.save({k: v for k, v in heads.items() if not k.startswith("q_")}, tmp / "phrase_heads.pt")
+            torch.save({k: v for k, v in heads.items() if k.startswith("q_")}, tmp / "question_heads.pt")
+            (tmp / "phrase_config.json").write_text(json.dumps(asdict(self.config), indent=2))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp / "tokenizer")
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> "DensePhraseModel":
+        path = Path(path)
+        cfg_path = path / "phrase_config.json"
+        if not cfg_path.exists():
+            raise InputError(f"{path} is not a phrase model checkpoint (no phrase_config.json)")
+        config = PhraseModelConfig(**json.loads(cfg_path.read_text()))
+        lms = {name: AutoModel.from_pretrained(path / name) for name in ("phrase_lm", "q_start_lm", "q_end_lm")
+               if (path / name).exists()}
+        model = cls(config, lms)
+        heads = {}
+        for name in ("phrase_heads.pt", "question_heads.pt"):
+            heads.update(torch.load(path / name, map_location="cpu"))
+        missing, unexpected = model.load_state_dict(heads, strict=False)
+        bad = [k for k in missing if not k.split(".")[0].endswith("_lm")] + unexpected
+        if bad:
+            raise InputError(f"{path}: the saved heads do not fit the configured model: {bad[:5]}")
+        return model
+
+
+def load_tokenizer(path_or_name: str | os.PathLike):
+    path = Path(path_or_name)
+    return AutoTokenizer.from_pretrained(path / "tokenizer" if (path / "tokenizer").exists() else path_or_name)
+
+
+def phrase_encoder_hash(path: str | os.PathLike) -> str:
+    """Identifies the phrase side of a checkpoint (phrase LM and its heads), which a phrase index is
+    built with; query-side fine-tuning leaves it unchanged."""
+    h = hashlib.sha256()
+    path = Path(path)
+    files = sorted((path / "phrase_lm").rglob("*")) + [path / "phrase_heads.pt"]
+    for f in files:
+        if f.is_file():
+            h.update(f.relative_to(path).as_posix().encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]

@@ -1,0 +1,205 @@
+"""One `Searcher` over a phrase index: phrases, passages and documents from the same vectors.
+
+Phrase search (DensePhrases): top-k' MIPS over start vectors and over end vectors; for each start hit
+the best end within L tokens of the same passage, for each end hit the best start; score = start + end,
+recomputed exactly from the stored float16 vectors; duplicates merged. A passage's score is the max of
+its phrases' scores ("Phrase Retrieval Learns Passage Retrieval, Too", Eq. 3), a document's the max of
+its passages'. k' starts at 2k and doubles until k distinct passages (documents) come back.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+
+from common.corpus import PassageStore, corpus_info
+from common.io import InputError, read_json
+from retriever.phrase_data import encode_questions
+from retriever.phrase_model import DensePhraseModel, load_tokenizer, phrase_encoder_hash
+
+log = logging.getLogger(__name__)
+UNITS = ("phrase", "passage", "document")
+
+
+@dataclass
+class Phrase:
+    score: float
+    start_vec: int
+    end_vec: int
+    row: int          # passage row in passages.jsonl
+    char_start: int
+    char_end: int
+
+
+class PhraseIndex:
+    """The files of `odqa build-index`, checked against their manifest."""
+
+    def __init__(self, index_dir: str | os.PathLike, nprobe: int = 64, gpu: bool | None = None):
+        self.dir = Path(index_dir)
+        manifest_path = self.dir / "manifest.json"
+        if not manifest_path.exists():
+            raise InputError(f"{self.dir} is not a phrase index (no manifest.json)")
+        self.manifest = read_json(manifest_path)
+        try:
+            self.start_index = faiss.read_index(str(self.dir / "start.faiss"))
+            self.end_index = faiss.read_index(str(self.dir / "end.faiss"))
+            self.start = np.load(self.dir / "start.npy", mmap_mode="r")
+            self.end = np.load(self.dir / "end.npy", mmap_mode="r")
+            meta = np.load(self.dir / "meta.npz")
+            self.meta = {k: meta[k] for k in meta.files}
+        except (RuntimeError, OSError, ValueError) as e:
+            raise InputError(f"{self.dir}: corrupt phrase index ({e})") from None
+        n, dim = self.manifest["vectors"], self.manifest["dim"]
+        if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start.shape != (n, dim) \
+                or self.end.shape != (n, dim) or len(self.meta["passage_row"]) != n:
+            raise InputError(f"{self.dir}: corrupt phrase index (its files disagree with manifest.json)")
+        for idx in (self.start_index, self.end_index):
+            ivf = faiss.try_extract_index_ivf(idx)
+            if ivf is not None:
+                ivf.nprobe = nprobe
+        if gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
+            res = faiss.StandardGpuResources()
+            self.start_index = faiss.index_cpu_to_gpu(res, 0, self.start_index)
+            self.end_index = faiss.index_cpu_to_gpu(res, 0, self.end_index)
+        self.max_span_len = self.manifest["max_span_len"]
+
+
+class Searcher:
+    def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
+                 nprobe: int = 64, device: str | None = None, batch_size: int = 64):
+        self.index = PhraseIndex(index_dir, nprobe)
+        if phrase_encoder_hash(model_dir) != self.index.manifest["encoder_hash"]:
+            raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}")
+        if corpus_info(corpus_dir)["fingerprint"] != self.index.manifest["fingerprint"]:
+            raise InputError(f"{index_dir} was built from another version of the corpus {corpus_dir}")
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device).eval()
+        self.tokenizer = load_tokenizer(model_dir)
+        self.store = PassageStore(corpus_dir)
+        self.batch_size = batch_size
+        self._doc_of_row: list[str] | None = None
+
+    @torch.no_grad()
+    def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        for q in questions:
+            if not isinstance(q, str) or not q.strip():
+                raise InputError(f"empty question: {q!r}")
+        out_s, out_e = [], []
+        for a in range(0, len(questions), self.batch_size):
+            enc = encode_questions(self.tokenizer, questions[a:a + self.batch_size], self.model.config.max_question_tokens)
+            qs, qe = self.model.encode_questions(**{k: v.to(self.device) for k, v in enc.items()})
+            out_s.append(qs.float().cpu().numpy())
+            out_e.append(qe.float().cpu().numpy())
+        return np.concatenate(out_s), np.concatenate(out_e)
+
+    def search_phrases(self, q_start: np.ndarray, q_end: np.ndarray, k: int) -> list[list[Phrase]]:
+        """Top phrases per question, best first (at most about 2k candidates from each side)."""
+        ix, meta, L = self.index, self.index.meta, self.index.max_span_len
+        k = min(k, ix.manifest["vectors"])
+        _, start_hits = ix.start_index.search(np.ascontiguousarray(q_start, dtype=np.float32), k)
+        _, end_hits = ix.end_index.search(np.ascontiguousarray(q_end, dtype=np.float32), k)
+        results = []
+        for qi in range(len(q_start)):
+            qs, qe = q_start[qi], q_end[qi]
+            best: dict[tuple[int, int], float] = {}
+            for v in start_hits[qi]:
+                if v < 0:
+                    continue
+                lo, hi = self._window(v, forward=True)
+                s = float(ix.start[v].astype(np.float32) @ qs)
+                ends = ix.end[lo:hi].astype(np.float32) @ qe
+                j = int(np.argmax(ends))
+                best[(int(v), lo + j)] = max(best.get((int(v), lo + j), -np.inf), s + float(ends[j]))
+            for v in end_hits[qi]:
+                if v < 0:
+                    continue
+                lo, hi = self._window(v, forward=False)
+                e = float(ix.end[v].astype(np.float32) @ qe)
+                starts = ix.start[lo:hi].astype(np.float32) @ qs
+                i = int(np.argmax(starts))
+                best[(lo + i, int(v))] = max(best.get((lo + i, int(v)), -np.inf), float(starts[i]) + e)
+            phrases = [Phrase(score, s, e, int(meta["passage_row"][s]), int(meta["char_start"][s]),
+                              int(meta["char_end"][e])) for (s, e), score in best.items()]
+            phrases.sort(key=lambda p: -p.score)
+            results.append(phrases)
+        return results
+
+    def _window(self, v: int, forward: bool) -> tuple[int, int]:
+        """Vector ids of the same passage within L tokens after (or before) vector v, v included."""
+        meta, L = self.index.meta, self.index.max_span_len
+        row = meta["passage_row"][v]
+        first = int(self.index.meta["passage_first"][row])
+        last = first + int(self.index.meta["passage_count"][row])
+        tok = meta["token"]
+        if forward:
+            hi = first + int(np.searchsorted(tok[first:last], tok[v] + L, side="left"))
+            return int(v), hi
+        lo = first + int(np.searchsorted(tok[first:last], tok[v] - L, side="right"))
+        return lo, int(v) + 1
+
+    def _doc_ids(self) -> list[str]:
+        if self._doc_of_row is None:
+            self._doc_of_row = [p["doc_id"] for p in self.store]
+        return self._doc_of_row
+
+    def search(self, questions: list[str], k: int = 10, unit: str = "passage") -> list[dict]:
+        """For each question: its top phrases, and for unit passage/document the top k of those."""
+        if unit not in UNITS:
+            raise InputError(f"unit must be one of {UNITS}, not {unit!r}")
+        if k < 1:
+            raise InputError(f"k must be positive, not {k}")
+        q_start, q_end = self.encode(questions)
+        out = []
+        for qi in range(len(questions)):
+            kk = 2 * k
+            while True:
+                phrases = self.search_phrases(q_start[qi:qi + 1], q_end[qi:qi + 1], kk)[0]
+                groups = self._group(phrases, unit)
+                if unit == "phrase" or len(groups) >= k or kk >= self.index.manifest["vectors"]:
+                    break
+                kk *= 2
+            out.append(self._result(phrases, groups, k, unit))
+        return out
+
+    def _group(self, phrases: list[Phrase], unit: str) -> dict:
+        """Best phrase per passage (Eq. 3: the passage's score is its best phrase's) or per document."""
+        if unit == "phrase":
+            return {}
+        key = (lambda p: p.row) if unit == "passage" else (lambda p: self._doc_ids()[p.row])
+        groups: dict = {}
+        for p in phrases:  # best first, so the first phrase of each group is its max
+            groups.setdefault(key(p), p)
+        return groups
+
+    def _phrase_json(self, p: Phrase) -> dict:
+        passage = self.store[p.row]
+        return {"text": passage["text"][p.char_start:p.char_end], "passage_id": passage["id"], "row": p.row,
+                "char_start": p.char_start, "char_end": p.char_end, "score": p.score}
+
+    def _result(self, phrases: list[Phrase], groups: dict, k: int, unit: str) -> dict:
+        result = {"phrases": [self._phrase_json(p) for p in phrases[:k]]}
+        if unit == "passage":
+            result["passages"] = []
+            for row, p in list(groups.items())[:k]:
+                passage = self.store[row]
+                result["passages"].append({"id": passage["id"], "row": row, "title": passage["title"],
+                                           "text": passage["text"], "score": p.score, "phrase": self._phrase_json(p)})
+        elif unit == "document":
+            result["documents"] = [{"id": doc, "score": p.score, "phrase": self._phrase_json(p)}
+                                   for doc, p in list(groups.items())[:k]]
+        return result
+
+    def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and scores of the top k passages: the interface `retriever.retrieve` runs."""
+        results = self.search(questions, k, unit="passage")
+        rows = np.full((len(questions), k), -1, dtype=np.int64)
+        scores = np.full((len(questions), k), -np.inf, dtype=np.float32)
+        for i, r in enumerate(results):
+            for j, p in enumerate(r["passages"]):
+                rows[i, j], scores[i, j] = p["row"], p["score"]
+        return rows, scores

@@ -1,0 +1,242 @@
+"""Dense phrase retrieval on a planted corpus with a tiny BERT made in the test: training lowers the
+loss; dump -> index -> search finds the planted answer span; Eq. 3 aggregation; shards; resume; refusals."""
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+from common.corpus import build_corpus
+from common.io import InputError
+from retriever import phrase_dump
+from retriever.phrase_dump import dump_phrases
+from retriever.phrase_index import build_index
+from retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from retriever.phrase_train import PhraseTrainArgs, train
+from retriever.searcher import Searcher
+from retriever.supervise import supervise
+from tiny_data import write_jsonl
+from tiny_models import make_tiny_bert
+
+NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar"]
+CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "riga", "sofia"]
+FILLER = "the weather was mild and the river ran slowly past old mills and quiet farms".split()
+
+
+def planted_world(root):
+    """One passage per person, 'NAME was born in CITY', among filler; questions 'where was NAME born'."""
+    rng = random.Random(0)
+    born = dict(zip(NAMES, rng.sample(CITIES, len(CITIES))))
+    passages = []
+    for i, (name, city) in enumerate(born.items()):
+        before = " ".join(rng.choice(FILLER) for _ in range(rng.randint(1, 4)))
+        after = " ".join(rng.choice(FILLER) for _ in range(rng.randint(1, 4)))
+        passages.append({"id": f"p{i}", "title": name, "text": f"{before} . {name} was born in {city} . {after} ."})
+    corpus = root / "corpus"
+    build_corpus([write_jsonl(root / "passages.jsonl", passages)], corpus)
+    questions = [{"id": n, "question": f"where was {n} born", "answers": [c]} for n, c in born.items()]
+    write_jsonl(root / "questions.jsonl", questions)
+    supervise([str(root / "questions.jsonl")], corpus, root / "sup", validation_percent=0)
+    shutil.copy(root / "sup" / "train.jsonl", root / "sup" / "validation.jsonl")
+    encoder = make_tiny_bert(root / "bert", [p["text"] + " " + p["title"] for p in passages]
+                             + [q["question"] for q in questions])
+    return corpus, born, encoder
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("phrase")
+    corpus, born, encoder = planted_world(root)
+    result = train(PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"),
+                                   validation_file=str(root / "sup" / "validation.jsonl"),
+                                   out_dir=str(root / "model"), encoder=str(encoder), epochs=25, batch_size=4,
+                                   lr=2e-3, pre_batch_warmup=10, max_passage_tokens=64, max_question_tokens=16))
+    return {"root": root, "corpus": corpus, "born": born, "encoder": encoder, "model": root / "model" / "best",
+            "result": result}
+
+
+@pytest.fixture(scope="module")
+def index(world):
+    dump_phrases(world["model"], world["corpus"], world["root"] / "dump", chunk_passages=5)
+    build_index(world["root"] / "dump", world["root"] / "index", world["corpus"])
+    return world["root"] / "index"
+
+
+def test_in_batch_and_pre_batch_losses_match_a_hand_computation():
+    import torch
+    from retriever.phrase_train import PhraseLoss
+
+    class Fixed(torch.nn.Module):
+        """Question and token vectors given directly, to check the loss arithmetic."""
+        def __init__(self, q, h):
+            super().__init__()
+            self.q, self.h = q, h
+
+        def encode_questions(self, **_):
+            return self.q, self.q
+
+        def encode_passages(self, **_):
+            return self.h, self.h, torch.zeros(*self.h.shape[:2], 2)
+
+    torch.manual_seed(0)
+    B, T, d = 3, 5, 4
+    q, h = torch.randn(B, d), torch.randn(B, T, d)
+    gold = torch.zeros(B, T, dtype=torch.bool)
+    gold[0, 1] = gold[1, 2] = gold[2, 0] = gold[2, 3] = True
+    batch = {"questions": {}, "passages": {}, "candidate": torch.ones(B, T, dtype=torch.bool),
+             "gold_start": gold, "gold_end": gold}
+    loss_fn = PhraseLoss(PhraseTrainArgs("", "", "", "", pre_batch=1, pre_batch_warmup=1, filter_coef=0.0))
+    _, parts = loss_fn(Fixed(q, h), batch, step=0)
+    scores = torch.einsum("bd,btd->bt", q, h)
+    single = torch.stack([torch.logsumexp(scores[b], 0) - torch.logsumexp(scores[b][gold[b]], 0) for b in range(B)]).mean()
+    g = torch.stack([h[0, 1], h[1, 2], h[2, 0]])              # the first gold token of each passage
+    in_batch = torch.nn.functional.cross_entropy(q @ g.T, torch.arange(B))
+    assert parts["start_single"] == pytest.approx(single.item(), rel=1e-5)
+    assert parts["start_neg"] == pytest.approx(in_batch.item(), rel=1e-5)
+    # The next batch (past the warm-up) also sees the previous batch's gold vectors as negatives.
+    q2, h2 = torch.randn(B, d), torch.randn(B, T, d)
+    _, parts2 = loss_fn(Fixed(q2, h2), batch, step=1)
+    g2 = torch.stack([h2[0, 1], h2[1, 2], h2[2, 0]])
+    expected = torch.nn.functional.cross_entropy(q2 @ torch.cat([g2, g]).T, torch.arange(B))
+    assert parts2["start_neg"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_training_lowers_the_loss_and_learns_the_task(world):
+    state = json.loads((world["root"] / "model" / "checkpoint" / "trainer_state.json").read_text())
+    losses = [h["loss"] for h in state["history"]]
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    assert world["result"]["best_em"] >= 75.0
+
+
+def test_dump_index_search_returns_the_planted_span(world, tmp_path):
+    """One passage holds a birthplace among passages that hold none: the index must give back its span."""
+    rows = [{"id": "planted", "title": "alice", "text": "the river ran slowly . alice was born in tokyo . old mills ."}]
+    rows += [{"id": f"d{i}", "title": "farms", "text": " ".join(random.Random(i).choices(FILLER, k=12)) + " ."}
+             for i in range(8)]
+    corpus = tmp_path / "corpus"
+    build_corpus([write_jsonl(tmp_path / "p.jsonl", rows)], corpus)
+    dump_phrases(world["model"], corpus, tmp_path / "dump", chunk_passages=4)
+    build_index(tmp_path / "dump", tmp_path / "index", corpus)
+    searcher = Searcher(tmp_path / "index", world["model"], corpus)
+    (result,) = searcher.search(["where was alice born"], k=3, unit="passage")
+    top = result["phrases"][0]
+    assert top["text"] == "tokyo" and top["passage_id"] == "planted"
+    assert rows[0]["text"][top["char_start"]:top["char_end"]] == "tokyo"
+    assert result["passages"][0]["id"] == "planted"
+
+
+def brute_force_top_phrase(searcher, question):
+    """Every span (i, j), i <= j < i + L, of every passage, scored with the model directly."""
+    import torch
+    from retriever.phrase_data import encode_passages
+    from retriever.phrase_train import best_spans
+    q_start, q_end = searcher.encode([question])
+    best = None
+    passages = list(searcher.store)
+    enc = encode_passages(searcher.tokenizer, [p["title"] for p in passages], [p["text"] for p in passages],
+                          searcher.model.config.max_passage_tokens)
+    with torch.no_grad():
+        hs, he, _ = searcher.model.encode_passages(**enc.batch)
+    s = torch.einsum("d,btd->bt", torch.from_numpy(q_start[0]), hs)
+    e = torch.einsum("d,btd->bt", torch.from_numpy(q_end[0]), he)
+    for row, (i, j, score) in enumerate(best_spans(s, e, enc.candidate, searcher.model.config.max_span_len)):
+        if best is None or score > best[0]:
+            best = (score, row, int(enc.offsets[row, i, 0]), int(enc.offsets[row, j, 1]))
+    return best
+
+
+def test_search_equals_brute_force_over_every_span(world, index):
+    searcher = Searcher(index, world["model"], world["corpus"])
+    for name in NAMES[:6]:
+        question = f"where was {name} born"
+        score, row, start, end = brute_force_top_phrase(searcher, question)
+        top = searcher.search([question], k=1, unit="phrase")[0]["phrases"][0]
+        assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
+        assert top["score"] == pytest.approx(score, rel=1e-2)  # float16 storage
+
+
+def test_passage_and_document_scores_are_the_max_of_their_phrases(world, index):
+    searcher = Searcher(index, world["model"], world["corpus"])
+    q_start, q_end = searcher.encode(["where was alice born"])
+    all_phrases = searcher.search_phrases(q_start, q_end, k=10_000)[0]
+    result = searcher.search(["where was alice born"], k=4, unit="passage")[0]
+    assert len(result["passages"]) == 4
+    scores = [p["score"] for p in result["passages"]]
+    assert scores == sorted(scores, reverse=True)
+    for p in result["passages"]:
+        assert p["score"] == pytest.approx(max(x.score for x in all_phrases if x.row == p["row"]), rel=1e-5)
+    docs = searcher.search(["where was alice born"], k=2, unit="document")[0]["documents"]
+    assert docs[0]["score"] == pytest.approx(scores[0], rel=1e-5)
+    rows, s = searcher.search_passages(["where was alice born"], k=4)
+    assert list(rows[0]) == [p["row"] for p in result["passages"]]
+
+
+def test_sharded_dumps_equal_an_unsharded_one(world, index):
+    root = world["root"]
+    for k in (1, 2, 3):
+        dump_phrases(world["model"], world["corpus"], root / "dump3", shard=f"{k}/3", chunk_passages=5)
+    build_index(root / "dump3", root / "index3", world["corpus"])
+    for name in ("start.npy", "end.npy"):
+        assert np.array_equal(np.load(index / name), np.load(root / "index3" / name))
+    a, b = np.load(index / "meta.npz"), np.load(root / "index3" / "meta.npz")
+    assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_an_interrupted_dump_resumes(world, index, monkeypatch):
+    root = world["root"]
+    real_savez, calls = np.savez, {"n": 0}
+
+    def crash_on_second_chunk(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("interrupted")
+        return real_savez(*args, **kwargs)
+
+    monkeypatch.setattr(phrase_dump.np, "savez", crash_on_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        dump_phrases(world["model"], world["corpus"], root / "dump_r", chunk_passages=5)
+    shard = next((root / "dump_r").glob("shard-*"))
+    assert sorted(p.name for p in shard.glob("chunk-*")) == ["chunk-00000.npz"]   # no half-written chunk
+    assert not (shard / "done.json").exists()
+    monkeypatch.setattr(phrase_dump.np, "savez", real_savez)
+    summary = dump_phrases(world["model"], world["corpus"], root / "dump_r", chunk_passages=5)
+    assert summary["chunks"] == 3
+    build_index(root / "dump_r", root / "index_r", world["corpus"])
+    assert np.array_equal(np.load(index / "start.npy"), np.load(root / "index_r" / "start.npy"))
+
+
+def test_corrupt_or_mismatched_index_is_refused(world, index, tmp_path):
+    other = tmp_path / "other_model"
+    DensePhraseModel(PhraseModelConfig(str(world["encoder"]))).save_pretrained(other)
+    with pytest.raises(InputError, match="another phrase encoder"):
+        Searcher(index, other, world["corpus"])
+    broken = tmp_path / "broken"
+    shutil.copytree(index, broken)
+    np.save(broken / "start.npy", np.load(broken / "start.npy")[:-1])
+    with pytest.raises(InputError, match="corrupt phrase index"):
+        Searcher(broken, world["model"], world["corpus"])
+    (broken / "end.faiss").write_bytes(b"not an index")
+    with pytest.raises(InputError, match="corrupt phrase index"):
+        Searcher(broken, world["model"], world["corpus"])
+    with pytest.raises(InputError, match="not a phrase index"):
+        Searcher(tmp_path, world["model"], world["corpus"])
+    with pytest.raises(InputError, match="incomplete|not complete"):
+        dump_dir = tmp_path / "dump"
+        (dump_dir / "shard-001-of-001").mkdir(parents=True)
+        build_index(dump_dir, tmp_path / "ix", world["corpus"])
+
+
+@pytest.mark.parametrize("head, qenc, unified", [("linear", "shared", False), ("split", "dual", True)])
+def test_model_options_train(world, tmp_path, head, qenc, unified):
+    root = world["root"]
+    train(PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+                          out_dir=str(tmp_path / "m"), encoder=str(world["encoder"]), head=head, question_encoder=qenc,
+                          unified=unified, epochs=6, batch_size=4, lr=2e-3, pre_batch_warmup=4,
+                          max_passage_tokens=64, max_question_tokens=16))
+    state = json.loads((tmp_path / "m" / "checkpoint" / "trainer_state.json").read_text())
+    losses = [h["loss"] for h in state["history"]]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    model = DensePhraseModel.from_pretrained(tmp_path / "m" / "best")
+    assert model.config.head == head and model.config.question_encoder == qenc
+    assert (model.q_end_lm is None) == (qenc == "shared")
