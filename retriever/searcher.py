@@ -67,6 +67,20 @@ class PhraseIndex:
             self.start_index = faiss.index_cpu_to_gpu(res, 0, self.start_index)
             self.end_index = faiss.index_cpu_to_gpu(res, 0, self.end_index)
         self.max_span_len = self.manifest["max_span_len"]
+        self._direct_map: set[str] = set()
+
+    def vectors(self, side: str, ids: np.ndarray) -> np.ndarray:
+        """Vectors as the index holds them: exact for Flat, decoded from the codes for SQ/PQ, so query-side
+        fine-tuning trains against what search sees (quantisation-aware)."""
+        if self.manifest["factory"] == "Flat":
+            return getattr(self, side)[ids].astype(np.float32)
+        index = self.start_index if side == "start" else self.end_index
+        if side not in self._direct_map:
+            ivf = faiss.try_extract_index_ivf(index)
+            if ivf is not None:
+                ivf.make_direct_map()
+            self._direct_map.add(side)
+        return np.stack([index.reconstruct(int(i)) for i in ids])
 
 
 class Searcher:
@@ -141,6 +155,13 @@ class Searcher:
             return int(v), hi
         lo = first + int(np.searchsorted(tok[first:last], tok[v] - L, side="right"))
         return lo, int(v) + 1
+
+    def rows_of_doc(self, doc_id: str) -> list[int]:
+        if not hasattr(self, "_rows_by_doc"):
+            self._rows_by_doc: dict[str, list[int]] = {}
+            for row, doc in enumerate(self._doc_ids()):
+                self._rows_by_doc.setdefault(doc, []).append(row)
+        return self._rows_by_doc.get(doc_id, [])
 
     def _doc_ids(self) -> list[str]:
         if self._doc_of_row is None:

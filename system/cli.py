@@ -56,7 +56,17 @@ def cmd_retrieve(args) -> None:
     from retriever.retrieve import retrieve
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
-    index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
+    if args.retriever == "bm25":
+        index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
+    elif args.retriever == "dense":
+        from common.paths import default_encoder
+        from retriever.dense import DenseIndex
+        index = DenseIndex.open(corpus, str(args.model or default_encoder()))
+    else:
+        if not (args.index and args.model):
+            raise InputError("--retriever phrase needs --index (from `odqa build-index`) and --model")
+        from retriever.searcher import Searcher
+        index = Searcher(args.index, args.model, corpus, nprobe=args.nprobe)
     store = PassageStore(corpus)
     entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
     write_results(args.out, entries)
@@ -106,6 +116,32 @@ def cmd_train_phrase(args) -> None:
           f"best {result['best_em']:.2f}; {result['steps']} steps; best checkpoint: {args.out_dir}/best")
 
 
+def cmd_train_query(args) -> None:
+    from retriever.query_train import QueryTrainArgs, train_query
+    result = train_query(dataclass_from_args(QueryTrainArgs, args))
+    for h in result["history"]:
+        print(f"epoch {h['epoch']}: {h['questions']} questions with a positive, loss {h['loss']:.4f}")
+    print(f"query-tuned model -> {args.out_dir}")
+
+
+def cmd_dump_phrases(args) -> None:
+    from common.paths import default_corpus
+    from retriever.phrase_dump import dump_phrases
+    summary = dump_phrases(args.model, args.corpus or default_corpus(), args.out, shard=args.shard,
+                           batch_size=args.batch_size, chunk_passages=args.chunk_passages, threshold=args.threshold)
+    print(f"shard {args.shard}: {summary['vectors']} vectors for {summary['passages']} passages "
+          f"({summary['vectors_per_passage']:.1f} per passage) -> {args.out}")
+
+
+def cmd_build_index(args) -> None:
+    from common.paths import default_corpus
+    from retriever.phrase_index import build_index
+    m = build_index(args.dump, args.out, args.corpus or default_corpus(), factory=args.factory,
+                    train_size=args.train_size)
+    print(f"{args.factory} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
+          f"{sum(m['bytes'].values()) / 2**20:.0f} MiB -> {args.out}")
+
+
 def cmd_demo(args) -> None:
     from system.demo import run_demo
     print(run_demo(out_dir=args.out))
@@ -152,7 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("retrieve", help="retrieve passages for a question set into a DPR-format file",
                        description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
-    p.add_argument("--retriever", choices=["bm25"], default="bm25", help="which retriever (default bm25)")
+    p.add_argument("--retriever", choices=["bm25", "dense", "phrase"], default="bm25",
+                   help="bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
+                        "phrase: passages ranked by their best phrase (default bm25)")
+    p.add_argument("--index", type=Path, default=None, help="phrase index directory (--retriever phrase)")
+    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint, or the dense encoder")
+    p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
     p.add_argument("--questions", required=True, help="question set name (e.g. nq-test) or JSONL path")
     p.add_argument("--k", type=int, default=100, help="passages per question (default 100)")
     p.add_argument("--out", type=Path, required=True, help="output JSON file")
@@ -192,6 +233,38 @@ def build_parser() -> argparse.ArgumentParser:
         "unified": "one softmax over in-passage, in-batch and pre-batch tokens",
         "resume": "continue from OUT_DIR/checkpoint"})
     p.set_defaults(func=cmd_train_phrase)
+
+    p = sub.add_parser("dump-phrases", help="encode every passage's phrase start/end vectors (sharded, resumable)",
+                       description="Start/end vectors of the tokens whose filter logit passes --threshold, float16, "
+                                   "in chunk files with their metadata. Re-running resumes an interrupted shard.")
+    p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint (train-phrase OUT_DIR/best)")
+    p.add_argument("--out", type=Path, required=True, help="dump directory (shards go inside)")
+    p.add_argument("--shard", default="1/1", help="k/n: this process's slice of the corpus (default 1/1)")
+    p.add_argument("--threshold", type=float, default=None, help="filter logit a token needs (default: keep all)")
+    p.add_argument("--batch-size", type=int, default=32, help="passages per forward pass (default 32)")
+    p.add_argument("--chunk-passages", type=int, default=1024, help="passages per chunk file (default 1024)")
+    _corpus_arg(p)
+    p.set_defaults(func=cmd_dump_phrases)
+
+    p = sub.add_parser("build-index", help="merge dump shards into a faiss phrase index",
+                       description="One start and one end index from a faiss index_factory string, with a manifest.")
+    p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
+    p.add_argument("--out", type=Path, required=True, help="index directory")
+    p.add_argument("--factory", default="Flat", help="faiss index_factory string: Flat, IVF4096,SQ4, "
+                                                     "OPQ96,IVF4096,PQ96 ... (default Flat)")
+    p.add_argument("--train-size", type=int, default=200_000, help="vectors sampled to train IVF/PQ (default 200000)")
+    _corpus_arg(p)
+    p.set_defaults(func=cmd_build_index)
+
+    from retriever.query_train import QueryTrainArgs
+    p = sub.add_parser("train-query", help="query-side fine-tuning against a fixed phrase index",
+                       description="Maximise the retrieval probability of the top phrases that match an answer "
+                                   "(--label phrase), lie in an answer passage (passage) or document (document).")
+    add_dataclass_args(p, QueryTrainArgs, {"corpus": str(default_corpus())}, {
+        "model": "phrase model checkpoint the index was built with", "index": "phrase index directory",
+        "out_dir": "where the query-tuned checkpoint goes", "questions": "training question set",
+        "label": "phrase, passage or document", "top_k": "phrases retrieved per question"})
+    p.set_defaults(func=cmd_train_query)
     return parser
 
 

@@ -240,3 +240,26 @@ def test_model_options_train(world, tmp_path, head, qenc, unified):
     model = DensePhraseModel.from_pretrained(tmp_path / "m" / "best")
     assert model.config.head == head and model.config.question_encoder == qenc
     assert (model.q_end_lm is None) == (qenc == "shared")
+
+
+@pytest.mark.parametrize("factory, label", [("Flat", "phrase"), ("IVF2,SQ8", "document")])
+def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, factory, label):
+    from retriever.query_train import QueryTrainArgs, train_query
+    root = world["root"]
+    build_index(root / "dump", tmp_path / "index", world["corpus"], factory=factory)
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"question": f"where was {n} born", "answers": [c]}
+                                                   for n, c in world["born"].items()])
+    before = Searcher(tmp_path / "index", world["model"], world["corpus"])
+    qs = [f"where was {n} born" for n in NAMES]
+    hits_before = sum(r["phrases"][0]["text"] == world["born"][n]
+                      for r, n in zip(before.search(qs, k=1, unit="phrase"), NAMES))
+    result = train_query(QueryTrainArgs(model=str(world["model"]), index=str(tmp_path / "index"),
+                                        corpus=str(world["corpus"]), out_dir=str(tmp_path / "tuned"),
+                                        questions=str(questions), label=label, top_k=30, epochs=8,
+                                        batch_size=4, lr=2e-3))
+    losses = [h["loss"] for h in result["history"]]
+    assert losses[-1] < losses[0]
+    after = Searcher(tmp_path / "index", tmp_path / "tuned", world["corpus"])   # same phrase encoder: accepted
+    hits_after = sum(r["phrases"][0]["text"] == world["born"][n]
+                     for r, n in zip(after.search(qs, k=1, unit="phrase"), NAMES))
+    assert hits_after >= hits_before

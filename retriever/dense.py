@@ -1,0 +1,88 @@
+"""A single-vector dense passage retriever: the comparator of DensePhrases' Table 1 (DPR-style).
+
+Passages (`title [SEP] text`) and questions are mean-pooled token states of one encoder (default the
+data pack's MiniLM, used as its authors trained it), searched by exact inner product (faiss Flat).
+The index lives in CORPUS/dense-<name>/ with the corpus fingerprint and the encoder's name.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+from common.corpus import PassageStore, corpus_info
+from common.io import InputError, atomic_path, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+
+class MeanPoolEncoder:
+    def __init__(self, name_or_path: str, max_tokens: int = 256, device: str | None = None):
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        self.model = AutoModel.from_pretrained(name_or_path).to(self.device).eval()
+        self.max_tokens = max_tokens
+
+    @torch.no_grad()
+    def encode(self, first: list[str], second: list[str] | None = None, batch_size: int = 64,
+               desc: str | None = None) -> np.ndarray:
+        out = []
+        order = np.argsort([len(t) for t in (second or first)])  # similar lengths batch together
+        for a in tqdm(range(0, len(order), batch_size), desc=desc, disable=desc is None or None):
+            idx = order[a:a + batch_size]
+            enc = self.tokenizer([first[i] for i in idx], [second[i] for i in idx] if second else None,
+                                 truncation=True, max_length=self.max_tokens, padding=True, return_tensors="pt")
+            enc = {k: v.to(self.device) for k, v in enc.items()}
+            h = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
+            out.append(((h * mask).sum(1) / mask.sum(1)).float().cpu().numpy())
+        vecs = np.concatenate(out) if out else np.zeros((0, self.model.config.hidden_size), np.float32)
+        result = np.empty_like(vecs)
+        result[order] = vecs
+        return result
+
+
+class DenseIndex:
+    def __init__(self, encoder: MeanPoolEncoder, index: faiss.Index):
+        self.encoder, self.index = encoder, index
+
+    @staticmethod
+    def index_dir(corpus_dir: str | os.PathLike, encoder: str) -> Path:
+        return Path(corpus_dir) / f"dense-{Path(str(encoder).rstrip('/')).name}"
+
+    @classmethod
+    def open(cls, corpus_dir: str | os.PathLike, encoder: str) -> "DenseIndex":
+        """The saved index for this corpus and encoder, or one built now."""
+        out = cls.index_dir(corpus_dir, encoder)
+        fingerprint = corpus_info(corpus_dir)["fingerprint"]
+        enc = MeanPoolEncoder(str(encoder))
+        if (out / "manifest.json").exists():
+            manifest = read_json(out / "manifest.json")
+            if manifest["fingerprint"] == fingerprint and manifest["encoder"] == str(encoder):
+                return cls(enc, faiss.read_index(str(out / "passages.faiss")))
+            log.info("%s is stale: rebuilding", out)
+        store = PassageStore(corpus_dir)
+        passages = list(store)
+        store.close()
+        vecs = enc.encode([p["title"] for p in passages], [p["text"] for p in passages], desc="dense passages")
+        index = faiss.IndexFlatIP(vecs.shape[1])
+        index.add(vecs)
+        with atomic_path(out) as tmp:
+            tmp.mkdir()
+            faiss.write_index(index, str(tmp / "passages.faiss"))
+            write_json(tmp / "manifest.json", {"fingerprint": fingerprint, "encoder": str(encoder),
+                                               "passages": len(passages), "dim": int(vecs.shape[1])})
+        return cls(enc, index)
+
+    def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        for q in questions:
+            if not q.strip():
+                raise InputError("empty question")
+        scores, rows = self.index.search(self.encoder.encode(questions), min(k, self.index.ntotal))
+        return rows, scores
