@@ -16,6 +16,7 @@ from typing import Sequence
 from common.answer_index import AnswerIndex
 from common.corpus import PassageStore, corpus_info
 from common.io import read_json, write_json
+from common.metrics.answers import answer_em
 from common.metrics.retrieval import DEFAULT_TOPK, retrieval_metrics
 
 log = logging.getLogger(__name__)
@@ -40,22 +41,31 @@ def answerable_flags(entries: Sequence[dict], corpus_dir: str | os.PathLike) -> 
 
 def evaluate_results(entries: Sequence[dict], answerable: Sequence[bool] | None = None,
                      ks: Sequence[int] = DEFAULT_TOPK) -> dict[str, dict]:
+    """Retrieval metrics; and EM of the extractive answer where the file has one ("prediction")."""
     hits = [[bool(c["has_answer"]) for c in e["ctxs"]] for e in entries]
-    out = {"all": retrieval_metrics(hits, ks)}
+    with_prediction = all("prediction" in e for e in entries)
+    em = [answer_em(e["prediction"], e["answers"], bool(e.get("regex"))) for e in entries] if with_prediction else None
+    subsets = {"all": [True] * len(entries)}
     if answerable is not None:
-        out["answerable"] = retrieval_metrics([h for h, a in zip(hits, answerable) if a], ks)
+        subsets["answerable"] = list(answerable)
+    out = {}
+    for name, keep in subsets.items():
+        out[name] = retrieval_metrics([h for h, k in zip(hits, keep) if k], ks)
+        if em is not None:
+            kept = [x for x, k in zip(em, keep) if k]
+            out[name]["EM"] = 100.0 * sum(kept) / max(len(kept), 1)
     return out
 
 
 def format_table(rows: dict[str, dict[str, dict]]) -> str:
     """A Markdown table: one row per (run, subset), one column per metric."""
-    lines, header = [], None
+    header = []
+    for subsets in rows.values():
+        for metrics in subsets.values():
+            header += [k for k in metrics if k != "questions" and k not in header]
+    lines = ["| run | subset | questions | " + " | ".join(header) + " |", "|---|---|---:|" + "---:|" * len(header)]
     for name, subsets in rows.items():
         for subset, metrics in subsets.items():
-            if header is None:
-                header = [k for k in metrics if k != "questions"]
-                lines.append("| run | subset | questions | " + " | ".join(header) + " |")
-                lines.append("|---|---|---:|" + "---:|" * len(header))
             lines.append(f"| {name} | {subset} | {metrics['questions']} | "
-                         + " | ".join(f"{metrics[k]:.1f}" for k in header) + " |")
+                         + " | ".join(f"{metrics[k]:.1f}" if k in metrics else "-" for k in header) + " |")
     return "\n".join(lines)

@@ -3,9 +3,11 @@
     start.faiss, end.faiss   MIPS indexes over start and end vectors (faiss `index_factory` string:
                              "Flat" exact; "IVF4096,SQ4" or "OPQ96,IVF4096,PQ96" compressed, trained on
                              a sample, filled in chunks; nprobe is set at search time)
-    start.npy, end.npy       float16 vectors (memory-mapped at search time) for exact rescoring and for
-                             finding the best end (start) within L tokens of a start (end) hit
     meta.npz                 vector id -> passage row, token index, character start/end
+
+Search reads vectors back from the faiss indexes themselves (exact for Flat, decoded from the codes for
+SQ/PQ) to rescore hits and find the best end (start) within L tokens of a start (end) hit, so a
+compressed index is all that is kept: no float copy of the vectors beside it.
     manifest.json            encoder hash, factory string, counts, corpus fingerprint
 
 Vectors of one passage are contiguous and in token order; `passage_first[row]`/`passage_count[row]`
@@ -78,8 +80,6 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
             for a in range(0, n_vec, add_chunk):
                 index.add(merged[side][a:a + add_chunk].astype(np.float32))
             faiss.write_index(index, str(tmp / f"{side}.faiss"))
-        for side in ("start", "end"):
-            np.save(tmp / f"{side}.npy", merged[side])
         with open(tmp / "meta.npz", "wb") as f:
             np.savez(f, passage_first=first_idx, passage_count=counts,
                      **{k: v for k, v in merged.items() if k not in ("start", "end")})

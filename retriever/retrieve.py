@@ -35,10 +35,23 @@ def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Ques
     entries = []
     for start in tqdm(range(0, len(questions), batch_size), desc="retrieve", unit=" batches", disable=None):
         batch = questions[start:start + batch_size]
-        rows, scores = retriever.search_passages([q.question for q in batch], k)
-        for q, q_rows, q_scores in zip(batch, rows, scores):
+        texts = [q.question for q in batch]
+        # Phrase retrieval also answers: its top phrase is the extractive prediction.
+        phrase_results = retriever.search(texts, k, unit="passage") if hasattr(retriever, "search") else None
+        if phrase_results is not None:
+            rows = [np.array([p["row"] for p in r["passages"]], dtype=np.int64) for r in phrase_results]
+            scores = [np.array([p["score"] for p in r["passages"]], dtype=np.float32) for r in phrase_results]
+        else:
+            rows, scores = retriever.search_passages(texts, k)
+        for n, (q, q_rows, q_scores) in enumerate(zip(batch, rows, scores)):
             keep = q_rows >= 0  # a retriever may find fewer than k passages
             q_rows, q_scores = q_rows[keep], q_scores[keep]
             hits = [passage(int(r)) for r in q_rows]
-            entries.append(make_entry(q, [p for p, _ in hits], q_scores, [t for _, t in hits]))
+            entry = make_entry(q, [p for p, _ in hits], q_scores, [t for _, t in hits])
+            if phrase_results is not None:
+                r = phrase_results[n]
+                entry["prediction"] = r["phrases"][0]["text"] if r["phrases"] else ""
+                for ctx, p in zip(entry["ctxs"], r["passages"]):
+                    ctx["phrase"] = {k: p["phrase"][k] for k in ("text", "char_start", "char_end", "score")}
+            entries.append(entry)
     return entries

@@ -2,7 +2,7 @@
 
 Phrase search (DensePhrases): top-k' MIPS over start vectors and over end vectors; for each start hit
 the best end within L tokens of the same passage, for each end hit the best start; score = start + end,
-recomputed exactly from the stored float16 vectors; duplicates merged. A passage's score is the max of
+both read back from the index (decoded from the codes for SQ/PQ); duplicates merged. A passage's score is the max of
 its phrases' scores ("Phrase Retrieval Learns Passage Retrieval, Too", Eq. 3), a document's the max of
 its passages'. k' starts at 2k and doubles until k distinct passages (documents) come back.
 """
@@ -48,39 +48,31 @@ class PhraseIndex:
         try:
             self.start_index = faiss.read_index(str(self.dir / "start.faiss"))
             self.end_index = faiss.read_index(str(self.dir / "end.faiss"))
-            self.start = np.load(self.dir / "start.npy", mmap_mode="r")
-            self.end = np.load(self.dir / "end.npy", mmap_mode="r")
             meta = np.load(self.dir / "meta.npz")
             self.meta = {k: meta[k] for k in meta.files}
         except (RuntimeError, OSError, ValueError) as e:
             raise InputError(f"{self.dir}: corrupt phrase index ({e})") from None
         n, dim = self.manifest["vectors"], self.manifest["dim"]
-        if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start.shape != (n, dim) \
-                or self.end.shape != (n, dim) or len(self.meta["passage_row"]) != n:
+        if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start_index.d != dim \
+                or self.end_index.d != dim or len(self.meta["passage_row"]) != n:
             raise InputError(f"{self.dir}: corrupt phrase index (its files disagree with manifest.json)")
         for idx in (self.start_index, self.end_index):
             ivf = faiss.try_extract_index_ivf(idx)
             if ivf is not None:
                 ivf.nprobe = nprobe
+                ivf.make_direct_map()  # vector id -> code, so hits can be read back
+        self._cpu = {"start": self.start_index, "end": self.end_index}  # read-back stays on the CPU copy
         if gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
             res = faiss.StandardGpuResources()
             self.start_index = faiss.index_cpu_to_gpu(res, 0, self.start_index)
             self.end_index = faiss.index_cpu_to_gpu(res, 0, self.end_index)
         self.max_span_len = self.manifest["max_span_len"]
-        self._direct_map: set[str] = set()
 
-    def vectors(self, side: str, ids: np.ndarray) -> np.ndarray:
-        """Vectors as the index holds them: exact for Flat, decoded from the codes for SQ/PQ, so query-side
-        fine-tuning trains against what search sees (quantisation-aware)."""
-        if self.manifest["factory"] == "Flat":
-            return getattr(self, side)[ids].astype(np.float32)
-        index = self.start_index if side == "start" else self.end_index
-        if side not in self._direct_map:
-            ivf = faiss.try_extract_index_ivf(index)
-            if ivf is not None:
-                ivf.make_direct_map()
-            self._direct_map.add(side)
-        return np.stack([index.reconstruct(int(i)) for i in ids])
+    def vectors(self, side: str, ids) -> np.ndarray:
+        """Vectors as the index holds them: exact for Flat, decoded from the codes for SQ/PQ, so scores and
+        query-side fine-tuning see what search sees (quantisation-aware)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return self._cpu[side].reconstruct_batch(ids) if len(ids) else np.zeros((0, self.manifest["dim"]), np.float32)
 
 
 class Searcher:
@@ -125,16 +117,16 @@ class Searcher:
                 if v < 0:
                     continue
                 lo, hi = self._window(v, forward=True)
-                s = float(ix.start[v].astype(np.float32) @ qs)
-                ends = ix.end[lo:hi].astype(np.float32) @ qe
+                s = float(ix.vectors("start", [v])[0] @ qs)
+                ends = ix.vectors("end", np.arange(lo, hi)) @ qe
                 j = int(np.argmax(ends))
                 best[(int(v), lo + j)] = max(best.get((int(v), lo + j), -np.inf), s + float(ends[j]))
             for v in end_hits[qi]:
                 if v < 0:
                     continue
                 lo, hi = self._window(v, forward=False)
-                e = float(ix.end[v].astype(np.float32) @ qe)
-                starts = ix.start[lo:hi].astype(np.float32) @ qs
+                e = float(ix.vectors("end", [v])[0] @ qe)
+                starts = ix.vectors("start", np.arange(lo, hi)) @ qs
                 i = int(np.argmax(starts))
                 best[(lo + i, int(v))] = max(best.get((lo + i, int(v)), -np.inf), float(starts[i]) + e)
             phrases = [Phrase(score, s, e, int(meta["passage_row"][s]), int(meta["char_start"][s]),

@@ -153,7 +153,7 @@ def test_search_equals_brute_force_over_every_span(world, index):
         score, row, start, end = brute_force_top_phrase(searcher, question)
         top = searcher.search([question], k=1, unit="phrase")[0]["phrases"][0]
         assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
-        assert top["score"] == pytest.approx(score, rel=1e-2)  # float16 storage
+        assert top["score"] == pytest.approx(score, rel=1e-2)  # the dump stores float16
 
 
 def test_passage_and_document_scores_are_the_max_of_their_phrases(world, index):
@@ -177,10 +177,12 @@ def test_sharded_dumps_equal_an_unsharded_one(world, index):
     for k in (1, 2, 3):
         dump_phrases(world["model"], world["corpus"], root / "dump3", shard=f"{k}/3", chunk_passages=5)
     build_index(root / "dump3", root / "index3", world["corpus"])
-    for name in ("start.npy", "end.npy"):
-        assert np.array_equal(np.load(index / name), np.load(root / "index3" / name))
     a, b = np.load(index / "meta.npz"), np.load(root / "index3" / "meta.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
+    ids = np.arange(a["passage_row"].shape[0])
+    v1 = Searcher(index, world["model"], world["corpus"]).index.vectors("end", ids)
+    v3 = Searcher(root / "index3", world["model"], world["corpus"]).index.vectors("end", ids)
+    assert np.array_equal(v1, v3)
 
 
 def test_an_interrupted_dump_resumes(world, index, monkeypatch):
@@ -203,7 +205,11 @@ def test_an_interrupted_dump_resumes(world, index, monkeypatch):
     summary = dump_phrases(world["model"], world["corpus"], root / "dump_r", chunk_passages=5)
     assert summary["chunks"] == 3
     build_index(root / "dump_r", root / "index_r", world["corpus"])
-    assert np.array_equal(np.load(index / "start.npy"), np.load(root / "index_r" / "start.npy"))
+    a, b = np.load(index / "meta.npz"), np.load(root / "index_r" / "meta.npz")
+    assert all(np.array_equal(a[k], b[k]) for k in a.files)
+    s1, s2 = Searcher(index, world["model"], world["corpus"]), Searcher(root / "index_r", world["model"], world["corpus"])
+    ids = np.arange(s1.index.manifest["vectors"])
+    assert np.array_equal(s1.index.vectors("start", ids), s2.index.vectors("start", ids))
 
 
 def test_corrupt_or_mismatched_index_is_refused(world, index, tmp_path):
@@ -213,7 +219,9 @@ def test_corrupt_or_mismatched_index_is_refused(world, index, tmp_path):
         Searcher(index, other, world["corpus"])
     broken = tmp_path / "broken"
     shutil.copytree(index, broken)
-    np.save(broken / "start.npy", np.load(broken / "start.npy")[:-1])
+    meta = dict(np.load(broken / "meta.npz"))
+    meta["passage_row"] = meta["passage_row"][:-1]
+    np.savez(broken / "meta.npz", **meta)
     with pytest.raises(InputError, match="corrupt phrase index"):
         Searcher(broken, world["model"], world["corpus"])
     (broken / "end.faiss").write_bytes(b"not an index")
