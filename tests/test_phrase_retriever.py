@@ -271,3 +271,32 @@ def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, f
     hits_after = sum(r["phrases"][0]["text"] == world["born"][n]
                      for r, n in zip(after.search(qs, k=1, unit="phrase"), NAMES))
     assert hits_after >= hits_before
+
+
+def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
+    from system.cli import main
+    root, corpus = world["root"], str(world["corpus"])
+    assert main(["-q", "train-phrase", "--train-file", str(root / "sup" / "train.jsonl"),
+                 "--validation-file", str(root / "sup" / "validation.jsonl"), "--out-dir", str(tmp_path / "m"),
+                 "--encoder", str(world["encoder"]), "--epochs", "2", "--batch-size", "4",
+                 "--max-passage-tokens", "64"]) == 0
+    assert "validation EM by epoch" in capsys.readouterr().out
+    for k in ("1/2", "2/2"):
+        assert main(["-q", "dump-phrases", "--model", str(world["model"]), "--out", str(tmp_path / "dump"),
+                     "--shard", k, "--corpus", corpus, "--threshold", "-100"]) == 0
+    assert main(["-q", "build-index", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "index"),
+                 "--corpus", corpus]) == 0
+    assert "Flat index of" in capsys.readouterr().out
+    run = tmp_path / "run.json"
+    assert main(["-q", "retrieve", "--retriever", "phrase", "--index", str(tmp_path / "index"), "--model",
+                 str(world["model"]), "--questions", str(root / "questions.jsonl"), "--corpus", corpus,
+                 "--k", "3", "--out", str(run)]) == 0
+    entries = json.loads(run.read_text())
+    assert all("prediction" in e and "phrase" in e["ctxs"][0] for e in entries)
+    assert main(["-q", "eval-retrieval", str(run), "--corpus", corpus, "--topk", "1", "3"]) == 0
+    table = capsys.readouterr().out
+    assert "| EM |" in table or " EM |" in table.splitlines()[0]
+    assert main(["retrieve", "--retriever", "phrase", "--questions", str(root / "questions.jsonl"),
+                 "--out", str(run)]) == 2
+    assert main(["dump-phrases", "--model", str(world["model"]), "--out", str(tmp_path / "d2"),
+                 "--shard", "3/2", "--corpus", corpus]) == 2
