@@ -104,49 +104,54 @@ class Searcher:
         return np.concatenate(out_s), np.concatenate(out_e)
 
     def search_phrases(self, q_start: np.ndarray, q_end: np.ndarray, k: int) -> list[list[Phrase]]:
-        """Top phrases per question, best first (at most about 2k candidates from each side)."""
-        ix, meta, L = self.index, self.index.meta, self.index.max_span_len
+        """Top phrases per question, best first, from k start hits and k end hits (one batched search)."""
+        ix = self.index
         k = min(k, ix.manifest["vectors"])
         _, start_hits = ix.start_index.search(np.ascontiguousarray(q_start, dtype=np.float32), k)
         _, end_hits = ix.end_index.search(np.ascontiguousarray(q_end, dtype=np.float32), k)
-        results = []
-        for qi in range(len(q_start)):
-            qs, qe = q_start[qi], q_end[qi]
-            best: dict[tuple[int, int], float] = {}
-            for v in start_hits[qi]:
-                if v < 0:
-                    continue
-                lo, hi = self._window(v, forward=True)
-                s = float(ix.vectors("start", [v])[0] @ qs)
-                ends = ix.vectors("end", np.arange(lo, hi)) @ qe
-                j = int(np.argmax(ends))
-                best[(int(v), lo + j)] = max(best.get((int(v), lo + j), -np.inf), s + float(ends[j]))
-            for v in end_hits[qi]:
-                if v < 0:
-                    continue
-                lo, hi = self._window(v, forward=False)
-                e = float(ix.vectors("end", [v])[0] @ qe)
-                starts = ix.vectors("start", np.arange(lo, hi)) @ qs
-                i = int(np.argmax(starts))
-                best[(lo + i, int(v))] = max(best.get((lo + i, int(v)), -np.inf), float(starts[i]) + e)
-            phrases = [Phrase(score, s, e, int(meta["passage_row"][s]), int(meta["char_start"][s]),
-                              int(meta["char_end"][e])) for (s, e), score in best.items()]
-            phrases.sort(key=lambda p: -p.score)
-            results.append(phrases)
-        return results
+        return [self._phrases_of(q_start[i], q_end[i], start_hits[i], end_hits[i]) for i in range(len(q_start))]
 
-    def _window(self, v: int, forward: bool) -> tuple[int, int]:
-        """Vector ids of the same passage within L tokens after (or before) vector v, v included."""
-        meta, L = self.index.meta, self.index.max_span_len
-        row = meta["passage_row"][v]
-        first = int(self.index.meta["passage_first"][row])
-        last = first + int(self.index.meta["passage_count"][row])
-        tok = meta["token"]
-        if forward:
-            hi = first + int(np.searchsorted(tok[first:last], tok[v] + L, side="left"))
-            return int(v), hi
-        lo = first + int(np.searchsorted(tok[first:last], tok[v] - L, side="right"))
-        return lo, int(v) + 1
+    def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> list[Phrase]:
+        meta, L, n_vec = self.index.meta, self.index.max_span_len, self.index.manifest["vectors"]
+        rows, tokens = meta["passage_row"], meta["token"]
+        start_hits, end_hits = start_hits[start_hits >= 0], end_hits[end_hits >= 0]
+        offsets = np.arange(L)
+        # Vector ids run in (passage, token) order, so the L ids after a start hit hold every kept token
+        # within L tokens of it in the same passage (and the L ids before an end hit likewise).
+        fwd = np.minimum(start_hits[:, None] + offsets, n_vec - 1)
+        fwd_ok = (rows[fwd] == rows[start_hits][:, None]) & (tokens[fwd] - tokens[start_hits][:, None] < L) \
+            & (tokens[fwd] >= tokens[start_hits][:, None])
+        bwd = np.maximum(end_hits[:, None] - offsets, 0)
+        bwd_ok = (rows[bwd] == rows[end_hits][:, None]) & (tokens[end_hits][:, None] - tokens[bwd] < L) \
+            & (tokens[bwd] <= tokens[end_hits][:, None])
+        start_ids = np.unique(np.concatenate([start_hits, bwd.ravel()]))
+        end_ids = np.unique(np.concatenate([end_hits, fwd.ravel()]))
+        start_scores = self.index.vectors("start", start_ids) @ qs   # each needed vector read once
+        end_scores = self.index.vectors("end", end_ids) @ qe
+        s_of = lambda ids: start_scores[np.searchsorted(start_ids, ids)]  # noqa: E731
+        e_of = lambda ids: end_scores[np.searchsorted(end_ids, ids)]  # noqa: E731
+
+        pairs_s, pairs_e, scores = [], [], []
+        if len(start_hits):
+            ends = np.where(fwd_ok, e_of(fwd), -np.inf)
+            j = ends.argmax(1)
+            pairs_s.append(start_hits)
+            pairs_e.append(fwd[np.arange(len(j)), j])
+            scores.append(s_of(start_hits) + ends[np.arange(len(j)), j])
+        if len(end_hits):
+            starts = np.where(bwd_ok, s_of(bwd), -np.inf)
+            i = starts.argmax(1)
+            pairs_s.append(bwd[np.arange(len(i)), i])
+            pairs_e.append(end_hits)
+            scores.append(starts[np.arange(len(i)), i] + e_of(end_hits))
+        if not scores:
+            return []
+        ps, pe, sc = np.concatenate(pairs_s), np.concatenate(pairs_e), np.concatenate(scores)
+        order = np.argsort(-sc, kind="stable")
+        _, first = np.unique((ps * n_vec + pe)[order], return_index=True)   # duplicates: keep the best
+        keep = order[np.sort(first)]
+        return [Phrase(float(sc[t]), int(ps[t]), int(pe[t]), int(rows[ps[t]]), int(meta["char_start"][ps[t]]),
+                       int(meta["char_end"][pe[t]])) for t in keep]
 
     def rows_of_doc(self, doc_id: str) -> list[int]:
         if not hasattr(self, "_rows_by_doc"):
@@ -167,17 +172,20 @@ class Searcher:
         if k < 1:
             raise InputError(f"k must be positive, not {k}")
         q_start, q_end = self.encode(questions)
-        out = []
-        for qi in range(len(questions)):
-            kk = 2 * k
-            while True:
-                phrases = self.search_phrases(q_start[qi:qi + 1], q_end[qi:qi + 1], kk)[0]
-                groups = self._group(phrases, unit)
+        results: list[dict | None] = [None] * len(questions)
+        todo, kk = np.arange(len(questions)), 2 * k
+        while len(todo):
+            # One batched search per round; only questions short of k passages (documents) go again.
+            phrases = self.search_phrases(q_start[todo], q_end[todo], kk)
+            again = []
+            for qi, ph in zip(todo, phrases):
+                groups = self._group(ph, unit)
                 if unit == "phrase" or len(groups) >= k or kk >= self.index.manifest["vectors"]:
-                    break
-                kk *= 2
-            out.append(self._result(phrases, groups, k, unit))
-        return out
+                    results[qi] = self._result(ph, groups, k, unit)
+                else:
+                    again.append(qi)
+            todo, kk = np.asarray(again, dtype=np.int64), kk * 2
+        return results
 
     def _group(self, phrases: list[Phrase], unit: str) -> dict:
         """Best phrase per passage (Eq. 3: the passage's score is its best phrase's) or per document."""
