@@ -1,7 +1,8 @@
 """A single-vector dense passage retriever: the comparator of DensePhrases' Table 1 (DPR-style).
 
-Passages (`title [SEP] text`) and questions are mean-pooled token states of one encoder (default the
-data pack's MiniLM, used as its authors trained it), searched by exact inner product (faiss Flat).
+Passages ("title text", one string) and questions are mean-pooled, L2-normalised token states of one
+encoder (default the data pack's MiniLM, used as its sentence-transformers pipeline does: Transformer,
+mean pooling, Normalize), searched by exact inner product (faiss Flat), i.e. cosine.
 The index lives in CORPUS/dense-<name>/ with the corpus fingerprint and the encoder's name.
 """
 from __future__ import annotations
@@ -30,18 +31,18 @@ class MeanPoolEncoder:
         self.max_tokens = max_tokens
 
     @torch.no_grad()
-    def encode(self, first: list[str], second: list[str] | None = None, batch_size: int = 64,
-               desc: str | None = None) -> np.ndarray:
+    def encode(self, texts: list[str], batch_size: int = 64, desc: str | None = None) -> np.ndarray:
         out = []
-        order = np.argsort([len(t) for t in (second or first)])  # similar lengths batch together
+        order = np.argsort([len(t) for t in texts])  # similar lengths batch together
         for a in tqdm(range(0, len(order), batch_size), desc=desc, disable=desc is None or None):
             idx = order[a:a + batch_size]
-            enc = self.tokenizer([first[i] for i in idx], [second[i] for i in idx] if second else None,
-                                 truncation=True, max_length=self.max_tokens, padding=True, return_tensors="pt")
+            enc = self.tokenizer([texts[i] for i in idx], truncation=True, max_length=self.max_tokens,
+                                 padding=True, return_tensors="pt")
             enc = {k: v.to(self.device) for k, v in enc.items()}
             h = self.model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
-            out.append(((h * mask).sum(1) / mask.sum(1)).float().cpu().numpy())
+            pooled = (h * mask).sum(1) / mask.sum(1)
+            out.append(torch.nn.functional.normalize(pooled, dim=-1).float().cpu().numpy())
         vecs = np.concatenate(out) if out else np.zeros((0, self.model.config.hidden_size), np.float32)
         result = np.empty_like(vecs)
         result[order] = vecs
@@ -70,7 +71,7 @@ class DenseIndex:
         store = PassageStore(corpus_dir)
         passages = list(store)
         store.close()
-        vecs = enc.encode([p["title"] for p in passages], [p["text"] for p in passages], desc="dense passages")
+        vecs = enc.encode([f"{p['title']} {p['text']}" for p in passages], desc="dense passages")
         index = faiss.IndexFlatIP(vecs.shape[1])
         index.add(vecs)
         with atomic_path(out) as tmp:

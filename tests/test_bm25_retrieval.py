@@ -62,3 +62,24 @@ def test_read_results_rejects_a_file_of_another_shape(tmp_path):
     path.write_text("{")
     with pytest.raises(InputError, match="not valid JSON"):
         read_results(path)
+
+
+def test_single_vector_dense_retriever(tiny_corpus, tiny_questions, tmp_path):
+    """The single-vector comparator on a tiny BERT made here: exact inner product equals brute force."""
+    import numpy as np
+    from retriever.dense import DenseIndex
+    from tiny_models import make_tiny_bert
+    from tiny_data import TINY_DOCS, TINY_QUESTIONS
+    texts = [p for d in TINY_DOCS for s in d["sections"] for p in s["paragraphs"]] + [q["question"] for q in TINY_QUESTIONS]
+    encoder = str(make_tiny_bert(tmp_path / "bert", texts + [d["title"] for d in TINY_DOCS]))
+    index = DenseIndex.open(tiny_corpus, encoder)
+    store = PassageStore(tiny_corpus)
+    passages = list(store)
+    p_vecs = index.encoder.encode([f"{p['title']} {p['text']}" for p in passages])
+    assert np.allclose(np.linalg.norm(p_vecs, axis=1), 1.0, atol=1e-5)
+    q_vecs = index.encoder.encode(["who won the first nobel prize in physics"])
+    rows, scores = index.search_passages(["who won the first nobel prize in physics"], k=3)
+    expected = np.argsort(-(p_vecs @ q_vecs[0]))[:3]
+    assert list(rows[0]) == list(expected)
+    assert DenseIndex.index_dir(tiny_corpus, encoder).exists()                 # saved, and reused next time
+    assert DenseIndex.open(tiny_corpus, encoder).index.ntotal == len(passages)
