@@ -25,10 +25,9 @@ from common.metrics.answers import answer_em
 from common.metrics.has_answer import has_answer
 from common.questions import load_questions
 from retriever.phrase_data import encode_questions
-from retriever.searcher import Searcher
+from retriever.searcher import UNITS as LABELS, Searcher
 
 log = logging.getLogger(__name__)
-LABELS = ("phrase", "passage", "document")
 
 
 @dataclass
