@@ -165,8 +165,11 @@ class Searcher:
             self._doc_of_row = [p["doc_id"] for p in self.store]
         return self._doc_of_row
 
-    def search(self, questions: list[str], k: int = 10, unit: str = "passage") -> list[dict]:
-        """For each question: its top phrases, and for unit passage/document the top k of those."""
+    def search(self, questions: list[str], k: int = 10, unit: str = "passage",
+               max_phrases: int | None = None) -> list[dict]:
+        """For each question: its top phrases, and for unit passage/document the top k of those.
+        k' doubles from 2k up to `max_phrases` (default 64k) hits a side; a question whose phrases sit in
+        fewer than k passages even then gets fewer, which bounds the cost of very peaked questions."""
         if unit not in UNITS:
             raise InputError(f"unit must be one of {UNITS}, not {unit!r}")
         if k < 1:
@@ -174,13 +177,14 @@ class Searcher:
         q_start, q_end = self.encode(questions)
         results: list[dict | None] = [None] * len(questions)
         todo, kk = np.arange(len(questions)), 2 * k
+        cap = min(max_phrases or 64 * k, self.index.manifest["vectors"])
         while len(todo):
             # One batched search per round; only questions short of k passages (documents) go again.
             phrases = self.search_phrases(q_start[todo], q_end[todo], kk)
             again = []
             for qi, ph in zip(todo, phrases):
                 groups = self._group(ph, unit)
-                if unit == "phrase" or len(groups) >= k or kk >= self.index.manifest["vectors"]:
+                if unit == "phrase" or len(groups) >= k or kk >= cap:
                     results[qi] = self._result(ph, groups, k, unit)
                 else:
                     again.append(qi)
