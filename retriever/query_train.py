@@ -82,8 +82,11 @@ def train_query(args: QueryTrainArgs) -> dict:
         q_start, q_end = searcher.encode([q.question for q in questions])
         candidates = []
         doc_cache: dict = {}
-        for i, q in enumerate(tqdm(questions, desc=f"train-query candidates {epoch + 1}", disable=None)):
-            phrases = searcher.search_phrases(q_start[i:i + 1], q_end[i:i + 1], args.top_k)[0][:args.top_k]
+        retrieved = []
+        for a in tqdm(range(0, len(questions), 64), desc=f"train-query candidates {epoch + 1}", disable=None):
+            retrieved += searcher.search_phrases(q_start[a:a + 64], q_end[a:a + 64], args.top_k)  # batched MIPS
+        for q, phrases in zip(questions, retrieved):
+            phrases = phrases[:args.top_k]
             pos = positives(searcher, phrases, q, args.label, doc_cache)
             if pos.any():
                 s_ids = np.array([p.start_vec for p in phrases])
