@@ -15,7 +15,6 @@ give each passage's slice. The directory is written under a temporary name and r
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path

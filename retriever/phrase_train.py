@@ -12,7 +12,6 @@ Loss, per question b with start vectors (the end side is the same):
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random

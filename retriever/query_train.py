@@ -11,7 +11,6 @@ contains an answer; "document" if its document has a passage that does ("Too" pa
 from __future__ import annotations
 
 import logging
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path

@@ -3,7 +3,6 @@ explains its flags. Bad input ends with `odqa: error: ...` naming the input, and
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
