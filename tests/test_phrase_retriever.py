@@ -300,3 +300,32 @@ def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
                  "--out", str(run)]) == 2
     assert main(["dump-phrases", "--model", str(world["model"]), "--out", str(tmp_path / "d2"),
                  "--shard", "3/2", "--corpus", corpus]) == 2
+
+
+def test_an_interrupted_training_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
+    from retriever import phrase_train
+    root = world["root"]
+
+    def args(out):
+        # Pre-batch negatives off: their FIFO is not checkpointed (it refills within C batches).
+        return PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+                               out_dir=str(out), encoder=str(world["encoder"]), epochs=2, batch_size=4, lr=2e-3,
+                               pre_batch=0, save_steps=3, max_passage_tokens=64, max_question_tokens=16)
+
+    train(args(tmp_path / "straight"))
+    real_validation = phrase_train.validation_em
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt("interrupted after the step-3 checkpoint")
+
+    monkeypatch.setattr(phrase_train, "validation_em", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(args(tmp_path / "resumed"))
+    monkeypatch.setattr(phrase_train, "validation_em", real_validation)
+    resumed = args(tmp_path / "resumed")
+    resumed.resume = True
+    train(resumed)
+    straight = json.loads((tmp_path / "straight" / "checkpoint" / "trainer_state.json").read_text())
+    again = json.loads((tmp_path / "resumed" / "checkpoint" / "trainer_state.json").read_text())
+    assert [h["step"] for h in again["history"]] == [h["step"] for h in straight["history"]]
+    assert [h["loss"] for h in again["history"]] == pytest.approx([h["loss"] for h in straight["history"]], rel=1e-4)
