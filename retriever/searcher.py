@@ -201,8 +201,8 @@ class Searcher:
             groups.setdefault(key(p), p)
         return groups
 
-    def _phrase_json(self, p: Phrase) -> dict:
-        passage = self.store[p.row]
+    def _phrase_json(self, p: Phrase, passage: dict | None = None) -> dict:
+        passage = passage or self.store[p.row]
         return {"text": passage["text"][p.char_start:p.char_end], "passage_id": passage["id"], "row": p.row,
                 "char_start": p.char_start, "char_end": p.char_end, "score": p.score}
 
@@ -212,8 +212,8 @@ class Searcher:
             result["passages"] = []
             for row, p in list(groups.items())[:k]:
                 passage = self.store[row]
-                result["passages"].append({"id": passage["id"], "row": row, "title": passage["title"],
-                                           "text": passage["text"], "score": p.score, "phrase": self._phrase_json(p)})
+                result["passages"].append({"id": passage["id"], "row": row, "title": passage["title"], "text": passage["text"],
+                                           "score": p.score, "phrase": self._phrase_json(p, passage)})
         elif unit == "document":
             result["documents"] = [{"id": doc, "score": p.score, "phrase": self._phrase_json(p)}
                                    for doc, p in list(groups.items())[:k]]
