@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,3 +81,10 @@ def load_questions(name_or_path: str | os.PathLike, limit: int | None = None) ->
     if not out:
         raise InputError(f"{path}: no questions")
     return out
+
+
+def split_of(question: str, validation_percent: float) -> str:
+    """"train" or "validation" by a hash of the question text: the same on every machine and run, so
+    `odqa supervise` and `odqa train-reader` hold out the same dev questions."""
+    bucket = int(hashlib.md5(question.strip().lower().encode("utf-8")).hexdigest(), 16) % 10_000
+    return "validation" if bucket < validation_percent * 100 else "train"

@@ -8,7 +8,6 @@ machine and every run, and one question's examples never straddle it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,15 +21,10 @@ from common.answer_index import AnswerIndex
 from common.corpus import PassageStore, corpus_info
 from common.io import atomic_path, write_json
 from common.metrics.has_answer import answer_spans
-from common.questions import load_questions, question_set_name
+from common.questions import load_questions, question_set_name, split_of
 from retriever.bm25 import BM25Index
 
 log = logging.getLogger(__name__)
-
-
-def split_of(question: str, validation_percent: float) -> str:
-    bucket = int(hashlib.md5(question.strip().lower().encode("utf-8")).hexdigest(), 16) % 10_000
-    return "validation" if bucket < validation_percent * 100 else "train"
 
 
 def supervise(question_sets: Sequence[str], corpus_dir: str | os.PathLike, out_dir: str | os.PathLike,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, overrides: dict, helps: 
         if kind == "bool":
             p.add_argument(flag, action="store_true", help=helps.get(f.name, ""))
             continue
+        if kind.startswith("list"):
+            p.add_argument(flag, nargs="+", default=None if required else overrides.get(f.name), required=required,
+                           help=helps.get(f.name, ""))
+            continue
         conv = int if kind.startswith("int") else float if kind.startswith("float") else str
         p.add_argument(flag, type=conv, default=None if required else default, required=required,
                        help=helps.get(f.name, "") + ("" if required else f" (default: {default})"))
@@ -139,6 +144,56 @@ def cmd_build_index(args) -> None:
                     train_size=args.train_size)
     print(f"{args.factory} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
           f"{sum(m['bytes'].values()) / 2**20:.0f} MiB -> {args.out}")
+
+
+def cmd_reader_init(args) -> None:
+    from common.corpus import PassageStore
+    from common.paths import default_corpus
+    from reader.t5_init import init_reader
+    store = PassageStore(args.corpus or default_corpus())
+    out = args.out or _default_reader_dir(args.preset)
+    info = init_reader((f"{p['title']}. {p['text']}" for p in store), out, args.preset, args.vocab_size, args.seed)
+    store.close()
+    print(f"{args.preset} T5: {info['parameters']:,} parameters, {info['vocab_size']:,}-token SentencePiece "
+          f"vocabulary (100 sentinels) -> {out}")
+
+
+def _default_reader_dir(preset: str) -> Path:
+    from common.paths import odqa_home
+    return odqa_home() / "readers" / f"t5-{preset}-init"
+
+
+def _loop_and(cls, args):
+    from reader.trainer import LoopArgs
+    return dataclass_from_args(cls, args), dataclass_from_args(LoopArgs, args)
+
+
+def cmd_pretrain_reader(args) -> None:
+    from reader.pretrain import PretrainArgs, pretrain_reader
+    task, loop = _loop_and(PretrainArgs, args)
+    state = pretrain_reader(task, loop)
+    if int(os.environ.get("RANK", "0")) == 0:
+        evals = ", ".join(f"{e['step']}: {e['loss']:.3f}" for e in state["evals"])
+        print(f"validation loss by step: {evals}; {state['global_step']} steps; best checkpoint: {loop.out_dir}/best")
+
+
+def cmd_train_reader(args) -> None:
+    from reader.fid_train import ReaderArgs, train_reader
+    task, loop = _loop_and(ReaderArgs, args)
+    result = train_reader(task, loop)
+    if int(os.environ.get("RANK", "0")) == 0:
+        evals = ", ".join(f"{e['step']}: {e['em']:.2f}" for e in result["evals"])
+        print(f"{result['train_questions']} training questions; validation EM by step: {evals}; "
+              f"{result['global_step']} steps; best checkpoint: {loop.out_dir}/best")
+
+
+def cmd_read(args) -> None:
+    from reader.read import read
+    r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=args.batch_size,
+             text_maxlength=args.text_maxlength, max_new_tokens=args.answer_maxlength, num_beams=args.beams,
+             limit=args.limit)
+    print(f"EM {r['em']:.2f} on {r['questions']} questions (k={r['k']}, {r['questions'] / r['seconds']:.1f} "
+          f"questions/s) -> {args.out}")
 
 
 def cmd_demo(args) -> None:
@@ -264,7 +319,72 @@ def build_parser() -> argparse.ArgumentParser:
         "out_dir": "where the query-tuned checkpoint goes", "questions": "training question set",
         "label": "phrase, passage or document", "top_k": "phrases retrieved per question"})
     p.set_defaults(func=cmd_train_query)
+    _reader_parsers(sub)
     return parser
+
+
+def _reader_parsers(sub) -> None:
+    from reader.fid_train import ReaderArgs
+    from reader.pretrain import PretrainArgs
+    from reader.t5_init import PRESETS
+    from reader.trainer import LoopArgs
+    reader = sub.add_parser("reader", help="the FiD reader's model").add_subparsers(dest="reader_command", required=True)
+    p = reader.add_parser("init", help="a from-scratch T5: SentencePiece tokenizer trained on the corpus + a preset",
+                          description="Train a unigram SentencePiece vocabulary on the corpus (T5's pad/eos/unk and 100 "
+                                      "sentinels), build a T5 of the preset's shape, save both as an HF checkpoint.")
+    p.add_argument("--preset", choices=list(PRESETS), default="tiny",
+                   help="tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) (default tiny)")
+    p.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: $ODQA_HOME/readers/t5-PRESET-init)")
+    p.add_argument("--vocab-size", type=int, default=None, help="vocabulary incl. sentinels (default: the preset's)")
+    p.add_argument("--seed", type=int, default=0)
+    _corpus_arg(p)
+    p.set_defaults(func=cmd_reader_init)
+
+    loop_help = {"out_dir": "checkpoint/ (DeepSpeed), best/ and last/ (plain HF checkpoints) go here",
+                 "batch_size": "micro-batch per process", "accumulation": "gradient accumulation steps",
+                 "max_steps": "optimizer steps (default: --epochs over the data)",
+                 "deepspeed_config": "DeepSpeed JSON; its \"auto\" values come from these flags",
+                 "zero_stage": "override the JSON's ZeRO stage (0-3)", "offload": "optimizer (stage 3: also "
+                 "parameters) offloaded to CPU", "precision": "auto: bf16 on CUDA, fp32 on CPU",
+                 "gradient_checkpointing": "recompute the encoder blocks in backward (memory for time)",
+                 "resume": "continue from OUT_DIR/checkpoint"}
+    launch = ("Runs as one process as is; for several, launch with `deepspeed`, `torchrun` or `accelerate launch` "
+              "on `-m system.cli ...`.")
+    p = sub.add_parser("pretrain-reader", help="T5 span-corruption pretraining on the corpus (DeepSpeed)",
+                       description="Mask 15%% of each passage's tokens in spans of mean length 3 and train T5 to fill "
+                                   "them in. " + launch)
+    from common.paths import default_corpus
+    add_dataclass_args(p, PretrainArgs, {"model": str(_default_reader_dir("tiny")), "corpus": str(default_corpus())},
+                       {"model": "T5 checkpoint (`odqa reader init` output)", "corpus": "`odqa corpus build` output",
+                        "input_length": "tokens per passage"})
+    add_dataclass_args(p, LoopArgs, {"lr": 1e-3, "batch_size": 32, "warmup_steps": 200}, loop_help)
+    p.set_defaults(func=cmd_pretrain_reader)
+
+    p = sub.add_parser("train-reader", help="train the Fusion-in-Decoder reader on retrieval files (DeepSpeed)",
+                       description="FiD: each of the k passages encoded with the question on its own, the decoder "
+                                   "attends over all. Validation EM with greedy decoding; best checkpoint kept. " + launch)
+    add_dataclass_args(p, ReaderArgs, {}, {
+        "model": "T5 checkpoint: t5-base, `odqa reader init`/`pretrain-reader` output, or a reader to continue",
+        "train_file": "retrieval files from `odqa retrieve` (JSON or JSONL with ctxs)",
+        "validation_file": "default: the training files' questions held out by the supervise hash split",
+        "n_passages": "k: passages per question", "text_maxlength": "tokens per question+passage",
+        "keep_unanswerable": "also train on questions whose k passages hold no answer"})
+    add_dataclass_args(p, LoopArgs, {}, loop_help)
+    p.set_defaults(func=cmd_train_reader)
+
+    p = sub.add_parser("read", help="generate answers for a retrieval file with a FiD reader; print EM",
+                       description="Batched greedy (or beam) generation; writes {id, question, answers, prediction, em} "
+                                   "JSONL.")
+    p.add_argument("--model", required=True, help="reader checkpoint (train-reader OUT_DIR/best) or T5 name")
+    p.add_argument("--input", type=Path, required=True, help="retrieval file (DPR/FiD JSON or JSONL)")
+    p.add_argument("--out", type=Path, required=True, help="predictions JSONL")
+    p.add_argument("--k", type=int, default=10, help="passages per question (default 10)")
+    p.add_argument("--batch-size", type=int, default=8, help="questions per generate() call (default 8)")
+    p.add_argument("--text-maxlength", type=int, default=200, help="tokens per question+passage (default 200)")
+    p.add_argument("--answer-maxlength", type=int, default=32, help="generated tokens at most (default 32)")
+    p.add_argument("--beams", type=int, default=1, help="beam size; 1 is greedy (default 1)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.set_defaults(func=cmd_read)
 
 
 def main(argv: list[str] | None = None) -> int:

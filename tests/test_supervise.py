@@ -1,7 +1,8 @@
 import json
 
 from common.io import read_jsonl
-from retriever.supervise import split_of, supervise
+from common.questions import split_of
+from retriever.supervise import supervise
 from tiny_data import write_jsonl
 
 

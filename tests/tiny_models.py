@@ -19,3 +19,19 @@ def make_tiny_bert(out: Path, texts: list[str], hidden: int = 32, layers: int = 
     BertModel(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def make_tiny_t5(out: Path, texts: list[str], vocab_size: int = 160, d_model: int = 32, layers: int = 2,
+                 seed: int = 0) -> Path:
+    """A 2-layer T5 with a SentencePiece vocabulary trained on `texts`, saved as an HF checkpoint."""
+    from transformers import T5Config
+
+    from reader.fid import FiDT5
+    from reader.t5_init import train_tokenizer
+    tokenizer = train_tokenizer(texts, out, vocab_size)
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=len(tokenizer), d_model=d_model, d_ff=2 * d_model, num_layers=layers,
+                      num_decoder_layers=layers, num_heads=2, d_kv=d_model // 2, dropout_rate=0.0,
+                      pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    FiDT5(config).save_pretrained(out)
+    return out

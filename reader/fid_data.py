@@ -1,0 +1,131 @@
+"""FiD's input: retrieval files in DPR/FiD form, JSON list or JSONL, one question each:
+
+    {"id", "question", "answers": [...], "target"?: str, "ctxs": [{"id", "title", "text", "score"}, ...]}
+
+A question keeps its k best passages by score. Each passage becomes `question: Q title: T context: P`,
+truncated to `text_maxlength` tokens; a question with fewer than k passages gets empty ones, masked
+out. The target is `target` if given, else the first answer, or (`random_answer`) an answer drawn anew
+each epoch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.io import InputError, read_json, read_jsonl, require_file
+
+
+@dataclass
+class FiDExample:
+    id: str
+    question: str
+    answers: list[str]
+    passages: list[tuple[str, str]]     # (title, text), best first
+    target: str | None = None
+    regex: bool = False
+    has_answer: list[bool] | None = None   # per passage, where the retrieval file says
+
+
+def _parse(obj: dict, where: str) -> FiDExample:
+    question = obj.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise InputError(f"{where}: empty or missing \"question\"")
+    answers = obj.get("answers", [])
+    if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+        raise InputError(f"{where}: \"answers\" must be a list of strings")
+    ctxs = obj.get("ctxs")
+    if not isinstance(ctxs, list):
+        raise InputError(f"{where}: needs a \"ctxs\" list")
+    for j, c in enumerate(ctxs):
+        if not isinstance(c, dict) or not isinstance(c.get("text"), str):
+            raise InputError(f"{where}: ctx {j} needs a \"text\"")
+    if all("score" in c for c in ctxs):
+        ctxs = sorted(ctxs, key=lambda c: -float(c["score"]))
+    target = obj.get("target")
+    return FiDExample(id=str(obj.get("id", "")), question=question.strip(), answers=answers,
+                      passages=[(c.get("title", ""), c["text"]) for c in ctxs],
+                      target=target if isinstance(target, str) else None, regex=bool(obj.get("regex", False)),
+                      has_answer=[bool(c["has_answer"]) for c in ctxs] if all("has_answer" in c for c in ctxs)
+                      else None)
+
+
+def load_fid_file(path: str | os.PathLike, limit: int | None = None) -> list[FiDExample]:
+    path = require_file(path, "FiD file")
+    with open(path, encoding="utf-8") as f:
+        first = f.read(1)
+        while first.isspace():
+            first = f.read(1)
+    if first == "[":
+        rows = ((i, obj) for i, obj in enumerate(read_json(path)))
+    else:
+        rows = read_jsonl(path)
+    out = []
+    for i, obj in rows:
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}:{i}: expected a JSON object")
+        ex = _parse(obj, f"{path}:{i}")
+        ex.id = ex.id or f"{Path(path).stem}-{len(out)}"
+        out.append(ex)
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise InputError(f"{path}: no questions")
+    return out
+
+
+def encoder_text(question: str, title: str, text: str) -> str:
+    return f"question: {question} title: {title} context: {text}"
+
+
+def pick_target(ex: FiDExample, rng: random.Random | None) -> str:
+    if ex.target is not None:
+        return ex.target
+    if not ex.answers:
+        raise InputError(f"question {ex.id!r} has no answer to train on")
+    return rng.choice(ex.answers) if rng is not None else ex.answers[0]
+
+
+class FiDCollator:
+    """Examples -> input_ids/attention_mask (B, k, L) and labels (B, T) with -100 on padding."""
+
+    def __init__(self, tokenizer, n_passages: int, text_maxlength: int = 200, answer_maxlength: int = 32):
+        self.tokenizer = tokenizer
+        self.k = n_passages
+        self.text_maxlength = text_maxlength
+        self.answer_maxlength = answer_maxlength
+
+    def encode_passages(self, examples: list[FiDExample]) -> dict[str, torch.Tensor]:
+        texts, present = [], []
+        for ex in examples:
+            ps = ex.passages[: self.k]
+            texts += [encoder_text(ex.question, t, p) for t, p in ps] + [""] * (self.k - len(ps))
+            present += [1] * len(ps) + [0] * (self.k - len(ps))
+        enc = self.tokenizer(texts, max_length=self.text_maxlength, truncation=True, padding="longest",
+                             return_tensors="pt")
+        mask = enc["attention_mask"] * torch.tensor(present).unsqueeze(1)
+        b = len(examples)
+        return {"input_ids": enc["input_ids"].view(b, self.k, -1), "attention_mask": mask.view(b, self.k, -1)}
+
+    def encode_targets(self, targets: list[str]) -> torch.Tensor:
+        enc = self.tokenizer(targets, max_length=self.answer_maxlength, truncation=True, padding="longest",
+                             return_tensors="pt")
+        return enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+
+    def __call__(self, examples: list[FiDExample], rng: random.Random | None = None) -> dict[str, torch.Tensor]:
+        batch = self.encode_passages(examples)
+        batch["labels"] = self.encode_targets([pick_target(ex, rng) for ex in examples])
+        return batch
+
+
+def write_predictions(path: str | os.PathLike, examples: list[FiDExample], predictions: list[str],
+                      correct: list[bool]) -> None:
+    from common.io import atomic_path
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for ex, pred, ok in zip(examples, predictions, correct):
+            f.write(json.dumps({"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": pred,
+                                "em": ok}, ensure_ascii=False) + "\n")

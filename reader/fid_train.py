@@ -1,0 +1,89 @@
+"""`odqa train-reader`: FiD training on retrieval files, through the DeepSpeed loop of reader/trainer.py.
+
+Without a separate validation file the training files' questions are split by the same question hash
+as `odqa supervise`, so the reader is validated on dev questions it never trains on. Validation is
+greedy decoding scored by EM (common.metrics).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from common.io import InputError, write_json
+from common.metrics.answers import answer_em
+from common.questions import split_of
+from reader.fid_data import FiDCollator, FiDExample, load_fid_file
+from reader.read import generate_answers, load_reader
+from reader.trainer import LoopArgs, Task, setup_distributed, train_loop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReaderArgs:
+    model: str                          # any T5 checkpoint: `odqa reader init`/`pretrain-reader` output, t5-base
+    train_file: list[str] = field(default_factory=list)   # retrieval files (DPR/FiD JSON or JSONL)
+    validation_file: str | None = None  # default: the held-out hash split of the training files
+    validation_percent: float = 10.0
+    n_passages: int = 10                # k
+    text_maxlength: int = 200           # tokens per (question, passage)
+    answer_maxlength: int = 32
+    random_answer: bool = False         # target: a random answer per epoch instead of the first
+    keep_unanswerable: bool = False     # also train on questions none of whose k passages holds an answer
+    max_validation: int = 500           # validation questions scored at each evaluation
+    eval_batch_size: int = 16
+
+
+def split_examples(args: ReaderArgs) -> tuple[list[FiDExample], list[FiDExample]]:
+    if not args.train_file:
+        raise InputError("--train-file: give at least one retrieval file")
+    examples = [ex for path in args.train_file for ex in load_fid_file(path)]
+    if args.validation_file:
+        train, validation = examples, load_fid_file(args.validation_file)
+    else:
+        train = [ex for ex in examples if split_of(ex.question, args.validation_percent) == "train"]
+        validation = [ex for ex in examples if split_of(ex.question, args.validation_percent) == "validation"]
+    if not args.keep_unanswerable:
+        if any(ex.has_answer is None for ex in train):
+            raise InputError("training files lack ctxs' \"has_answer\": pass --keep-unanswerable or write them "
+                             "with `odqa retrieve`")
+        train = [ex for ex in train if any(ex.has_answer[: args.n_passages])]
+    train = [ex for ex in train if ex.answers or ex.target]
+    if not train:
+        raise InputError("no training questions left (none has an answer in its top-k passages)")
+    return train, validation[: args.max_validation]
+
+
+def make_evaluate(validation: list[FiDExample], tokenizer, args: ReaderArgs, device):
+    def evaluate(model, rank: int, world: int) -> dict:
+        mine = validation[rank::world]
+        predictions = generate_answers(model, tokenizer, mine, args.n_passages, args.eval_batch_size,
+                                       args.text_maxlength, args.answer_maxlength, device=device,
+                                       progress=False) if mine else []
+        counts = torch.tensor([sum(answer_em(p, ex.answers, ex.regex) for p, ex in zip(predictions, mine)),
+                               len(mine)], dtype=torch.float64)
+        if world > 1:
+            torch.distributed.all_reduce(counts)
+        return {"em": 100.0 * counts[0].item() / max(counts[1].item(), 1)}
+    return evaluate
+
+
+def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
+    rank, world, device = setup_distributed()
+    train, validation = split_examples(args)
+    if not validation:
+        raise InputError("no validation questions: pass --validation-file or a larger --validation-percent")
+    model, tokenizer = load_reader(args.model, "cpu")
+    collator = FiDCollator(tokenizer, args.n_passages, args.text_maxlength, args.answer_maxlength)
+    log.info("FiD on %d training / %d validation questions, k=%d, %d processes", len(train), len(validation),
+             args.n_passages, world)
+    if rank == 0:
+        write_json(f"{loop.out_dir}/reader_args.json", {**asdict(args), "train_questions": len(train),
+                                                         "validation_questions": len(validation)})
+    task = Task(examples=train,
+                make_batch=lambda exs, rng: collator(exs, rng if args.random_answer else None),
+                evaluate=make_evaluate(validation, tokenizer, args, device), metric="em")
+    state = train_loop(model, tokenizer, task, loop, rank, world, device)
+    return {"train_questions": len(train), "validation_questions": len(validation), **state}

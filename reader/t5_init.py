@@ -1,0 +1,97 @@
+"""`odqa reader init`: a from-scratch T5 when no pretrained one can be downloaded.
+
+A SentencePiece unigram tokenizer is trained on the corpus text with T5's layout (pad 0, eos 1, unk 2,
+then the pieces, then 100 sentinels <extra_id_99> ... <extra_id_0> at the top of the vocabulary), and a
+T5 config is built from a preset. The output directory is an ordinary HF checkpoint: model weights,
+config and a tokenizer that `AutoTokenizer.from_pretrained` loads, so everything downstream treats it
+like t5-base.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import string
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+from transformers import AutoTokenizer, T5Config, T5Tokenizer
+
+from common.io import InputError, atomic_path, write_json
+from reader.fid import FiDT5
+
+log = logging.getLogger(__name__)
+
+# Shapes of T5 v1.0 (ReLU feed-forward, tied embeddings) at three sizes; "small"/"base" are t5-small/t5-base.
+PRESETS = {
+    "tiny": dict(vocab=16_000, d_model=256, d_ff=1024, num_layers=4, num_heads=4, d_kv=64),
+    "small": dict(vocab=32_000, d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64),
+    "base": dict(vocab=32_000, d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64),
+}
+SENTINELS = 100
+# The words of FiD's input template and every ASCII symbol, so questions never hit <unk> on a
+# character the passages happen not to contain.
+_ALWAYS_SEEN = ["question: title: context:", string.punctuation, string.ascii_letters + string.digits]
+
+
+def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, vocab_size: int,
+                    max_sentences: int = 2_000_000) -> T5Tokenizer:
+    """Train the unigram model on `texts` and save a T5 tokenizer (tokenizer.json) into `out_dir`.
+    `vocab_size` counts the sentinels and is an upper bound: a small corpus may yield fewer pieces."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pieces = vocab_size - SENTINELS
+
+    def sentences() -> Iterator[str]:
+        yield from _ALWAYS_SEEN
+        for n, text in enumerate(texts):
+            if n >= max_sentences:
+                break
+            if text.strip():
+                yield text
+
+    spm_dir = out_dir / "sentencepiece"
+    spm_dir.mkdir(exist_ok=True)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sentences(), model_prefix=str(spm_dir / "spiece"), vocab_size=pieces,
+            model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+            unk_piece="<unk>", character_coverage=0.9995, input_sentence_size=max_sentences,
+            shuffle_input_sentence=True, hard_vocab_limit=False, minloglevel=2)
+    except RuntimeError as e:
+        raise InputError(f"SentencePiece could not train a {pieces}-piece vocabulary on this corpus ({e}); "
+                         f"try another --vocab-size") from e
+    # T5Tokenizer reads spiece.model only through from_pretrained (its vocab_file argument is ignored).
+    tokenizer = T5Tokenizer.from_pretrained(str(spm_dir), extra_ids=SENTINELS)
+    tokenizer.save_pretrained(str(out_dir))
+    return AutoTokenizer.from_pretrained(str(out_dir))
+
+
+def t5_config(preset: str, vocab_size: int) -> T5Config:
+    if preset not in PRESETS:
+        raise InputError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    return T5Config(vocab_size=vocab_size, d_model=p["d_model"], d_ff=p["d_ff"], num_layers=p["num_layers"],
+                    num_decoder_layers=p["num_layers"], num_heads=p["num_heads"], d_kv=p["d_kv"],
+                    feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.1,
+                    pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+
+
+def init_reader(texts: Iterable[str], out_dir: str | os.PathLike, preset: str = "tiny",
+                vocab_size: int | None = None, seed: int = 0) -> dict:
+    """Tokenizer + randomly initialised T5 of the preset's shape, written atomically to `out_dir`."""
+    if preset not in PRESETS:
+        raise InputError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
+    vocab_size = vocab_size or PRESETS[preset]["vocab"]
+    with atomic_path(out_dir) as tmp:
+        tokenizer = train_tokenizer(texts, tmp, vocab_size)
+        config = t5_config(preset, len(tokenizer))
+        torch.manual_seed(seed)
+        model = FiDT5(config)
+        model.save_pretrained(str(tmp))
+        info = {"preset": preset, "vocab_size": len(tokenizer), "parameters": model.num_parameters(),
+                **PRESETS[preset]}
+        write_json(tmp / "reader_init.json", info)
+    log.info("%s T5, %d parameters, %d-token vocabulary -> %s", preset, info["parameters"], len(tokenizer), out_dir)
+    return info

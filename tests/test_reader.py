@@ -1,0 +1,237 @@
+"""The FiD reader on a tiny T5 made in the test: FiD at k = 1 is T5; generate(); checkpoint round trip;
+the tokenizer; a synthetic task learnt through DeepSpeed; resume; two processes = one with twice the
+accumulation; refusals of bad checkpoints and bad input."""
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import make_tiny_t5
+from transformers import AutoTokenizer, T5ForConditionalGeneration
+
+from common.io import InputError
+from reader import fid_train
+from reader.fid import FiDT5
+from reader.fid_data import FiDCollator, load_fid_file
+from reader.fid_train import ReaderArgs, train_reader
+from reader.pretrain import span_corrupt
+from reader.read import load_reader, read
+from reader.trainer import LoopArgs, deepspeed_config
+
+NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "oscar", "peggy"]
+HOBBIES = ["tea", "chess", "music", "rain"]
+
+
+def code_world(n: int, k: int, seed: int) -> list[dict]:
+    """'the code of NAME is D' in one of k passages, the others about hobbies; the answer is D (chance 1/10)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        name, code, gold = rng.choice(NAMES), str(rng.randrange(10)), rng.randrange(k)
+        ctxs = [{"id": str(j), "title": "people", "score": float(k - j), "has_answer": j == gold,
+                 "text": f"the code of {name} is {code} ." if j == gold else
+                 f"{rng.choice(NAMES)} likes {rng.choice(HOBBIES)} ."} for j in range(k)]
+        out.append({"id": f"q{i}", "question": f"what is the code of {name} ?", "answers": [code], "ctxs": ctxs})
+    return out
+
+
+@pytest.fixture(scope="module")
+def t5(tmp_path_factory) -> Path:
+    texts = [f"the code of {n} is {d} ." for n in NAMES for d in range(10)] + \
+            [f"question: what is the code of {n} ? title: people context: {n} likes {h} ." for n in NAMES for h in HOBBIES]
+    return make_tiny_t5(tmp_path_factory.mktemp("t5") / "t5", texts, vocab_size=300, d_model=64)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fid_data")
+    (root / "train.json").write_text(json.dumps(code_world(800, 4, 0)))
+    (root / "val.json").write_text(json.dumps(code_world(100, 4, 1)))
+    return root
+
+
+def test_tokenizer_round_trip_and_sentinels(t5):
+    tok = AutoTokenizer.from_pretrained(t5)
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
+    assert tok.convert_tokens_to_ids("<extra_id_0>") == len(tok) - 1
+    assert tok.convert_tokens_to_ids("<extra_id_99>") == len(tok) - 100
+    text = "what is the code of erin ? 7"
+    ids = tok(text).input_ids
+    assert ids[-1] == tok.eos_token_id and tok.unk_token_id not in ids
+    assert tok.decode(ids, skip_special_tokens=True) == text
+
+
+def test_fid_with_one_passage_is_t5(t5):
+    fid = FiDT5.from_pretrained(t5).eval()
+    plain = T5ForConditionalGeneration.from_pretrained(t5).eval()
+    ids = torch.randint(3, 100, (2, 1, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 0, 6:] = 0
+    labels = torch.randint(3, 100, (2, 4))
+    a = fid(input_ids=ids, attention_mask=mask, labels=labels).logits
+    b = plain(input_ids=ids[:, 0], attention_mask=mask[:, 0], labels=labels).logits
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_generate_matches_step_by_step_greedy_and_masks_padding(t5):
+    fid = FiDT5.from_pretrained(t5).eval()
+    ids = torch.randint(3, 100, (2, 3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 2] = 0                       # an empty (padded) passage
+    out = fid.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    dec = torch.zeros(2, 1, dtype=torch.long)
+    for _ in range(out.shape[1] - 1):
+        logits = fid(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits[:, -1]
+        dec = torch.cat([dec, logits.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, dec)
+    beams = fid.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, num_beams=3)
+    assert beams.shape[0] == 2
+    # What a masked passage holds cannot change the answer.
+    ids2 = ids.clone()
+    ids2[1, 2] = torch.randint(3, 100, (7,))
+    assert torch.equal(fid.generate(input_ids=ids2, attention_mask=mask, max_new_tokens=5), out)
+
+
+def test_collator_pads_missing_passages_and_keeps_the_best_k(t5, tmp_path):
+    tok = AutoTokenizer.from_pretrained(t5)
+    rows = [{"question": "what is the code of bob ?", "answers": ["3"],
+             "ctxs": [{"title": "a", "text": "low", "score": 1.0}, {"title": "b", "text": "high", "score": 5.0}]}]
+    path = tmp_path / "few.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    ex = load_fid_file(path)
+    assert [t for t, _ in ex[0].passages] == ["b", "a"]          # by score
+    batch = FiDCollator(tok, n_passages=4, text_maxlength=32)(ex)
+    assert batch["input_ids"].shape[:2] == (1, 4)
+    assert batch["attention_mask"][0, :2].sum() > 0 and batch["attention_mask"][0, 2:].sum() == 0
+    assert (batch["labels"] == -100).sum() == 0 or batch["labels"].min() == -100
+
+
+def test_checkpoint_round_trip(t5, tmp_path):
+    model, tok = load_reader(t5)
+    model.save_pretrained(tmp_path / "again")
+    tok.save_pretrained(tmp_path / "again")
+    back, _ = load_reader(tmp_path / "again")
+    for (n, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
+        assert torch.equal(a, b), n
+    plain = T5ForConditionalGeneration.from_pretrained(tmp_path / "again")
+    assert type(plain) is T5ForConditionalGeneration
+
+
+def test_bad_checkpoints_are_refused(t5, tmp_path):
+    with pytest.raises(InputError, match="no config.json"):
+        load_reader(tmp_path / "missing")
+    small = tmp_path / "small_vocab"
+    config = T5ForConditionalGeneration.from_pretrained(t5).config
+    config.vocab_size = 50
+    T5ForConditionalGeneration(config).save_pretrained(small)
+    AutoTokenizer.from_pretrained(t5).save_pretrained(small)
+    with pytest.raises(InputError, match="do not belong together"):
+        load_reader(small)
+
+
+def test_bad_fid_input_is_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "  ", "answers": ["x"], "ctxs": []}) + "\n")
+    with pytest.raises(InputError, match=r"bad.jsonl:1: empty or missing"):
+        load_fid_file(bad)
+    with pytest.raises(InputError, match="not found"):
+        load_fid_file(tmp_path / "nowhere.json")
+
+
+def test_span_corruption_hides_spans_behind_sentinels():
+    ids = list(range(10, 110))
+    sentinels = [1000 + i for i in range(100)]
+    src, tgt = span_corrupt(ids, sentinels, 1, random.Random(0))
+    assert src[-1] == 1 and tgt[-1] == 1
+    used = [s for s in src if s >= 1000]
+    assert used == sentinels[:len(used)] and [t for t in tgt if t >= 1000] == used
+    # Putting the spans back gives the original sequence; 15% of it is hidden.
+    spans, cur = {}, None
+    for t in tgt[:-1]:
+        if t >= 1000:
+            cur = t
+            spans[cur] = []
+        else:
+            spans[cur].append(t)
+    rebuilt = [x for s in src[:-1] for x in (spans[s] if s >= 1000 else [s])]
+    assert rebuilt == ids
+    assert sum(len(v) for v in spans.values()) == 15
+
+
+def test_deepspeed_config_fills_every_auto(tmp_path):
+    args = LoopArgs(out_dir=str(tmp_path), batch_size=3, accumulation=2, lr=1e-3, warmup_steps=10)
+    config = deepspeed_config(args, total_steps=100, world=2, device=torch.device("cpu"))
+    assert "auto" not in json.dumps(config)
+    assert config["train_batch_size"] == 12 and config["zero_optimization"]["stage"] == 2
+    assert config["optimizer"]["params"]["lr"] == 1e-3 and config["bf16"]["enabled"] is False
+    args.zero_stage, args.offload = 3, True
+    config = deepspeed_config(args, total_steps=100, world=1, device=torch.device("cpu"))
+    assert config["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert config["optimizer"]["params"]["torch_adam"] is False       # DeepSpeedCPUAdam with offload
+    with pytest.raises(InputError, match="bf16 needs a CUDA"):
+        deepspeed_config(LoopArgs(out_dir=str(tmp_path), precision="bf16"), 10, 1, torch.device("cpu"))
+
+
+def _args(t5, data, out, **loop):
+    reader = ReaderArgs(model=str(t5), train_file=[str(data / "train.json")], validation_file=str(data / "val.json"),
+                        n_passages=4, text_maxlength=96, answer_maxlength=8)
+    return reader, LoopArgs(out_dir=str(out), **{"batch_size": 16, "lr": 3e-3, "warmup_steps": 20, **loop})
+
+
+def test_a_tiny_reader_learns_to_find_the_answer_among_k_passages(t5, data, tmp_path):
+    """ZeRO-2 through DeepSpeed on CPU; chance is 10% EM."""
+    result = train_reader(*_args(t5, data, tmp_path / "run", max_steps=300, eval_steps=150, save_steps=300))
+    assert result["history"][-1]["loss"] < 0.5 * result["history"][0]["loss"]
+    assert result["best"]["value"] >= 50.0
+    summary = read(tmp_path / "run" / "best", data / "val.json", tmp_path / "pred.jsonl", n_passages=4,
+                   text_maxlength=96)
+    assert summary["em"] == pytest.approx(result["best"]["value"])
+    lines = [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert len(lines) == 100 and {"id", "question", "answers", "prediction"} <= set(lines[0])
+
+
+def test_an_interrupted_training_resumes_with_the_same_losses(t5, data, tmp_path, monkeypatch):
+    def loop_args(out):
+        return _args(t5, data, out, max_steps=8, batch_size=8, eval_steps=5, save_steps=3)
+
+    straight = train_reader(*loop_args(tmp_path / "straight"))
+    real = fid_train.generate_answers
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt("interrupted at the step-5 evaluation, after the step-3 checkpoint")
+
+    monkeypatch.setattr(fid_train, "generate_answers", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train_reader(*loop_args(tmp_path / "resumed"))
+    monkeypatch.setattr(fid_train, "generate_answers", real)
+    reader, loop = loop_args(tmp_path / "resumed")
+    loop.resume = True
+    again = train_reader(reader, loop)
+    assert [h["step"] for h in again["history"]] == list(range(1, 9))
+    assert [h["loss"] for h in again["history"]] == pytest.approx([h["loss"] for h in straight["history"]], rel=1e-5)
+
+
+def _train_cli(t5, data, out, accumulation, nproc):
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+           "-m", "system.cli", "-q", "train-reader", "--model", str(t5), "--train-file", str(data / "train.json"),
+           "--validation-file", str(data / "val.json"), "--n-passages", "4", "--text-maxlength", "96",
+           "--max-validation", "16", "--out-dir", str(out), "--max-steps", "3", "--batch-size", "4",
+           "--accumulation", str(accumulation), "--lr", "3e-3", "--warmup-steps", "1", "--eval-steps", "3",
+           "--save-steps", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, env=env, cwd=Path(__file__).parent.parent, capture_output=True, timeout=600)
+    return json.loads((out / "trainer_state.json").read_text())
+
+
+def test_two_processes_train_as_one_with_twice_the_accumulation(t5, data, tmp_path):
+    two = _train_cli(t5, data, tmp_path / "two", accumulation=1, nproc=2)
+    one = _train_cli(t5, data, tmp_path / "one", accumulation=2, nproc=1)
+    assert [h["loss"] for h in two["history"]] == pytest.approx([h["loss"] for h in one["history"]], rel=1e-4)
+    a = T5ForConditionalGeneration.from_pretrained(tmp_path / "two" / "last").state_dict()
+    b = T5ForConditionalGeneration.from_pretrained(tmp_path / "one" / "last").state_dict()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-5), name
