@@ -9,6 +9,7 @@ anew for every batch; validation uses fixed masks and reports the loss on held-o
 from __future__ import annotations
 
 import logging
+import itertools
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,15 +40,15 @@ def _segment(total: int, parts: int, rng: random.Random) -> list[int]:
     """`total` items cut into `parts` non-empty runs at random."""
     cuts = sorted(rng.sample(range(1, total), parts - 1)) if parts > 1 else []
     bounds = [0, *cuts, total]
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+    return [b - a for a, b in itertools.pairwise(bounds)]
 
 
 def span_corrupt(ids: list[int], sentinel_ids: list[int], eos_id: int, rng: random.Random,
                  noise_density: float = 0.15, mean_span_length: float = 3.0) -> tuple[list[int], list[int]]:
     """(input, target) for one token sequence (without eos)."""
     n = len(ids)
-    n_noise = min(max(int(round(n * noise_density)), 1), n - 1)
-    n_spans = min(max(int(round(n_noise / mean_span_length)), 1), n_noise, n - n_noise, len(sentinel_ids))
+    n_noise = min(max(round(n * noise_density), 1), n - 1)
+    n_spans = min(max(round(n_noise / mean_span_length), 1), n_noise, n - n_noise, len(sentinel_ids))
     noise, keep = _segment(n_noise, n_spans, rng), _segment(n - n_noise, n_spans, rng)
     source, target, pos = [], [], 0
     for i, (k, z) in enumerate(zip(keep, noise)):

@@ -12,12 +12,12 @@ with A steps see the same examples per step as one process with W*A steps. Dropo
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
 import logging
-import math
 import os
 import random
+import shutil
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -141,7 +141,7 @@ def save_hf(engine, model, tokenizer, out: Path, rank: int, extra: dict | None =
     At ZeRO-3 the shards are gathered first."""
     import deepspeed
     gather = engine.zero_optimization_stage() == 3
-    ctx = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None) if gather else _null()
+    ctx = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None) if gather else contextlib.nullcontext()
     with ctx:
         if rank == 0:
             with atomic_path(out) as tmp:
@@ -151,14 +151,6 @@ def save_hf(engine, model, tokenizer, out: Path, rank: int, extra: dict | None =
                     write_json(tmp / "trainer_info.json", extra)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def train_loop(model, tokenizer, task: Task, args: LoopArgs, rank: int, world: int,
@@ -197,7 +189,6 @@ def train_loop(model, tokenizer, task: Task, args: LoopArgs, rank: int, world: i
         if rank == 0:   # keep only the newest: DeepSpeed's `latest` now names it
             for old in ckpt_dir.glob("step-*"):
                 if old.name != tag:
-                    import shutil
                     shutil.rmtree(old, ignore_errors=True)
             write_json(ckpt_dir / "trainer_state.json", state)
 
@@ -243,6 +234,8 @@ def train_loop(model, tokenizer, task: Task, args: LoopArgs, rank: int, world: i
             bar.update(1)
             if state["global_step"] % args.log_steps == 0:
                 bar.set_postfix(loss=f"{sum(running) / len(running):.4f}")
+                if bar.disable and rank == 0:   # no terminal (a log file): say it in the log instead
+                    log.info("step %d/%d: loss %.4f", state["global_step"], total, sum(running) / len(running))
                 running.clear()
             last = state["global_step"] == total
             if state["global_step"] % args.eval_steps == 0 or last:
