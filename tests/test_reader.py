@@ -235,3 +235,22 @@ def test_two_processes_train_as_one_with_twice_the_accumulation(t5, data, tmp_pa
     b = T5ForConditionalGeneration.from_pretrained(tmp_path / "one" / "last").state_dict()
     for name in a:
         assert torch.allclose(a[name], b[name], atol=1e-5), name
+
+
+def test_reader_init_cli_builds_a_loadable_t5(tiny_corpus, tmp_path, capsys):
+    from system.cli import main
+    out = tmp_path / "init"
+    assert main(["reader", "init", "--preset", "tiny", "--vocab-size", "400", "--corpus", str(tiny_corpus),
+                 "--out", str(out)]) == 0
+    assert "tiny T5" in capsys.readouterr().out
+    model, tok = load_reader(out)
+    assert model.config.vocab_size == len(tok) and model.config.d_model == 256
+    assert json.loads((out / "reader_init.json").read_text())["preset"] == "tiny"
+
+
+def test_read_cli_refuses_a_missing_checkpoint(data, tmp_path, capsys):
+    from system.cli import main
+    assert main(["read", "--model", str(tmp_path / "none"), "--input", str(data / "val.json"),
+                 "--out", str(tmp_path / "p.jsonl")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert not (tmp_path / "p.jsonl").exists()
