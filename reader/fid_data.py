@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from common.io import InputError, read_json, read_jsonl, require_file
+from common.io import InputError, atomic_path, read_json, read_jsonl, require_file
 
 
 @dataclass
@@ -124,7 +124,6 @@ class FiDCollator:
 
 def write_predictions(path: str | os.PathLike, examples: list[FiDExample], predictions: list[str],
                       correct: list[bool]) -> None:
-    from common.io import atomic_path
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for ex, pred, ok in zip(examples, predictions, correct):
             f.write(json.dumps({"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": pred,

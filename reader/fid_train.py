@@ -43,8 +43,10 @@ def split_examples(args: ReaderArgs) -> tuple[list[FiDExample], list[FiDExample]
     if args.validation_file:
         train, validation = examples, load_fid_file(args.validation_file)
     else:
-        train = [ex for ex in examples if split_of(ex.question, args.validation_percent) == "train"]
-        validation = [ex for ex in examples if split_of(ex.question, args.validation_percent) == "validation"]
+        parts = {"train": [], "validation": []}
+        for ex in examples:
+            parts[split_of(ex.question, args.validation_percent)].append(ex)
+        train, validation = parts["train"], parts["validation"]
     if not args.keep_unanswerable:
         if any(ex.has_answer is None for ex in train):
             raise InputError("training files lack ctxs' \"has_answer\": pass --keep-unanswerable or write them "

@@ -8,8 +8,8 @@ anew for every batch; validation uses fixed masks and reports the loss on held-o
 """
 from __future__ import annotations
 
-import logging
 import itertools
+import logging
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,7 +19,7 @@ import torch
 from common.corpus import PassageStore
 from common.io import InputError, write_json
 from reader.read import load_reader
-from reader.t5_init import SENTINELS
+from reader.t5_init import SENTINELS, passage_text
 from reader.trainer import LoopArgs, Task, setup_distributed, train_loop
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class SpanCorruptionCollator:
 
 def tokenize_passages(corpus: str, tokenizer, input_length: int) -> list[list[int]]:
     store = PassageStore(Path(corpus))
-    texts = [f"{p['title']}. {p['text']}" for p in store]
+    texts = [passage_text(p) for p in store]
     store.close()
     ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=input_length)["input_ids"]
     return [x for x in ids if len(x) >= 8]   # too short to hide a span in

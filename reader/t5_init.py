@@ -35,6 +35,11 @@ SENTINELS = 100
 _ALWAYS_SEEN = ["question: title: context:", string.punctuation, string.ascii_letters + string.digits]
 
 
+def passage_text(passage: dict) -> str:
+    """The text of a corpus passage as the reader's language model sees it in training."""
+    return f"{passage['title']}. {passage['text']}"
+
+
 def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, vocab_size: int,
                     max_sentences: int = 2_000_000) -> T5Tokenizer:
     """Train the unigram model on `texts` and save a T5 tokenizer (tokenizer.json) into `out_dir`.

@@ -149,10 +149,10 @@ def cmd_build_index(args) -> None:
 def cmd_reader_init(args) -> None:
     from common.corpus import PassageStore
     from common.paths import default_corpus
-    from reader.t5_init import init_reader
+    from reader.t5_init import init_reader, passage_text
     store = PassageStore(args.corpus or default_corpus())
     out = args.out or _default_reader_dir(args.preset)
-    info = init_reader((f"{p['title']}. {p['text']}" for p in store), out, args.preset, args.vocab_size, args.seed)
+    info = init_reader((passage_text(p) for p in store), out, args.preset, args.vocab_size, args.seed)
     store.close()
     print(f"{args.preset} T5: {info['parameters']:,} parameters, {info['vocab_size']:,}-token SentencePiece "
           f"vocabulary (100 sentinels) -> {out}")
