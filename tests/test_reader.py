@@ -107,7 +107,12 @@ def test_collator_pads_missing_passages_and_keeps_the_best_k(t5, tmp_path):
     batch = FiDCollator(tok, n_passages=4, text_maxlength=32)(ex)
     assert batch["input_ids"].shape[:2] == (1, 4)
     assert batch["attention_mask"][0, :2].sum() > 0 and batch["attention_mask"][0, 2:].sum() == 0
-    assert (batch["labels"] == -100).sum() == 0 or batch["labels"].min() == -100
+    # One target, so no padding: the answer's tokens then eos, none masked.
+    assert batch["labels"].tolist() == [tok("3").input_ids]
+    labels = FiDCollator(tok, n_passages=4).encode_targets(["3", "the code of bob"])
+    short = tok("3").input_ids
+    assert labels[0, :len(short)].tolist() == short and (labels[0, len(short):] == -100).all()
+    assert (labels[1] != -100).all()
 
 
 def test_checkpoint_round_trip(t5, tmp_path):
