@@ -249,3 +249,27 @@ class PassageStore:
 
     def close(self) -> None:
         self._file.close()
+
+
+class DocumentTable:
+    """documents.jsonl in memory, with each document's passage rows: a document's passages are
+    consecutive in passages.jsonl, so document d holds rows first[d] .. first[d] + count[d] - 1."""
+
+    def __init__(self, corpus_dir: str | os.PathLike):
+        self.dir = Path(corpus_dir)
+        info = corpus_info(self.dir)
+        path = require_file(self.dir / "documents.jsonl", "documents file")
+        self.docs = [d for _, d in read_jsonl(path)]
+        self.row_of = {d["id"]: i for i, d in enumerate(self.docs)}
+        self.count = np.array([d["n_passages"] for d in self.docs], dtype=np.int64)
+        if int(self.count.sum()) != info["passages"]:
+            raise InputError(f"{path}: its documents hold {int(self.count.sum())} passages but corpus.json "
+                             f"says {info['passages']}")
+        self.first = np.concatenate([[0], np.cumsum(self.count)[:-1]]).astype(np.int64)
+        self.doc_of_passage = np.repeat(np.arange(len(self.docs), dtype=np.int64), self.count)
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def passage_rows(self, doc_row: int) -> range:
+        return range(int(self.first[doc_row]), int(self.first[doc_row] + self.count[doc_row]))

@@ -48,15 +48,22 @@ class BM25Index:
         info = corpus_info(corpus_dir)
         store = PassageStore(corpus_dir)
         log.info("building a BM25 index over %d passages of %s", len(store), corpus_dir)
-        model = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
-        index = cls(model, params, info["fingerprint"])
         texts = [f"{p['title']} {p['text']}" for p in store]
         store.close()
-        model.index(index.tokenize(texts), show_progress=True)
+        index = cls.from_texts(texts, params, info["fingerprint"])
+        model = index.model
         with atomic_path(corpus_dir / "bm25") as tmp:
             model.save(str(tmp), show_progress=False)
             write_json(tmp / "manifest.json", {"fingerprint": info["fingerprint"], "passages": len(texts),
                                                 "params": asdict(params)})
+        return index
+
+    @classmethod
+    def from_texts(cls, texts: list[str], params: BM25Params = BM25Params(), fingerprint: str = "",
+                   show_progress: bool = True) -> "BM25Index":
+        """An in-memory index over any texts (rows are positions in `texts`)."""
+        index = cls(bm25s.BM25(k1=params.k1, b=params.b, method=params.method), params, fingerprint)
+        index.model.index(index.tokenize(texts), show_progress=show_progress)
         return index
 
     @classmethod

@@ -19,6 +19,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from common.corpus import PassageStore, corpus_info
 from common.io import InputError, atomic_path, read_json, write_json
+from retriever.pooling import mean_pool
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,7 @@ class MeanPoolEncoder:
                                  padding=True, return_tensors="pt")
             enc = {k: v.to(self.device) for k, v in enc.items()}
             h = self.model(**enc).last_hidden_state
-            mask = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
-            pooled = (h * mask).sum(1) / mask.sum(1)
-            out.append(torch.nn.functional.normalize(pooled, dim=-1).float().cpu().numpy())
+            out.append(mean_pool(h, enc["attention_mask"]).float().cpu().numpy())
         vecs = np.concatenate(out) if out else np.zeros((0, self.model.config.hidden_size), np.float32)
         result = np.empty_like(vecs)
         result[order] = vecs

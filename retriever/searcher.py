@@ -5,11 +5,19 @@ the best end within L tokens of the same passage, for each end hit the best star
 both read back from the index (decoded from the codes for SQ/PQ); duplicates merged. A passage's score is the max of
 its phrases' scores ("Phrase Retrieval Learns Passage Retrieval, Too", Eq. 3), a document's the max of
 its passages'. k' starts at 2k and doubles until k distinct passages (documents) come back.
+
+With a document pre-filter (DHR), a `DocRetriever` picks each question's top `top_docs` documents
+first and the phrase search runs only over their vectors: a faiss `IDSelector` in the search
+parameters of the one persistent index (a document's vectors are one contiguous id range, since
+vectors run in passage order and a document's passages are consecutive). Passages are then
+reranked by z(passage score) + lambda * z(document score) (`retriever.rerank`) over the top
+`rerank_pool` by passage score; with lambda = 0 there is nothing to rerank and the pool is k.
 """
 from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +29,7 @@ from common.corpus import PassageStore, corpus_info
 from common.io import InputError, read_json
 from retriever.phrase_data import encode_questions
 from retriever.phrase_model import DensePhraseModel, load_tokenizer, phrase_encoder_hash
+from retriever.rerank import Candidates, combined, doc_z_of, rerank_order
 
 log = logging.getLogger(__name__)
 UNITS = ("phrase", "passage", "document")
@@ -77,7 +86,10 @@ class PhraseIndex:
 
 class Searcher:
     def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
-                 nprobe: int = 64, device: str | None = None, batch_size: int = 64):
+                 nprobe: int = 64, device: str | None = None, batch_size: int = 64,
+                 prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100):
+        """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` defaults to the
+        value `odqa tune-lambda` stored with its index, else 0."""
         self.index = PhraseIndex(index_dir, nprobe)
         if phrase_encoder_hash(model_dir) != self.index.manifest["encoder_hash"]:
             raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}")
@@ -89,6 +101,19 @@ class Searcher:
         self.store = PassageStore(corpus_dir)
         self.batch_size = batch_size
         self._doc_of_row: list[str] | None = None
+        self.prefilter, self.top_docs, self.rerank_pool = prefilter, top_docs, rerank_pool
+        self.lam = 0.0
+        if prefilter is not None:
+            if top_docs < 1:
+                raise InputError(f"top_docs must be positive, not {top_docs}")
+            if prefilter.manifest["fingerprint"] != self.index.manifest["fingerprint"]:
+                raise InputError(f"{prefilter.dir} and {index_dir} were built from different corpora")
+            self.lam = lam if lam is not None else (prefilter.tuned_lambda or 0.0)
+            # Document d's vectors are ids doc_vec_start[d] .. doc_vec_end[d] - 1.
+            table = prefilter.table
+            cum = np.concatenate([[0], np.cumsum(self.index.meta["passage_count"])]).astype(np.int64)
+            self.doc_vec_start, self.doc_vec_end = cum[table.first], cum[table.first + table.count]
+            self._threads = max(1, faiss.omp_get_max_threads())
 
     @torch.no_grad()
     def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -103,13 +128,39 @@ class Searcher:
             out_e.append(qe.float().cpu().numpy())
         return np.concatenate(out_s), np.concatenate(out_e)
 
-    def search_phrases(self, q_start: np.ndarray, q_end: np.ndarray, k: int) -> list[list[Phrase]]:
-        """Top phrases per question, best first, from k start hits and k end hits (one batched search)."""
+    def search_phrases(self, q_start: np.ndarray, q_end: np.ndarray, k: int,
+                       selectors: list | None = None) -> list[list[Phrase]]:
+        """Top phrases per question, best first, from k start hits and k end hits: one batched search,
+        or with `selectors` (one faiss IDSelector a question) one search a question, over the CPU index
+        copies (selection is a CPU feature), questions spread over threads (faiss releases the GIL)."""
         ix = self.index
         k = min(k, ix.manifest["vectors"])
-        _, start_hits = ix.start_index.search(np.ascontiguousarray(q_start, dtype=np.float32), k)
-        _, end_hits = ix.end_index.search(np.ascontiguousarray(q_end, dtype=np.float32), k)
-        return [self._phrases_of(q_start[i], q_end[i], start_hits[i], end_hits[i]) for i in range(len(q_start))]
+        q_start = np.ascontiguousarray(q_start, dtype=np.float32)
+        q_end = np.ascontiguousarray(q_end, dtype=np.float32)
+        if selectors is None:
+            _, start_hits = ix.start_index.search(q_start, k)
+            _, end_hits = ix.end_index.search(q_end, k)
+            return [self._phrases_of(q_start[i], q_end[i], start_hits[i], end_hits[i]) for i in range(len(q_start))]
+
+        def one(i: int) -> list[Phrase]:
+            hits = []
+            for side, q in (("start", q_start), ("end", q_end)):
+                index = ix._cpu[side]
+                ivf = faiss.try_extract_index_ivf(index)
+                params = faiss.SearchParametersIVF(sel=selectors[i], nprobe=ivf.nprobe) if ivf is not None \
+                    else faiss.SearchParameters(sel=selectors[i])
+                hits.append(index.search(q[i:i + 1], k, params=params)[1][0])
+            return self._phrases_of(q_start[i], q_end[i], *hits)
+
+        with ThreadPoolExecutor(self._threads) as pool:
+            return list(pool.map(one, range(len(q_start))))
+
+    def _selector(self, doc_rows: np.ndarray) -> tuple[faiss.IDSelector, int]:
+        """The vector ids of these documents as a faiss selector, and how many there are."""
+        doc_rows = doc_rows[doc_rows >= 0]
+        ids = np.concatenate([np.arange(self.doc_vec_start[d], self.doc_vec_end[d]) for d in doc_rows] or
+                             [np.zeros(0, np.int64)]).astype(np.int64)
+        return faiss.IDSelectorBatch(ids), len(ids)
 
     def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> list[Phrase]:
         meta, L, n_vec = self.index.meta, self.index.max_span_len, self.index.manifest["vectors"]
@@ -176,16 +227,24 @@ class Searcher:
             raise InputError(f"k must be positive, not {k}")
         q_start, q_end = self.encode(questions)
         results: list[dict | None] = [None] * len(questions)
-        todo, kk = np.arange(len(questions)), 2 * k
-        cap = min(max_phrases or 64 * k, self.index.manifest["vectors"])
+        n_vec = self.index.manifest["vectors"]
+        docs, selectors, caps = None, None, np.full(len(questions), n_vec)
+        if self.prefilter is not None:
+            docs = self.prefilter.search(questions, self.top_docs)
+            selectors, caps = zip(*(self._selector(rows) for rows in docs[0]))
+        pool = k if docs is None or self.lam == 0 or unit == "phrase" else max(k, self.rerank_pool)
+        todo, kk = np.arange(len(questions)), 2 * pool
+        cap = min(max_phrases or 64 * pool, n_vec)
         while len(todo):
-            # One batched search per round; only questions short of k passages (documents) go again.
-            phrases = self.search_phrases(q_start[todo], q_end[todo], kk)
+            # One search per round; only questions short of `pool` passages (documents) go again.
+            phrases = self.search_phrases(q_start[todo], q_end[todo], kk,
+                                          None if selectors is None else [selectors[i] for i in todo])
             again = []
             for qi, ph in zip(todo, phrases):
                 groups = self._group(ph, unit)
-                if unit == "phrase" or len(groups) >= k or kk >= cap:
-                    results[qi] = self._result(ph, groups, k, unit)
+                if unit == "phrase" or len(groups) >= pool or kk >= min(cap, caps[qi]):
+                    doc_info = None if docs is None else (docs[0][qi], docs[1][qi])
+                    results[qi] = self._result(ph, groups, k, unit, pool, doc_info)
                 else:
                     again.append(qi)
             todo, kk = np.asarray(again, dtype=np.int64), kk * 2
@@ -206,17 +265,33 @@ class Searcher:
         return {"text": passage["text"][p.char_start:p.char_end], "passage_id": passage["id"], "row": p.row,
                 "char_start": p.char_start, "char_end": p.char_end, "score": p.score}
 
-    def _result(self, phrases: list[Phrase], groups: dict, k: int, unit: str) -> dict:
+    def _result(self, phrases: list[Phrase], groups: dict, k: int, unit: str, pool: int,
+                doc_info: tuple[np.ndarray, np.ndarray] | None) -> dict:
         result = {"phrases": [self._phrase_json(p) for p in phrases[:k]]}
+        if unit == "phrase":
+            return result
+        items = list(groups.items())[:pool]
+        scores = [p.score for _, p in items]
+        extra = [{} for _ in items]
+        if doc_info is not None and items:
+            table = self.prefilter.table
+            docs = [table.doc_of_passage[key] if unit == "passage" else table.row_of[key] for key, _ in items]
+            c = Candidates(np.array(scores), doc_z_of(*doc_info, np.array(docs)))
+            if self.lam:
+                order, final = rerank_order(c, self.lam), combined(c, self.lam)
+                items, scores = [items[i] for i in order], [float(final[i]) for i in order]
+                c = Candidates(c.passage_scores[order], c.doc_z[order])
+            extra = [{"passage_score": float(ps), "doc_z": float(dz)} for ps, dz in zip(c.passage_scores, c.doc_z)]
+        items, scores, extra = items[:k], scores[:k], extra[:k]
         if unit == "passage":
             result["passages"] = []
-            for row, p in list(groups.items())[:k]:
+            for (row, p), score, x in zip(items, scores, extra):
                 passage = self.store[row]
                 result["passages"].append({"id": passage["id"], "row": row, "title": passage["title"], "text": passage["text"],
-                                           "score": p.score, "phrase": self._phrase_json(p, passage)})
-        elif unit == "document":
-            result["documents"] = [{"id": doc, "score": p.score, "phrase": self._phrase_json(p)}
-                                   for doc, p in list(groups.items())[:k]]
+                                           "score": score, **x, "phrase": self._phrase_json(p, passage)})
+        else:
+            result["documents"] = [{"id": doc, "score": score, **x, "phrase": self._phrase_json(p)}
+                                   for (doc, p), score, x in zip(items, scores, extra)]
         return result
 
     def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -146,6 +146,22 @@ def cmd_build_index(args) -> None:
           f"{sum(m['bytes'].values()) / 2**20:.0f} MiB -> {args.out}")
 
 
+def cmd_train_doc(args) -> None:
+    from retriever.doc_train import DocTrainArgs, train_doc
+    r = train_doc(dataclass_from_args(DocTrainArgs, args))
+    print(f"{r['train_questions']} questions ({r['with_negatives']} with {args.negatives} negatives), {r['steps']} steps")
+    for epoch, m in enumerate(r["validation"], 1):
+        print(f"epoch {epoch}: validation document " + ", ".join(f"{k} {m[k]:.1f}" for k in ("Top-1", "Top-5", "Top-20", "Top-100")))
+    print(f"best Top-20 {r['best_top20']:.1f}; best checkpoint: {args.out_dir}/best")
+
+
+def cmd_build_doc_index(args) -> None:
+    from common.paths import default_corpus
+    from retriever.doc_index import build_doc_index
+    m = build_doc_index(args.model, args.corpus or default_corpus(), args.out, factory=args.factory)
+    print(f"{m['factory']} index of {m['documents']} documents ({m['dim']} dims) -> {args.out}")
+
+
 def cmd_reader_init(args) -> None:
     from common.corpus import PassageStore
     from common.paths import default_corpus
@@ -319,8 +335,33 @@ def build_parser() -> argparse.ArgumentParser:
         "out_dir": "where the query-tuned checkpoint goes", "questions": "training question set",
         "label": "phrase, passage or document", "top_k": "phrases retrieved per question"})
     p.set_defaults(func=cmd_train_query)
+    _doc_parsers(sub)
     _reader_parsers(sub)
     return parser
+
+
+def _doc_parsers(sub) -> None:
+    from common.paths import default_corpus, default_encoder
+    from retriever.doc_train import DocTrainArgs
+    sup = default_corpus() / "supervision"
+    p = sub.add_parser("train-doc", help="train the document retriever (DHR) that pre-filters phrase search",
+                       description="A question/document dual encoder over title + table of contents + abstract, "
+                                   "in-batch and hard negatives; resumable; validation document Top-k each epoch.")
+    add_dataclass_args(p, DocTrainArgs, {
+        "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
+        "corpus": str(default_corpus()), "encoder": str(default_encoder())}, {
+        "train_file": "supervision examples from `odqa supervise`", "out_dir": "where checkpoint/, last/ and best/ go",
+        "encoder": "AutoModel name or path, or a document-encoder checkpoint to continue (round 2)",
+        "negatives": "abstract (BM25 over abstracts), model (mined with --encoder: round 2) or none",
+        "resume": "continue from OUT_DIR/checkpoint"})
+    p.set_defaults(func=cmd_train_doc)
+
+    p = sub.add_parser("build-doc-index", help="encode every document summary into a faiss document index")
+    p.add_argument("--model", type=Path, required=True, help="document encoder checkpoint (train-doc OUT_DIR/best)")
+    p.add_argument("--out", type=Path, required=True, help="index directory")
+    p.add_argument("--factory", default="Flat", help="faiss index_factory string (default Flat)")
+    _corpus_arg(p)
+    p.set_defaults(func=cmd_build_doc_index)
 
 
 def _reader_parsers(sub) -> None:

@@ -1,0 +1,138 @@
+"""DHR's document retriever: a dual encoder over document summaries.
+
+A document is read as its summary: `[CLS] title, toc_1, toc_2, ... [SEP] abstract [SEP]`, the table of
+contents linearised by a pre-order walk of the section titles, comma-separated (DHR Table 4: commas
+beat [SEP] between titles), the document title at the root of that tree. Questions and documents go
+through two LMs started from the same checkpoint (default the data pack's MiniLM); vectors are mean-
+pooled and L2-normalised, which is how that checkpoint was trained, so an untrained pair already
+retrieves; scores are cosines, scaled by `scale` inside the training softmax.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+from common.io import InputError, atomic_path
+from retriever.pooling import mean_pool
+
+
+def doc_summary(doc: dict) -> tuple[str, str]:
+    """(title tree, abstract) of a documents.jsonl row."""
+    return ", ".join([doc["title"], *doc.get("toc", [])]), doc.get("abstract") or ""
+
+
+@dataclass
+class DocEncoderConfig:
+    encoder: str                  # AutoModel name or path both LMs start from
+    max_doc_tokens: int = 192
+    max_question_tokens: int = 48
+    scale: float = 20.0           # softmax temperature on cosines (sentence-transformers' default)
+
+
+class DocEncoder(nn.Module):
+    def __init__(self, config: DocEncoderConfig, lms: dict[str, nn.Module] | None = None):
+        super().__init__()
+        self.config = config
+        lms = lms or {}
+        self.question_lm = lms.get("question_lm") or AutoModel.from_pretrained(config.encoder)
+        self.doc_lm = lms.get("doc_lm") or AutoModel.from_pretrained(config.encoder)
+
+    def encode_questions(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        h = self.question_lm(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids).last_hidden_state
+        return mean_pool(h, attention_mask)
+
+    def encode_docs(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        h = self.doc_lm(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+        return mean_pool(h, attention_mask)
+
+    def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
+        with atomic_path(out_dir) as tmp:
+            tmp.mkdir()
+            self.question_lm.save_pretrained(tmp / "question_lm")
+            self.doc_lm.save_pretrained(tmp / "doc_lm")
+            (tmp / "doc_encoder_config.json").write_text(json.dumps(asdict(self.config), indent=2))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp / "tokenizer")
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> "DocEncoder":
+        path = Path(path)
+        cfg = path / "doc_encoder_config.json"
+        if not cfg.exists():
+            raise InputError(f"{path} is not a document encoder checkpoint (no doc_encoder_config.json)")
+        config = DocEncoderConfig(**json.loads(cfg.read_text()))
+        return cls(config, {name: AutoModel.from_pretrained(path / name) for name in ("question_lm", "doc_lm")})
+
+
+def is_doc_checkpoint(path: str | os.PathLike) -> bool:
+    return (Path(path) / "doc_encoder_config.json").exists()
+
+
+def load_doc_tokenizer(path: str | os.PathLike):
+    path = Path(path)
+    return AutoTokenizer.from_pretrained(path / "tokenizer" if (path / "tokenizer").exists() else path)
+
+
+def doc_encoder_hash(path: str | os.PathLike) -> str:
+    """Identifies the document side of a checkpoint, which a document index is built with."""
+    h = hashlib.sha256()
+    path = Path(path)
+    for f in sorted((path / "doc_lm").rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(path).as_posix().encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+def tokenize_docs(tokenizer, docs: list[dict], max_tokens: int) -> dict:
+    trees, abstracts = zip(*(doc_summary(d) for d in docs))
+    return dict(tokenizer(list(trees), list(abstracts), truncation="longest_first", max_length=max_tokens,
+                          padding=True, return_tensors="pt"))
+
+
+def tokenize_questions(tokenizer, questions: list[str], max_tokens: int) -> dict:
+    return dict(tokenizer(questions, truncation=True, max_length=max_tokens, padding=True, return_tensors="pt"))
+
+
+@torch.no_grad()
+def encode_all_docs(model: DocEncoder, tokenizer, docs: list[dict], batch_size: int = 64,
+                    device: str = "cpu", desc: str | None = "encode documents") -> np.ndarray:
+    """Vectors of every document, in input order (batched by summary length)."""
+    was_training = model.training
+    model.eval()
+    order = np.argsort([len(doc_summary(d)[1]) + len(doc_summary(d)[0]) for d in docs], kind="stable")
+    out = np.zeros((len(docs), model.doc_lm.config.hidden_size), dtype=np.float32)
+    for a in tqdm(range(0, len(order), batch_size), desc=desc, disable=None if desc else True):
+        idx = order[a:a + batch_size]
+        enc = tokenize_docs(tokenizer, [docs[i] for i in idx], model.config.max_doc_tokens)
+        out[idx] = model.encode_docs(**{k: v.to(device) for k, v in enc.items()}).float().cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def encode_questions(model: DocEncoder, tokenizer, questions: list[str], batch_size: int = 64,
+                     device: str = "cpu") -> np.ndarray:
+    for q in questions:
+        if not isinstance(q, str) or not q.strip():
+            raise InputError(f"empty question: {q!r}")
+    was_training = model.training
+    model.eval()
+    out = []
+    for a in range(0, len(questions), batch_size):
+        enc = tokenize_questions(tokenizer, questions[a:a + batch_size], model.config.max_question_tokens)
+        out.append(model.encode_questions(**{k: v.to(device) for k, v in enc.items()}).float().cpu().numpy())
+    model.train(was_training)
+    return np.concatenate(out) if out else np.zeros((0, model.question_lm.config.hidden_size), np.float32)

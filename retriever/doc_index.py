@@ -1,0 +1,89 @@
+"""`odqa build-doc-index` and `DocRetriever`: DHR's document level.
+
+    docs.faiss      inner-product index over the document vectors (any `index_factory` string, as
+                    for phrases: "Flat" here, "IVF4096,SQ8" and the like for millions of documents)
+    manifest.json   document-encoder hash, factory, counts, corpus fingerprint
+    lambda.json     the rerank weight chosen by `odqa tune-lambda`, when it has run
+
+Row i of the index is row i of documents.jsonl. A retriever opens the index with a checkpoint
+whose document side must be the one the index was built with (its question side pairs with it).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+
+from common.corpus import DocumentTable, corpus_info
+from common.io import InputError, atomic_path, read_json, write_json
+from retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions, load_doc_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def build_doc_index(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                    factory: str = "Flat", batch_size: int = 64, seed: int = 0) -> dict:
+    out_dir = Path(out_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = DocEncoder.from_pretrained(model_dir).to(device)
+    tokenizer = load_doc_tokenizer(model_dir)
+    table = DocumentTable(corpus_dir)
+    vecs = encode_all_docs(model, tokenizer, table.docs, batch_size, device)
+    index = faiss.index_factory(vecs.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        index.train(vecs[np.random.default_rng(seed).permutation(len(vecs))[:200_000]])
+    index.add(vecs)
+    manifest = {"encoder_hash": doc_encoder_hash(model_dir), "encoder": str(model_dir), "factory": factory,
+                "documents": len(table), "dim": int(vecs.shape[1]), "fingerprint": corpus_info(corpus_dir)["fingerprint"]}
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        faiss.write_index(index, str(tmp / "docs.faiss"))
+        write_json(tmp / "manifest.json", manifest)
+    log.info("document index %s: %d documents (%s)", out_dir, len(table), factory)
+    return manifest
+
+
+class DocRetriever:
+    """Top documents for questions: `search(questions, k) -> (doc rows, scores)`, each (n, k)."""
+
+    def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
+                 nprobe: int = 64, device: str | None = None):
+        self.dir = Path(index_dir)
+        if not (self.dir / "manifest.json").exists():
+            raise InputError(f"{self.dir} is not a document index (no manifest.json): run `odqa build-doc-index`")
+        self.manifest = read_json(self.dir / "manifest.json")
+        if doc_encoder_hash(model_dir) != self.manifest["encoder_hash"]:
+            raise InputError(f"{self.dir} was built with another document encoder than {model_dir}: its "
+                             f"question encoder would not match the index; rebuild it with `odqa build-doc-index`")
+        if corpus_info(corpus_dir)["fingerprint"] != self.manifest["fingerprint"]:
+            raise InputError(f"{self.dir} was built from another version of the corpus {corpus_dir}")
+        try:
+            self.index = faiss.read_index(str(self.dir / "docs.faiss"))
+        except RuntimeError as e:
+            raise InputError(f"{self.dir}: corrupt document index ({e})") from None
+        if self.index.ntotal != self.manifest["documents"]:
+            raise InputError(f"{self.dir}: corrupt document index (docs.faiss disagrees with manifest.json)")
+        ivf = faiss.try_extract_index_ivf(self.index)
+        if ivf is not None:
+            ivf.nprobe = nprobe
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = DocEncoder.from_pretrained(model_dir).to(self.device).eval()
+        self.tokenizer = load_doc_tokenizer(model_dir)
+        self.table = DocumentTable(corpus_dir)
+
+    @property
+    def tuned_lambda(self) -> float | None:
+        path = self.dir / "lambda.json"
+        return read_json(path)["lambda"] if path.exists() else None
+
+    def save_lambda(self, result: dict) -> None:
+        write_json(self.dir / "lambda.json", result)
+
+    def search(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        vecs = encode_questions(self.model, self.tokenizer, questions, device=self.device)
+        scores, rows = self.index.search(vecs, min(k, self.index.ntotal))
+        return rows, scores

@@ -1,0 +1,198 @@
+"""`odqa train-doc`: train DHR's document retriever.
+
+Each training question (a supervision example) has one positive, the document of its supervision
+passage, and hard negatives, documents that hold no answer:
+  negatives="abstract"  the top BM25 documents by title + abstract (DHR's "abstract negatives"),
+  negatives="model"     the top documents of the `--encoder` checkpoint itself (DHR's iterative
+                        training: round 2 starts from round 1 and mines with it),
+  negatives="none"      in-batch only.
+Loss: cross-entropy of `scale * cos(q, d)` over the batch's positives and negatives (every other
+question's documents are in-batch negatives), with documents that are this question's positive masked.
+Validation each epoch: document Top-1/5/20/100 over the whole corpus, a hit being any document
+with an answer-bearing passage; the best Top-20 checkpoint is kept.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from common.answer_index import AnswerIndex
+from common.corpus import DocumentTable, PassageStore
+from common.io import InputError, read_jsonl, write_json
+from common.metrics.retrieval import retrieval_metrics
+from retriever.bm25 import BM25Index
+from retriever.doc_encoder import (DocEncoder, DocEncoderConfig, encode_all_docs, encode_questions,
+                                   is_doc_checkpoint, load_doc_tokenizer, tokenize_docs, tokenize_questions)
+from retriever.train_loop import LoopConfig, train_epochs
+
+log = logging.getLogger(__name__)
+NEGATIVES = ("abstract", "model", "none")
+MINE_DEPTH = 30
+
+
+@dataclass
+class DocTrainArgs:
+    train_file: str                    # supervision train.jsonl (from `odqa supervise`)
+    validation_file: str
+    corpus: str
+    out_dir: str
+    encoder: str                       # AutoModel name/path, or a document-encoder checkpoint to continue (round 2)
+    negatives: str = "abstract"
+    negatives_per_question: int = 1
+    epochs: int = 1
+    batch_size: int = 32
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    max_doc_tokens: int = 192
+    max_question_tokens: int = 48
+    max_train_examples: int | None = None
+    max_validation_examples: int | None = 500
+    save_steps: int = 0
+    seed: int = 13
+    resume: bool = False
+
+
+def load_doc_examples(path: str, table: DocumentTable, row_of_passage: dict[str, int],
+                      answers: AnswerIndex, limit: int | None = None) -> list[dict]:
+    """One example per question: {question, pos (doc row), answer_docs (rows with an answer)}."""
+    out, seen = [], set()
+    for lineno, ex in read_jsonl(path):
+        for key in ("question", "answers", "passage_id"):
+            if key not in ex:
+                raise InputError(f"{path}:{lineno}: supervision example without {key!r}")
+        if ex["passage_id"] not in row_of_passage:
+            raise InputError(f"{path}:{lineno}: passage {ex['passage_id']!r} is not in the corpus {table.dir}")
+        if ex["question"] in seen:
+            continue
+        seen.add(ex["question"])
+        rows = answers.find(ex["answers"], bool(ex.get("regex")))
+        answer_docs = sorted({int(d) for d in table.doc_of_passage[rows]})
+        out.append({"question": ex["question"], "pos": int(table.doc_of_passage[row_of_passage[ex["passage_id"]]]),
+                    "answer_docs": answer_docs})
+        if limit and len(out) >= limit:
+            break
+    if not out:
+        raise InputError(f"{path}: no examples")
+    return out
+
+
+def mine_negatives(examples: list[dict], ranked: np.ndarray, n: int) -> None:
+    """Each example's first n ranked documents that hold no answer become its negatives."""
+    for ex, docs in zip(examples, ranked):
+        bad = set(ex["answer_docs"]) | {ex["pos"]}
+        ex["negatives"] = [int(d) for d in docs if d >= 0 and int(d) not in bad][:n]
+
+
+def abstract_ranking(table: DocumentTable, questions: list[str], depth: int) -> np.ndarray:
+    bm25 = BM25Index.from_texts([f"{d['title']} {d.get('abstract') or ''}" for d in table.docs], show_progress=False)
+    rows, _ = bm25.search_passages(questions, depth)
+    return rows
+
+
+def model_ranking(model: DocEncoder, tokenizer, table: DocumentTable, questions: list[str], depth: int) -> np.ndarray:
+    index = faiss.IndexFlatIP(model.doc_lm.config.hidden_size)
+    index.add(encode_all_docs(model, tokenizer, table.docs, desc="encode documents (mining)"))
+    _, rows = index.search(encode_questions(model, tokenizer, questions), min(depth, len(table)))
+    return rows
+
+
+def doc_metrics(model: DocEncoder, tokenizer, table: DocumentTable, examples: list[dict]) -> dict:
+    ranked = model_ranking(model, tokenizer, table, [e["question"] for e in examples], 100)
+    hits = [[int(d) in set(e["answer_docs"]) for d in docs] for e, docs in zip(examples, ranked)]
+    return retrieval_metrics(hits)
+
+
+class DocLoss:
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def __call__(self, model: DocEncoder, batch: dict, step: int) -> tuple[torch.Tensor, dict]:
+        q = model.encode_questions(**batch["questions"])
+        d = model.encode_docs(**batch["docs"])                     # positives first, then negatives
+        scores = self.scale * q @ d.T
+        # Another column holding this question's positive document (a duplicate) is not a negative.
+        same = batch["doc_rows"].unsqueeze(0) == batch["doc_rows"][: len(q)].unsqueeze(1)
+        same[torch.arange(len(q)), torch.arange(len(q))] = False
+        loss = F.cross_entropy(scores.masked_fill(same, -1e4), torch.arange(len(q)))
+        return loss, {"loss": loss.item()}
+
+
+def _collate(tokenizer, table: DocumentTable, cfg: DocEncoderConfig, n_neg: int, seed: int):
+    def collate(examples: list[dict]) -> dict:
+        pos = [e["pos"] for e in examples]
+        # Negatives drawn per (seed, epoch, question), so a resumed run skipping batches draws the same.
+        negs = [d for e in examples for d in random.Random(f"{seed}:{e['question']}").sample(
+            e.get("negatives", []), min(n_neg, len(e.get("negatives", []))))]
+        rows = pos + negs
+        return {"questions": tokenize_questions(tokenizer, [e["question"] for e in examples], cfg.max_question_tokens),
+                "docs": tokenize_docs(tokenizer, [table.docs[r] for r in rows], cfg.max_doc_tokens),
+                "doc_rows": torch.tensor(rows)}
+    return collate
+
+
+def train_doc(args: DocTrainArgs) -> dict:
+    if args.negatives not in NEGATIVES:
+        raise InputError(f"negatives must be one of {NEGATIVES}, not {args.negatives!r}")
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    out = Path(args.out_dir)
+    if is_doc_checkpoint(args.encoder):
+        model = DocEncoder.from_pretrained(args.encoder)
+    else:
+        if args.negatives == "model":
+            raise InputError(f"--negatives model mines with a trained document encoder; {args.encoder} is not one")
+        model = DocEncoder(DocEncoderConfig(args.encoder, args.max_doc_tokens, args.max_question_tokens))
+    tokenizer = load_doc_tokenizer(args.encoder)
+    table = DocumentTable(args.corpus)
+    store = PassageStore(args.corpus)
+    row_of_passage = {p["id"]: i for i, p in enumerate(store)}
+    answers = AnswerIndex((p["text"] for p in store), total=len(store))
+    store.close()
+    train_ex = load_doc_examples(args.train_file, table, row_of_passage, answers, args.max_train_examples)
+    val_ex = load_doc_examples(args.validation_file, table, row_of_passage, answers, args.max_validation_examples)
+    questions = [e["question"] for e in train_ex]
+    if args.negatives == "abstract":
+        mine_negatives(train_ex, abstract_ranking(table, questions, MINE_DEPTH), args.negatives_per_question)
+    elif args.negatives == "model":
+        mine_negatives(train_ex, model_ranking(model, tokenizer, table, questions, MINE_DEPTH), args.negatives_per_question)
+    with_neg = sum(bool(e.get("negatives")) for e in train_ex)
+    log.info("%d training questions (%d with %s negatives), %d validation", len(train_ex), with_neg, args.negatives, len(val_ex))
+    steps_per_epoch = len(train_ex) // args.batch_size
+    if steps_per_epoch == 0:
+        raise InputError(f"{args.train_file}: {len(train_ex)} questions, fewer than one batch of {args.batch_size}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "train_args.json", asdict(args))
+
+    def loader(epoch: int) -> DataLoader:
+        g = torch.Generator().manual_seed(args.seed + epoch)  # the same order (and negatives) after a resume
+        return DataLoader(train_ex, batch_size=args.batch_size, shuffle=True, generator=g, drop_last=True,
+                          collate_fn=_collate(tokenizer, table, model.config, args.negatives_per_question,
+                                              args.seed + epoch))
+
+    validation = []
+
+    def validate(m: DocEncoder) -> float:
+        metrics = doc_metrics(m, tokenizer, table, val_ex)
+        validation.append(metrics)
+        log.info("document retrieval on validation: %s", {k: round(v, 2) for k, v in metrics.items()})
+        return metrics["Top-20"]
+
+    cfg = LoopConfig(args.epochs, steps_per_epoch, args.lr, args.weight_decay, args.warmup_ratio, args.max_grad_norm,
+                     args.save_steps, args.resume, desc="train-doc")
+    state = train_epochs(model, cfg, out, loader, DocLoss(model.config.scale), validate,
+                         lambda m, path: m.save_pretrained(path, tokenizer))
+    summary = {"best_top20": state["best"], "validation_top20": state["validation"], "steps": state["global_step"],
+               "validation": validation, "train_questions": len(train_ex), "with_negatives": with_neg,
+               "final_loss": state["history"][-1]["loss"] if state["history"] else None}
+    write_json(out / "summary.json", summary)
+    return summary

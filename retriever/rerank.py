@@ -1,0 +1,61 @@
+"""DHR's final ranking: passage_score + lambda * document_score.
+
+The two scores come from different encoders (phrase start+end sums vs document cosines), so each is
+standardised per question first: z(x) = (x - mean) / std over that question's candidates (the
+retrieved passages; the top documents), a lone candidate or equal scores giving z = 0.
+`tune_lambda` grid-searches lambda on validation Top-k with the candidates fixed, so the search is
+run once and each lambda only re-sorts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def standardise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) < 2:
+        return np.zeros_like(x)
+    std = x.std()
+    return (x - x.mean()) / std if std > 0 else np.zeros_like(x)
+
+
+@dataclass
+class Candidates:
+    """One question's retrieved passages: their scores, their documents' standardised scores, and
+    (for tuning) whether each holds an answer."""
+    passage_scores: np.ndarray
+    doc_z: np.ndarray
+    hits: np.ndarray | None = None
+
+
+def doc_z_of(doc_rows: np.ndarray, doc_scores: np.ndarray, passage_docs: np.ndarray) -> np.ndarray:
+    """Each passage's document score, standardised over the question's top documents."""
+    z = dict(zip(np.asarray(doc_rows).tolist(), standardise(doc_scores).tolist()))
+    return np.array([z[d] for d in np.asarray(passage_docs).tolist()], dtype=np.float64)
+
+
+def combined(c: Candidates, lam: float) -> np.ndarray:
+    return standardise(c.passage_scores) + lam * c.doc_z
+
+
+def rerank_order(c: Candidates, lam: float) -> np.ndarray:
+    """Candidate positions, best first (stable: ties keep the passage order)."""
+    return np.argsort(-combined(c, lam), kind="stable")
+
+
+def top_k_at(candidates: list[Candidates], lam: float, k: int) -> float:
+    if not candidates:
+        return 0.0
+    return 100.0 * float(np.mean([bool(c.hits[rerank_order(c, lam)[:k]].any()) for c in candidates]))
+
+
+def tune_lambda(candidates: list[Candidates], grid: np.ndarray | None = None, k: int = 20) -> dict:
+    """The lambda in the grid (default 0, 0.1, ..., 2) with the best validation Top-k; the smallest on ties."""
+    grid = np.round(np.arange(0, 2.0001, 0.1), 4) if grid is None else np.asarray(grid)
+    scores = [top_k_at(candidates, float(lam), k) for lam in grid]
+    best = int(np.argmax(scores))
+    return {"lambda": float(grid[best]), "metric": f"Top-{k}", "best": scores[best],
+            "grid": [{"lambda": float(lam), f"Top-{k}": s} for lam, s in zip(grid, scores)],
+            "questions": len(candidates)}

@@ -1,0 +1,172 @@
+"""DHR's document pre-filter on a tiny corpus of people, each a document of three sections:
+training the document encoder, the document index and its refusals, phrase search restricted to
+the top documents, the reranking formula and lambda tuning."""
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+from common.corpus import DocumentTable, build_corpus
+from common.io import InputError
+from retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary, load_doc_tokenizer
+from retriever.doc_index import DocRetriever, build_doc_index
+from retriever.doc_train import DocTrainArgs, train_doc
+from retriever.phrase_dump import dump_phrases
+from retriever.phrase_index import build_index
+from retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from retriever.rerank import Candidates, combined, tune_lambda
+from retriever.searcher import Searcher
+from retriever.supervise import supervise
+from tiny_data import write_jsonl
+from tiny_models import make_tiny_bert
+
+NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"]
+CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi"]
+FILLER = "the weather was mild and the river ran slowly past old mills and quiet farms".split()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dhr")
+    rng = random.Random(0)
+    filler = lambda: " ".join(rng.choice(FILLER) for _ in range(8)) + " ."  # noqa: E731
+    docs = [{"id": n, "title": n, "sections": [
+        {"title": "", "paragraphs": [f"{n} is a person . {filler()}"]},
+        {"title": "Early life", "paragraphs": [f"{filler()} {n} was born in {c} . {filler()}"]},
+        {"title": "Career", "paragraphs": [filler()]}]} for n, c in zip(NAMES, CITIES)]
+    corpus = root / "corpus"
+    build_corpus([write_jsonl(root / "docs.jsonl", docs)], corpus)
+    questions = [{"id": n, "question": f"where was {n} born", "answers": [c]} for n, c in zip(NAMES, CITIES)]
+    write_jsonl(root / "questions.jsonl", questions)
+    supervise([str(root / "questions.jsonl")], corpus, root / "sup", validation_percent=0)
+    shutil.copy(root / "sup" / "train.jsonl", root / "sup" / "validation.jsonl")
+    texts = [p for d in docs for s in d["sections"] for p in s["paragraphs"]] + NAMES + ["early life career"]
+    bert = make_tiny_bert(root / "bert", texts + [q["question"] for q in questions])
+    # An untrained phrase model is enough here: the pre-filter's guarantees hold for any scores.
+    tokenizer = load_doc_tokenizer(bert)
+    DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase", tokenizer)
+    dump_phrases(root / "phrase", corpus, root / "dump", chunk_passages=8)
+    build_index(root / "dump", root / "index", corpus)
+    return {"root": root, "corpus": corpus, "bert": bert, "questions": [q["question"] for q in questions]}
+
+
+@pytest.fixture(scope="module")
+def doc_model(world):
+    """The document encoder after train-doc (abstract negatives), and its index."""
+    root = world["root"]
+    summary = train_doc(DocTrainArgs(train_file=str(root / "sup" / "train.jsonl"),
+                                     validation_file=str(root / "sup" / "validation.jsonl"), corpus=str(world["corpus"]),
+                                     out_dir=str(root / "doc"), encoder=str(world["bert"]), epochs=20, batch_size=5,
+                                     lr=2e-3, max_doc_tokens=64))
+    build_doc_index(root / "doc" / "best", world["corpus"], root / "doc-index")
+    return {"dir": root / "doc" / "best", "index": root / "doc-index", "summary": summary}
+
+
+def test_document_summary_is_title_tree_and_abstract(world):
+    table = DocumentTable(world["corpus"])
+    tree, abstract = doc_summary(table.docs[table.row_of["alice"]])
+    assert tree == "alice, Early life, Career"
+    assert abstract.startswith("alice is a person .")
+    assert [len(table.passage_rows(d)) for d in range(len(table))] == [3] * len(NAMES)
+
+
+def test_train_doc_learns_which_document_answers(doc_model):
+    s = doc_model["summary"]
+    assert s["with_negatives"] == len(NAMES)  # every question got an abstract negative
+    assert s["best_top20"] == 100.0
+    assert s["validation"][-1]["Top-1"] >= 80.0, s["validation"][-1]  # chance is 10
+
+
+def test_train_doc_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
+    from retriever import train_loop
+    root = world["root"]
+
+    def args(out, resume=False):
+        return DocTrainArgs(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+                            corpus=str(world["corpus"]), out_dir=str(out), encoder=str(world["bert"]), epochs=2,
+                            batch_size=5, lr=1e-3, max_doc_tokens=64, save_steps=1, resume=resume)
+    train_doc(args(tmp_path / "full"))
+    full = train_loop.read_json(tmp_path / "full" / "checkpoint" / "trainer_state.json")["history"]
+
+    real_step = train_loop.torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def crash_after_three(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt
+        return real_step(self, *a, **k)
+    monkeypatch.setattr(train_loop.torch.optim.AdamW, "step", crash_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        train_doc(args(tmp_path / "cut"))
+    monkeypatch.setattr(train_loop.torch.optim.AdamW, "step", real_step)
+    train_doc(args(tmp_path / "cut", resume=True))
+    resumed = train_loop.read_json(tmp_path / "cut" / "checkpoint" / "trainer_state.json")["history"]
+    assert [h["step"] for h in resumed] == [h["step"] for h in full]
+    assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in full], rel=1e-4)
+
+
+def test_a_document_index_of_another_encoder_is_refused(world, doc_model, tmp_path):
+    other = DocEncoder(DocEncoderConfig(str(make_tiny_bert(tmp_path / "other", ["x"], seed=1)), max_doc_tokens=64))
+    other.save_pretrained(tmp_path / "other-doc", load_doc_tokenizer(tmp_path / "other"))
+    with pytest.raises(InputError, match="another document encoder"):
+        DocRetriever(doc_model["index"], tmp_path / "other-doc", world["corpus"])
+    with pytest.raises(InputError, match="not a document index"):
+        DocRetriever(tmp_path, doc_model["dir"], world["corpus"])
+
+
+def test_prefilter_never_returns_a_passage_outside_the_chosen_documents(world, doc_model):
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    table = docs.table
+    for lam in (0.0, 1.0):
+        searcher = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs,
+                            top_docs=2, lam=lam)
+        chosen, _ = docs.search(world["questions"], 2)
+        for unit in ("passage", "document"):
+            for q, allowed, r in zip(world["questions"], chosen, searcher.search(world["questions"], k=5, unit=unit)):
+                allowed = {table.docs[d]["id"] for d in allowed}
+                assert r["phrases"] and {searcher.store[p["row"]]["doc_id"] for p in r["phrases"]} <= allowed, q
+                if unit == "passage":
+                    assert {table.docs[table.doc_of_passage[p["row"]]]["id"] for p in r["passages"]} <= allowed
+                    assert len(r["passages"]) == 5  # the two documents' 6 passages hold at least 5 with a phrase
+                else:
+                    assert {d["id"] for d in r["documents"]} <= allowed
+
+
+def test_all_documents_and_lambda_zero_rank_as_no_prefilter(world, doc_model):
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    plain = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"])
+    filtered = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs,
+                        top_docs=len(NAMES), lam=0.0)
+    for unit, key in (("passage", "passages"), ("document", "documents")):
+        a, b = plain.search(world["questions"], k=8, unit=unit), filtered.search(world["questions"], k=8, unit=unit)
+        for x, y in zip(a, b):
+            assert [p["id"] for p in x[key]] == [p["id"] for p in y[key]]
+            assert [p["score"] for p in x[key]] == pytest.approx([p["score"] for p in y[key]])
+
+
+def test_rerank_sorts_by_standardised_passage_plus_lambda_document_score(world, doc_model):
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    base = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs, top_docs=3, lam=0.0)
+    lam = 1.5
+    # the lambda = 0 pool of rerank_pool passages, reranked by hand, is what the lambda searcher returns
+    pool = base.search(world["questions"], k=base.rerank_pool, unit="passage")
+    reranked = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs, top_docs=3,
+                        lam=lam).search(world["questions"], k=4, unit="passage")
+    for p, r in zip(pool, reranked):
+        c = Candidates(np.array([x["passage_score"] for x in p["passages"]]), np.array([x["doc_z"] for x in p["passages"]]))
+        final = combined(c, lam)
+        order = np.argsort(-final, kind="stable")[:4]
+        assert [p["passages"][i]["id"] for i in order] == [x["id"] for x in r["passages"]]
+        assert [x["score"] for x in r["passages"]] == pytest.approx(final[order].tolist())
+
+
+def test_lambda_tuning_picks_the_planted_best():
+    """Question A needs lambda > 0.45 to lift its answer to the top, question B lambda < 0.55 to keep
+    it there: on the grid 0, 0.1, ..., 2 only 0.5 gets both."""
+    a = Candidates(np.array([2.0, 1.0]), np.array([-1 / 0.45, 1 / 0.45]), np.array([False, True]))
+    b = Candidates(np.array([2.0, 1.0]), np.array([-1 / 0.55, 1 / 0.55]), np.array([True, False]))
+    result = tune_lambda([a, b], k=1)
+    assert result["lambda"] == 0.5 and result["best"] == 100.0
+    assert [g["Top-1"] for g in result["grid"] if g["lambda"] in (0.4, 0.6)] == [50.0, 50.0]
