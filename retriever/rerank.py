@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.metrics.has_answer import has_answer
+
 
 def standardise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
@@ -59,3 +61,14 @@ def tune_lambda(candidates: list[Candidates], grid: np.ndarray | None = None, k:
     return {"lambda": float(grid[best]), "metric": f"Top-{k}", "best": scores[best],
             "grid": [{"lambda": float(lam), f"Top-{k}": s} for lam, s in zip(grid, scores)],
             "questions": len(candidates)}
+
+
+def candidates_from_results(results: list[dict], questions) -> list[Candidates]:
+    """Tuning candidates from `Searcher.search(..., unit="passage")` results of a pre-filtered search
+    with lambda = 0 (passages in passage-score order, each with its passage_score and doc_z)."""
+    out = []
+    for r, q in zip(results, questions):
+        ps = r["passages"]
+        out.append(Candidates(np.array([p["passage_score"] for p in ps]), np.array([p["doc_z"] for p in ps]),
+                              np.array([has_answer(p["text"], q.answers, q.regex) for p in ps], dtype=bool)))
+    return out

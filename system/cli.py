@@ -65,12 +65,62 @@ def cmd_retrieve(args) -> None:
     else:
         if not (args.index and args.model):
             raise InputError("--retriever phrase needs --index (from `odqa build-index`) and --model")
-        from retriever.searcher import Searcher
-        index = Searcher(args.index, args.model, corpus, nprobe=args.nprobe)
+        index = _phrase_searcher(args, corpus)
     store = PassageStore(corpus)
     entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
     write_results(args.out, entries)
     print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
+
+
+def _phrase_searcher(args, corpus, lam=None):
+    """The phrase Searcher of --index/--model, behind the document pre-filter when --doc-index is given."""
+    from retriever.searcher import Searcher
+    prefilter = None
+    if args.doc_index:
+        if not args.doc_model:
+            raise InputError("--doc-index needs --doc-model (the document encoder it was built with)")
+        from retriever.doc_index import DocRetriever
+        prefilter = DocRetriever(args.doc_index, args.doc_model, corpus)
+    return Searcher(args.index, args.model, corpus, nprobe=args.nprobe, prefilter=prefilter, top_docs=args.top_docs,
+                    lam=args.lam if lam is None else lam)
+
+
+def _prefilter_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--doc-index", type=Path, default=None, help="document index (`odqa build-doc-index`): search "
+                                                               "phrases only inside each question's top documents")
+    p.add_argument("--doc-model", type=Path, default=None, help="the document encoder the document index was built with")
+    p.add_argument("--top-docs", type=int, default=100, help="K: documents kept by the pre-filter (default 100)")
+    p.add_argument("--lam", type=float, default=None, help="rerank weight of the document score (default: the "
+                                                          "value tune-lambda stored with the document index, else 0)")
+
+
+def cmd_tune_lambda(args) -> None:
+    from common.io import read_jsonl
+    from common.paths import default_corpus
+    from common.questions import Question
+    from tqdm import tqdm
+
+    from retriever.rerank import candidates_from_results, tune_lambda
+    if not args.doc_index:
+        raise InputError("tune-lambda needs --doc-index and --doc-model: lambda weighs the document score")
+    corpus = args.corpus or default_corpus()
+    searcher = _phrase_searcher(args, corpus, lam=0.0)
+    questions, seen = [], set()
+    for _, ex in read_jsonl(args.questions):
+        if ex["question"] not in seen:
+            seen.add(ex["question"])
+            questions.append(Question(str(ex.get("id", len(questions))), ex["question"], ex["answers"], bool(ex.get("regex"))))
+    questions = questions[:args.limit]
+    results = []
+    for a in tqdm(range(0, len(questions), 64), desc="tune-lambda search", disable=None):
+        results += searcher.search([q.question for q in questions[a:a + 64]], k=searcher.rerank_pool, unit="passage")
+    result = tune_lambda(candidates_from_results(results, questions), k=args.metric_k)
+    result.update(top_docs=args.top_docs, phrase_index=str(args.index), questions_file=str(args.questions))
+    searcher.prefilter.save_lambda(result)
+    for g in result["grid"]:
+        print(f"lambda {g['lambda']:.1f}: Top-{args.metric_k} {g[f'Top-{args.metric_k}']:.2f}")
+    print(f"best lambda {result['lambda']:.1f} (Top-{args.metric_k} {result['best']:.2f} on {len(questions)} "
+          f"questions) -> {args.doc_index}/lambda.json")
 
 
 def cmd_eval_retrieval(args) -> None:
@@ -271,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=256, help="questions per search call (default 256)")
     p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (default 1.5)")
     p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
+    _prefilter_args(p)
     _corpus_arg(p)
     p.set_defaults(func=cmd_retrieve)
 
@@ -362,6 +413,20 @@ def _doc_parsers(sub) -> None:
     p.add_argument("--factory", default="Flat", help="faiss index_factory string (default Flat)")
     _corpus_arg(p)
     p.set_defaults(func=cmd_build_doc_index)
+
+    p = sub.add_parser("tune-lambda", help="grid-search the rerank weight of the document score on validation",
+                       description="lambda in 0, 0.1, ..., 2 maximising validation Top-k of pre-filtered phrase "
+                                   "retrieval reranked by z(passage) + lambda z(document); stored with the document index.")
+    p.add_argument("--index", type=Path, required=True, help="phrase index directory")
+    p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint")
+    p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
+    _prefilter_args(p)
+    p.add_argument("--questions", type=Path, default=default_corpus() / "supervision" / "validation.jsonl",
+                   help="validation questions with answers (default: the supervision validation split)")
+    p.add_argument("--limit", type=int, default=500, help="first N questions (default 500)")
+    p.add_argument("--metric-k", type=int, default=20, help="k of the Top-k to maximise (default 20)")
+    _corpus_arg(p)
+    p.set_defaults(func=cmd_tune_lambda)
 
 
 def _reader_parsers(sub) -> None:

@@ -170,3 +170,35 @@ def test_lambda_tuning_picks_the_planted_best():
     result = tune_lambda([a, b], k=1)
     assert result["lambda"] == 0.5 and result["best"] == 100.0
     assert [g["Top-1"] for g in result["grid"] if g["lambda"] in (0.4, 0.6)] == [50.0, 50.0]
+
+
+def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, capsys):
+    from common.retrieval_file import read_results
+    from system.cli import main
+    root, corpus = world["root"], str(world["corpus"])
+    sup = root / "sup"
+    assert main(["train-doc", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),
+                 "--corpus", corpus, "--out-dir", str(tmp_path / "doc"), "--encoder", str(world["bert"]),
+                 "--batch-size", "5", "--max-doc-tokens", "64"]) == 0
+    assert "epoch 1: validation document Top-1" in capsys.readouterr().out
+    # round 2: hard negatives mined with the round-1 model
+    assert main(["train-doc", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),
+                 "--corpus", corpus, "--out-dir", str(tmp_path / "doc2"), "--encoder", str(tmp_path / "doc" / "best"),
+                 "--negatives", "model", "--batch-size", "5"]) == 0
+    assert "(10 with model negatives)" in capsys.readouterr().out
+    assert main(["build-doc-index", "--model", str(tmp_path / "doc2" / "best"), "--out", str(tmp_path / "di"),
+                 "--corpus", corpus]) == 0
+    assert "Flat index of 10 documents" in capsys.readouterr().out
+    common = ["--index", str(root / "index"), "--model", str(root / "phrase"), "--doc-index", str(tmp_path / "di"),
+              "--doc-model", str(tmp_path / "doc2" / "best"), "--top-docs", "3", "--corpus", corpus]
+    assert main(["tune-lambda", *common, "--questions", str(sup / "validation.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "lambda 2.0: Top-20" in out and "best lambda" in out and (tmp_path / "di" / "lambda.json").exists()
+    assert main(["retrieve", "--retriever", "phrase", *common, "--questions", str(root / "questions.jsonl"),
+                 "--k", "4", "--out", str(tmp_path / "run.json")]) == 0
+    entries = read_results(tmp_path / "run.json")
+    assert len(entries) == len(NAMES) and all(len(e["ctxs"]) == 4 for e in entries)
+    assert main(["retrieve", "--retriever", "phrase", "--index", str(root / "index"), "--model", str(root / "phrase"),
+                 "--doc-index", str(tmp_path / "di"), "--questions", str(root / "questions.jsonl"), "--out",
+                 str(tmp_path / "x.json"), "--corpus", corpus]) == 2
+    assert "--doc-model" in capsys.readouterr().err
