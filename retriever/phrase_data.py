@@ -1,6 +1,7 @@
 """Phrase-model inputs: questions, and passages as `[CLS] title [SEP] text [SEP]` with a mask of the
 tokens that may start or end a phrase (text tokens only: never special or title tokens), the
-character offset of each token in the text, and the gold start/end tokens of every answer occurrence."""
+character offset of each token in the text, and the gold start/end tokens of every answer occurrence.
+With `title_path` the title segment is DHR's title path, "title, section, subsection"."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +17,10 @@ class EncodedPassages:
     batch: dict                 # input_ids, attention_mask, token_type_ids: (B, T)
     candidate: torch.Tensor     # (B, T) bool: token may be a phrase boundary
     offsets: torch.Tensor       # (B, T, 2) character offsets in the passage text (0, 0 outside it)
+
+
+def passage_title(passage: dict, title_path: bool) -> str:
+    return ", ".join([passage["title"], *passage.get("section", [])]) if title_path else passage["title"]
 
 
 def encode_passages(tokenizer, titles: list[str], texts: list[str], max_tokens: int,
@@ -55,9 +60,11 @@ def gold_token_spans(offsets: torch.Tensor, candidate: torch.Tensor, char_spans,
 
 
 def collate(tokenizer, examples: list[dict], max_passage_tokens: int, max_question_tokens: int,
-            max_span_len: int) -> dict | None:
-    """A training batch; examples whose answer was truncated away are dropped (None if none is left)."""
-    passages = encode_passages(tokenizer, [e["title"] for e in examples], [e["text"] for e in examples],
+            max_span_len: int, title_path: bool = False) -> dict | None:
+    """A training batch; examples whose answer was truncated away are dropped (None if none is left).
+    An example's `negative_passages` (In-Doc/In-Section negatives: other passages of its document or
+    section) come as `negatives` with `negative_owner`, the batch position of their question."""
+    passages = encode_passages(tokenizer, [passage_title(e, title_path) for e in examples], [e["text"] for e in examples],
                                max_passage_tokens)
     gold_start = torch.zeros_like(passages.candidate)
     gold_end = torch.zeros_like(passages.candidate)
@@ -72,7 +79,14 @@ def collate(tokenizer, examples: list[dict], max_passage_tokens: int, max_questi
         return None
     idx = torch.tensor(keep)
     questions = encode_questions(tokenizer, [examples[b]["question"] for b in keep], max_question_tokens)
-    return {
+    negatives = [(pos, n) for pos, b in enumerate(keep) for n in examples[b].get("negative_passages", [])]
+    extra = {}
+    if negatives:
+        neg = encode_passages(tokenizer, [passage_title(n, title_path) for _, n in negatives],
+                              [n["text"] for _, n in negatives], max_passage_tokens)
+        extra = {"negatives": neg.batch, "negative_candidate": neg.candidate,
+                 "negative_owner": torch.tensor([pos for pos, _ in negatives])}
+    return {**extra,
         "questions": questions,
         "passages": {k: v[idx] for k, v in passages.batch.items()},
         "candidate": passages.candidate[idx], "offsets": passages.offsets[idx],

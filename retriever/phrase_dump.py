@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from common.corpus import PassageStore, corpus_info
 from common.io import InputError, atomic_path, write_json
-from retriever.phrase_data import encode_passages
+from retriever.phrase_data import encode_passages, passage_title
 from retriever.phrase_model import DensePhraseModel, load_tokenizer, phrase_encoder_hash
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
         for b in range(0, len(chunk), batch_size):
             batch_rows = chunk[b:b + batch_size]
             passages = [store[int(r)] for r in batch_rows]
-            enc = encode_passages(tokenizer, [p["title"] for p in passages], [p["text"] for p in passages],
+            enc = encode_passages(tokenizer, [passage_title(p, cfg.title_path) for p in passages], [p["text"] for p in passages],
                                   cfg.max_passage_tokens)
             start, end, filt = model.encode_passages(**{kk: v.to(device) for kk, v in enc.batch.items()})
             keep = enc.candidate.to(device)

@@ -32,6 +32,7 @@ class PhraseModelConfig:
     max_span_len: int = 20            # L, in tokens
     max_passage_tokens: int = 192
     max_question_tokens: int = 48
+    title_path: bool = False          # prefix passages with "title, section, subsection" (DHR), not the title alone
 
     def __post_init__(self):
         if self.head not in ("split", "linear"):

@@ -9,6 +9,9 @@ Loss, per question b with start vectors (the end side is the same):
                    switched on after a warm-up;
   filter           binary cross-entropy of the filter head on gold starts and ends.
 `--unified` replaces the first three with one softmax over in-passage, in-batch and pre-batch tokens.
+`--in-doc-negatives doc|section` (DHR): the tokens of other passages of the question's document (or of
+its section) join the single-passage softmax as negatives, `--in-doc-count` passages a question.
+`--title-path` prefixes passages with "title, section, subsection" rather than the title.
 """
 from __future__ import annotations
 
@@ -16,23 +19,28 @@ import logging
 import math
 import random
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
 from torch.utils.data import DataLoader
-from tqdm import tqdm
-from transformers import get_linear_schedule_with_warmup
 
-from common.io import InputError, atomic_path, read_json, read_jsonl, write_json
+from common.corpus import DocumentTable, PassageStore
+from common.io import InputError, read_jsonl, write_json
 from common.metrics.answers import exact_match
-from retriever.phrase_data import collate, encode_passages, encode_questions
+from retriever.phrase_data import (
+    collate,
+    encode_passages,
+    encode_questions,
+    passage_title,
+)
 from retriever.phrase_model import DensePhraseModel, PhraseModelConfig, load_tokenizer
+from retriever.train_loop import LoopConfig, train_epochs
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite
+IN_DOC = ("none", "doc", "section")
 
 
 @dataclass
@@ -57,6 +65,10 @@ class PhraseTrainArgs:
     pre_batch: int = 2                 # C: batches kept in the FIFO
     pre_batch_warmup: int = 50         # steps before pre-batch negatives join
     unified: bool = False
+    title_path: bool = False
+    in_doc_negatives: str = "none"     # "none" | "doc" | "section"
+    in_doc_count: int = 1
+    corpus: str | None = None          # the corpus of the supervision passages (for the two options above)
     max_train_examples: int | None = None
     max_validation_examples: int | None = 500
     save_steps: int = 0                # also checkpoint every N steps (0: each epoch only)
@@ -102,9 +114,14 @@ class PhraseLoss:
         cand = batch["candidate"]
         use_pre = a.pre_batch > 0 and step >= a.pre_batch_warmup
         parts, losses = {}, []
+        neg = model.encode_passages(**batch["negatives"])[:2] if "negatives" in batch else None
         for side, q, h, gold in (("start", q_start, h_start, batch["gold_start"]), ("end", q_end, h_end, batch["gold_end"])):
             in_passage = torch.einsum("bd,btd->bt", q, h)
             g = first_gold(h, gold)                                  # (B, d)
+            cand_side, gold_side = cand, gold
+            if neg is not None:
+                in_passage, cand_side, gold_side = self._with_negative_passages(
+                    q, neg[0] if side == "start" else neg[1], batch, in_passage, cand, gold)
             negs = [g] + (list(self.bank[side]) if use_pre else [])
             neg_scores = q @ torch.cat(negs).T                       # (B, B + C*B')
             if a.unified:
@@ -112,13 +129,13 @@ class PhraseLoss:
                 own = torch.zeros_like(neg_scores, dtype=torch.bool)
                 own[torch.arange(len(q)), torch.arange(len(q))] = True  # already among the passage tokens
                 scores = torch.cat([in_passage, neg_scores], 1)
-                allowed = torch.cat([cand, ~own], 1)
-                gold_all = torch.cat([gold, torch.zeros_like(own)], 1)
+                allowed = torch.cat([cand_side, ~own], 1)
+                gold_all = torch.cat([gold_side, torch.zeros_like(own)], 1)
                 nll = span_nll(scores, gold_all, allowed).mean()
                 parts[f"{side}_unified"] = nll.item()
                 losses.append(nll)
             else:
-                single = span_nll(in_passage, gold, cand).mean()
+                single = span_nll(in_passage, gold_side, cand_side).mean()
                 in_batch = F.cross_entropy(neg_scores, torch.arange(len(q), device=q.device))
                 parts[f"{side}_single"], parts[f"{side}_neg"] = single.item(), in_batch.item()
                 losses.append(single + a.neg_coef * in_batch)
@@ -130,6 +147,20 @@ class PhraseLoss:
         loss = sum(losses) / 2 + a.filter_coef * bce
         parts["loss"] = loss.item()
         return loss, parts
+
+
+    @staticmethod
+    def _with_negative_passages(q, h_neg, batch, in_passage, cand, gold):
+        """Append each question's In-Doc negative passages' tokens to its own passage's: (B, T + N*T)."""
+        owner = batch["negative_owner"]
+        n, t = h_neg.shape[:2]
+        scores = torch.einsum("nd,ntd->nt", q[owner], h_neg)            # each negative scored by its owner
+        wide = torch.full((len(q), n, t), NEG, dtype=scores.dtype, device=scores.device)
+        wide[owner, torch.arange(n)] = scores
+        allowed = torch.zeros((len(q), n, t), dtype=torch.bool, device=cand.device)
+        allowed[owner, torch.arange(n)] = batch["negative_candidate"]
+        return (torch.cat([in_passage, wide.flatten(1)], 1), torch.cat([cand, allowed.flatten(1)], 1),
+                torch.cat([gold, torch.zeros_like(allowed.flatten(1))], 1))
 
 
 def best_spans(start: torch.Tensor, end: torch.Tensor, candidate: torch.Tensor, max_len: int):
@@ -153,7 +184,8 @@ def validation_em(model: DensePhraseModel, tokenizer, examples: list[dict], cfg:
     for k in range(0, len(examples), batch_size):
         chunk = examples[k:k + batch_size]
         qs, qe = model.encode_questions(**encode_questions(tokenizer, [e["question"] for e in chunk], cfg.max_question_tokens))
-        enc = encode_passages(tokenizer, [e["title"] for e in chunk], [e["text"] for e in chunk], cfg.max_passage_tokens)
+        enc = encode_passages(tokenizer, [passage_title(e, cfg.title_path) for e in chunk], [e["text"] for e in chunk],
+                              cfg.max_passage_tokens)
         hs, he, _ = model.encode_passages(**enc.batch)
         spans = best_spans(torch.einsum("bd,btd->bt", qs, hs), torch.einsum("bd,btd->bt", qe, he),
                            enc.candidate, cfg.max_span_len)
@@ -167,80 +199,60 @@ def _loader(examples, tokenizer, cfg, args, epoch):
     g = torch.Generator().manual_seed(args.seed + epoch)  # the same order after a resume
     return DataLoader(examples, batch_size=args.batch_size, shuffle=True, generator=g, drop_last=True,
                       collate_fn=lambda b: collate(tokenizer, b, cfg.max_passage_tokens, cfg.max_question_tokens,
-                                                   cfg.max_span_len))
+                                                   cfg.max_span_len, cfg.title_path))
+
+
+def with_passage_context(examples: list[dict], args: PhraseTrainArgs, corpus_dir: str) -> None:
+    """Give each example its passage's section path (for --title-path) and, for --in-doc-negatives,
+    up to --in-doc-count other passages of its document or section, drawn per (seed, question)."""
+    store = PassageStore(corpus_dir)
+    table = DocumentTable(corpus_dir)
+    row_of = {p["id"]: i for i, p in enumerate(store)}
+    for ex in examples:
+        row = row_of.get(ex.get("passage_id"))
+        if row is None:
+            raise InputError(f"supervision passage {ex.get('passage_id')!r} is not in the corpus {corpus_dir}")
+        own = store[row]
+        ex["section"] = own["section"]
+        if args.in_doc_negatives != "none":
+            others = [store[r] for r in table.passage_rows(int(table.doc_of_passage[row])) if r != row]
+            if args.in_doc_negatives == "section":
+                others = [p for p in others if p["section"] == own["section"]]
+            rng = random.Random(f"{args.seed}:{ex['question']}")
+            ex["negative_passages"] = rng.sample(others, min(args.in_doc_count, len(others)))
+    store.close()
 
 
 def train(args: PhraseTrainArgs) -> dict:
+    if args.in_doc_negatives not in IN_DOC:
+        raise InputError(f"in_doc_negatives must be one of {IN_DOC}, not {args.in_doc_negatives!r}")
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     out = Path(args.out_dir)
-    accelerator = Accelerator()
     continuing = (Path(args.encoder) / "phrase_config.json").exists()
     if continuing:
         model = DensePhraseModel.from_pretrained(args.encoder)
     else:
         model = DensePhraseModel(PhraseModelConfig(args.encoder, args.head, args.question_encoder, args.max_span_len,
-                                                   args.max_passage_tokens, args.max_question_tokens))
+                                                   args.max_passage_tokens, args.max_question_tokens, args.title_path))
     cfg = model.config
     tokenizer = load_tokenizer(args.encoder)
     train_ex = load_examples(args.train_file, args.max_train_examples)
     val_ex = load_examples(args.validation_file, args.max_validation_examples)
+    if cfg.title_path or args.in_doc_negatives != "none":
+        if not args.corpus:
+            raise InputError("--title-path and --in-doc-negatives read the corpus: give --corpus")
+        with_passage_context(train_ex, args, args.corpus)
+        with_passage_context(val_ex, replace(args, in_doc_negatives="none"), args.corpus)
     steps_per_epoch = len(train_ex) // args.batch_size
     if steps_per_epoch == 0:
         raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")
-    total = steps_per_epoch * args.epochs
-    decay = [p for n, p in model.named_parameters() if p.ndim > 1]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim <= 1]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * total), total)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    loss_fn = PhraseLoss(args)
-    state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_em": -1.0, "history": []}
-    ckpt = out / "checkpoint"
-    if args.resume and ckpt.exists():
-        accelerator.load_state(str(ckpt))
-        state = read_json(ckpt / "trainer_state.json")
-        log.info("resumed from %s at epoch %d, step %d", ckpt, state["epoch"], state["step_in_epoch"])
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
-
-    def save_checkpoint():
-        with atomic_path(ckpt) as tmp:
-            accelerator.save_state(str(tmp))
-            write_json(tmp / "trainer_state.json", state)
-
-    model.train()
-    unwrapped = accelerator.unwrap_model(model)
-    while state["epoch"] < args.epochs:
-        loader = accelerator.skip_first_batches(_loader(train_ex, tokenizer, cfg, args, state["epoch"]),
-                                                state["step_in_epoch"])
-        bar = tqdm(loader, desc=f"train-phrase epoch {state['epoch'] + 1}/{args.epochs}", initial=state["step_in_epoch"],
-                   total=steps_per_epoch, disable=not accelerator.is_main_process)
-        for batch in bar:
-            if batch is not None:
-                loss, parts = loss_fn(unwrapped, batch, state["global_step"])
-                accelerator.backward(loss)
-                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-                bar.set_postfix(loss=f"{parts['loss']:.3f}")
-                state["history"].append({"step": state["global_step"], **parts})
-            scheduler.step()
-            state["global_step"] += 1
-            state["step_in_epoch"] += 1
-            if args.save_steps and state["global_step"] % args.save_steps == 0:
-                save_checkpoint()
-        em = validation_em(unwrapped, tokenizer, val_ex, cfg)
-        state["epoch"] += 1
-        state["step_in_epoch"] = 0
-        log.info("epoch %d: validation EM on the gold passage %.2f", state["epoch"], em)
-        state.setdefault("validation_em", []).append(em)
-        if accelerator.is_main_process:
-            unwrapped.save_pretrained(out / "last", tokenizer)
-            if em > state["best_em"]:
-                state["best_em"] = em
-                unwrapped.save_pretrained(out / "best", tokenizer)
-        save_checkpoint()
-    return {"best_em": state["best_em"], "validation_em": state.get("validation_em", []),
-            "steps": state["global_step"], "final_loss": state["history"][-1]["loss"] if state["history"] else math.nan}
+    loop = LoopConfig(args.epochs, steps_per_epoch, args.lr, args.weight_decay, args.warmup_ratio, args.max_grad_norm,
+                      args.save_steps, args.resume, desc="train-phrase")
+    state = train_epochs(model, loop, out, lambda epoch: _loader(train_ex, tokenizer, cfg, args, epoch), PhraseLoss(args),
+                         lambda m: validation_em(m, tokenizer, val_ex, cfg),
+                         lambda m, path: m.save_pretrained(path, tokenizer))
+    return {"best_em": state["best"], "validation_em": state["validation"], "steps": state["global_step"],
+            "final_loss": state["history"][-1]["loss"] if state["history"] else math.nan}

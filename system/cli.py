@@ -343,10 +343,13 @@ def build_parser() -> argparse.ArgumentParser:
     sup = default_corpus() / "supervision"
     add_dataclass_args(p, PhraseTrainArgs, {
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
-        "encoder": str(default_encoder())}, {
+        "encoder": str(default_encoder()), "corpus": str(default_corpus())}, {
         "train_file": "supervision examples from `odqa supervise`",
         "out_dir": "where checkpoint/, last/ and best/ go",
         "encoder": "AutoModel name or path, or a phrase checkpoint to continue",
+        "title_path": "prefix passages with 'title, section, subsection' (DHR); never phrase candidates",
+        "in_doc_negatives": "none, doc or section: other passages of the question's document/section as negatives",
+        "in_doc_count": "In-Doc negative passages per question",
         "head": "start/end vectors: 'split' halves of the hidden state or two 'linear' heads",
         "question_encoder": "'dual' LMs or one 'shared' LM with two heads",
         "max_span_len": "L: longest phrase in tokens",

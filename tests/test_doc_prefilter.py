@@ -202,3 +202,55 @@ def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, caps
                  "--doc-index", str(tmp_path / "di"), "--questions", str(root / "questions.jsonl"), "--out",
                  str(tmp_path / "x.json"), "--corpus", corpus]) == 2
     assert "--doc-model" in capsys.readouterr().err
+
+
+def test_title_path_prefixes_sections_and_never_yields_candidates(world):
+    from retriever.phrase_data import encode_passages, passage_title
+    from common.corpus import PassageStore
+    tokenizer = load_doc_tokenizer(world["bert"])
+    p = next(p for p in PassageStore(world["corpus"]) if p["section"] == ["Early life"])
+    assert passage_title(p, True) == f"{p['title']}, Early life" and passage_title(p, False) == p["title"]
+    enc = encode_passages(tokenizer, [passage_title(p, True)], [p["text"]], 64)
+    tokens = tokenizer.convert_ids_to_tokens(enc.batch["input_ids"][0])
+    title_part = tokens[1:tokens.index("[SEP]")]
+    assert "early" in title_part and "life" in title_part
+    assert not enc.candidate[0, 1:tokens.index("[SEP]") + 1].any()
+    assert enc.candidate[0].sum() == len(tokenizer.tokenize(p["text"]))
+
+
+def test_in_doc_negatives_widen_the_single_passage_softmax(world):
+    import torch
+    from retriever.phrase_data import collate
+    from retriever.phrase_train import PhraseLoss, PhraseTrainArgs, load_examples, with_passage_context
+    root = world["root"]
+    args = PhraseTrainArgs(train_file="", validation_file="", out_dir="", encoder="", in_doc_negatives="doc",
+                           in_doc_count=2, corpus=str(world["corpus"]), pre_batch=0)
+    examples = load_examples(str(root / "sup" / "train.jsonl"))[:4]
+    with_passage_context(examples, args, world["corpus"])
+    for ex in examples:  # the two other sections of the question's own document
+        assert len(ex["negative_passages"]) == 2
+        assert {n["doc_id"] for n in ex["negative_passages"]} == {ex["title"]} and ex["text"] not in \
+            [n["text"] for n in ex["negative_passages"]]
+    tokenizer = load_doc_tokenizer(world["bert"])
+    batch = collate(tokenizer, examples, 64, 16, 20, title_path=True)
+    assert batch["negative_owner"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    model = DensePhraseModel.from_pretrained(root / "phrase")
+    with torch.no_grad():
+        _, with_neg = PhraseLoss(args)(model, batch, 0)
+        plain = {k: v for k, v in batch.items() if not k.startswith("negative")}
+        _, without = PhraseLoss(args)(model, plain, 0)
+    # more tokens in the denominator, the same gold mass: strictly larger single-passage NLL
+    assert with_neg["start_single"] > without["start_single"] and with_neg["end_single"] > without["end_single"]
+    assert with_neg["start_neg"] == pytest.approx(without["start_neg"])
+
+
+def test_cli_train_phrase_with_title_path_and_in_section_negatives(world, tmp_path, capsys):
+    import json
+    from system.cli import main
+    sup = world["root"] / "sup"
+    assert main(["train-phrase", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),
+                 "--corpus", str(world["corpus"]), "--encoder", str(world["bert"]), "--out-dir", str(tmp_path / "m"),
+                 "--epochs", "1", "--batch-size", "5", "--title-path", "--in-doc-negatives", "section",
+                 "--max-passage-tokens", "64"]) == 0
+    assert "validation EM by epoch" in capsys.readouterr().out
+    assert json.loads((tmp_path / "m" / "best" / "phrase_config.json").read_text())["title_path"] is True

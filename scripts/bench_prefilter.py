@@ -1,0 +1,96 @@
+"""How the document pre-filter's speed-up grows with the corpus: phrase search over a Flat index of
+random vectors, without the pre-filter and with it (top K documents by a Flat document index, then
+the phrase search restricted to their vectors by a faiss IDSelector), at several corpus sizes, in
+one run. Random vectors are fine for timing: the cost depends on counts, not values.
+
+It times `Searcher.search_phrases` (the start and end MIPS, the windowed best partner, the
+merging) on a synthetic index, the first round of k' = 2k hits; question encoding is left out (the
+pre-filter adds one document-question encoding, measured by scripts/report_dhr.py).
+
+    python scripts/bench_prefilter.py [--passages 12500 50000 200000] [--passages-per-doc 10]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import faiss
+import numpy as np
+
+from retriever.searcher import PhraseIndex, Searcher
+
+
+def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim: int, rng) -> Searcher:
+    n_vec = n_passages * vecs_per_passage
+    index = PhraseIndex.__new__(PhraseIndex)
+    index.start_index, index.end_index = faiss.IndexFlatIP(dim), faiss.IndexFlatIP(dim)
+    for side in (index.start_index, index.end_index):
+        for a in range(0, n_vec, 1_000_000):
+            side.add(rng.standard_normal((min(1_000_000, n_vec - a), dim), dtype=np.float32))
+    index._cpu = {"start": index.start_index, "end": index.end_index}
+    index.max_span_len = 20
+    index.manifest = {"vectors": n_vec, "dim": dim, "max_span_len": 20}
+    index.meta = {"passage_row": np.repeat(np.arange(n_passages), vecs_per_passage),
+                  "token": np.tile(np.arange(vecs_per_passage), n_passages),
+                  "char_start": np.zeros(n_vec, np.int64), "char_end": np.zeros(n_vec, np.int64)}
+    searcher = Searcher.__new__(Searcher)
+    searcher.index = index
+    n_docs = n_passages // per_doc
+    searcher.doc_vec_start = np.arange(n_docs, dtype=np.int64) * per_doc * vecs_per_passage
+    searcher.doc_vec_end = searcher.doc_vec_start + per_doc * vecs_per_passage
+    searcher._threads = max(1, faiss.omp_get_max_threads())
+    return searcher
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--passages", type=int, nargs="+", default=[12_500, 50_000, 200_000])
+    p.add_argument("--passages-per-doc", type=int, default=10)
+    p.add_argument("--vectors-per-passage", type=int, default=16)
+    p.add_argument("--dim", type=int, default=192)
+    p.add_argument("--doc-dim", type=int, default=384)
+    p.add_argument("--top-docs", type=int, default=100)
+    p.add_argument("--k", type=int, default=100)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"Flat phrase index, {args.vectors_per_passage} vectors/passage of {args.dim} dims, {args.passages_per_doc} "
+          f"passages/document, K = {args.top_docs} documents, k' = {2 * args.k} hits a side, batch {args.batch}, "
+          f"{faiss.omp_get_max_threads()} threads")
+    print("| passages | documents | phrase vectors | ms/q without | ms/q with pre-filter (doc search + phrase search) "
+          "| speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in args.passages:
+        s = synthetic_searcher(n, args.passages_per_doc, args.vectors_per_passage, args.dim, rng)
+        n_docs = len(s.doc_vec_start)
+        doc_index = faiss.IndexFlatIP(args.doc_dim)
+        doc_index.add(rng.standard_normal((n_docs, args.doc_dim), dtype=np.float32))
+        qs, qe = (rng.standard_normal((args.batch, args.dim), dtype=np.float32) for _ in range(2))
+        qd = rng.standard_normal((args.batch, args.doc_dim), dtype=np.float32)
+
+        def without():
+            s.search_phrases(qs, qe, 2 * args.k)
+
+        def with_prefilter():
+            _, rows = doc_index.search(qd, min(args.top_docs, n_docs))
+            s.search_phrases(qs, qe, 2 * args.k, [s._selector(r)[0] for r in rows])
+
+        t0, t1 = timed(without, args.repeats), timed(with_prefilter, args.repeats)
+        print(f"| {n:,} | {n_docs:,} | {s.index.manifest['vectors']:,} | {1000 * t0 / args.batch:.2f} | "
+              f"{1000 * t1 / args.batch:.2f} | {t0 / t1:.2f}x |", flush=True)
+        del s, doc_index
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
