@@ -123,6 +123,57 @@ def cmd_tune_lambda(args) -> None:
           f"questions) -> {args.doc_index}/lambda.json")
 
 
+def _pipeline(args):
+    from common.paths import default_corpus
+    from system.pipeline import Pipeline, ReaderSettings
+    corpus = args.corpus or default_corpus()
+    return Pipeline.load(_phrase_searcher(args, corpus), args.reader,
+                         ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams))
+
+
+def cmd_ask(args) -> None:
+    (a,) = _pipeline(args).answer([args.question], k=args.k)
+    ex = a["extractive"]
+    print(f"question:   {a['question']}")
+    print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']})" if ex else ""))
+    print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages)")
+    for i, p in enumerate(a["passages"], 1):
+        ph = p["phrase"]
+        text = p["text"][:ph["char_start"]] + "[[" + p["text"][ph["char_start"]:ph["char_end"]] + "]]" + p["text"][ph["char_end"]:]
+        print(f"{i:>2}. {p['title']} ({p['score']:.2f}): {text[:300]}")
+    t = a["timings"]
+    print(f"retrieve {t['retrieve_ms']:.0f} ms, read {t['read_ms']:.0f} ms")
+
+
+def cmd_serve(args) -> None:
+    import uvicorn
+
+    from system.serve import create_app
+    app = create_app(_pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                     info={"index": str(args.index), "reader": str(args.reader),
+                           "prefilter": str(args.doc_index) if args.doc_index else None})
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+def _system_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index", type=Path, required=True, help="phrase index directory")
+    p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint")
+    p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
+    _prefilter_args(p)
+    p.add_argument("--reader", type=Path, required=True, help="FiD reader checkpoint (train-reader OUT_DIR/best)")
+    p.add_argument("--text-maxlength", type=int, default=200, help="reader tokens per passage (default 200)")
+    p.add_argument("--num-beams", type=int, default=1, help="beam size for generation (default 1: greedy)")
+    _corpus_arg(p)
+
+
+def cmd_run(args) -> None:
+    from system.run import RunArgs, run
+    rows = run(dataclass_from_args(RunArgs, args))
+    from system.report import markdown
+    print(markdown(rows))
+    print(f"report.md, report.json, questions.jsonl, em_by_k.png, topk.png -> {args.out_dir}")
+
+
 def cmd_eval_retrieval(args) -> None:
     from common.paths import default_corpus
     from common.retrieval_eval import answerable_flags, evaluate_results, format_table
@@ -144,18 +195,21 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, overrides: dict, helps: 
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         default = overrides.get(f.name, f.default)
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         required = default is dataclasses.MISSING
         kind = f.type if isinstance(f.type, str) else f.type.__name__
+        shown = "" if required else f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
         if kind == "bool":
-            p.add_argument(flag, action="store_true", help=helps.get(f.name, ""))
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=bool(default), help=helps.get(f.name, ""))
             continue
+        conv = int if "int" in kind else float if "float" in kind else str
         if kind.startswith("list"):
-            p.add_argument(flag, nargs="+", default=None if required else overrides.get(f.name), required=required,
-                           help=helps.get(f.name, ""))
+            p.add_argument(flag, nargs="+", type=conv, default=None if required else default, required=required,
+                           help=helps.get(f.name, "") + shown)
             continue
-        conv = int if kind.startswith("int") else float if kind.startswith("float") else str
         p.add_argument(flag, type=conv, default=None if required else default, required=required,
-                       help=helps.get(f.name, "") + ("" if required else f" (default: {default})"))
+                       help=helps.get(f.name, "") + shown)
 
 
 def dataclass_from_args(cls, args):
@@ -391,7 +445,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train_query)
     _doc_parsers(sub)
     _reader_parsers(sub)
+    _system_parsers(sub)
     return parser
+
+
+def _system_parsers(sub) -> None:
+    from system.run import RunArgs
+    p = sub.add_parser("run", help="evaluate the system: extractive vs generated EM per question set and k, with plots",
+                       description="Phrase retrieval (with the document pre-filter if given), FiD at each k, a report "
+                                   "table, per-question JSONL and PNG plots in OUT_DIR; a rerun reuses what is done.")
+    add_dataclass_args(p, RunArgs, {}, {
+        "index": "phrase index directory", "model": "phrase model checkpoint", "reader": "FiD reader checkpoint",
+        "out_dir": "where the files and the report go", "questions": "question sets (names or JSONL paths)",
+        "k": "passages read by FiD", "limit": "first N questions of each set", "doc_index": "document index (pre-filter)",
+        "doc_model": "document encoder of --doc-index", "baselines": "also BM25 and dense runs for the Top-k plot"})
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("ask", help="answer one question: the extractive and the generated answer, and the passages")
+    p.add_argument("question")
+    p.add_argument("--k", type=int, default=10, help="passages retrieved and read (default 10)")
+    _system_args(p)
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("serve", help="serve answers over HTTP (POST /answer, GET /health, docs at /docs)",
+                       description="FastAPI service; concurrent requests are batched for the question encoders and FiD.")
+    _system_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-batch", type=int, default=16, help="requests answered together at most (default 16)")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait for more requests after the first (default 10)")
+    p.set_defaults(func=cmd_serve)
 
 
 def _doc_parsers(sub) -> None:

@@ -86,3 +86,57 @@ def test_concurrent_requests_are_batched(system):
         assert [r.json()["question"] for r in rs] == questions
         assert max(r.json()["timings"]["questions_in_batch"] for r in rs) > 1
         assert client.get("/health").json()["batches"] < len(questions)
+
+
+def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
+    from system.cli import main
+    root = system["root"]
+    assert main(["ask", "how tall is mount everest", "--k", "2", "--index", str(root / "index"), "--model",
+                 str(root / "phrase"), "--reader", str(root / "t5"), "--corpus", str(system["corpus"])]) == 0
+    out = capsys.readouterr().out
+    assert "extractive: " in out and "generated: " in out and "[[" in out and " 2. " in out
+    assert main(["ask", "  ", "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader",
+                 str(root / "t5"), "--corpus", str(system["corpus"])]) == 2
+    assert "empty question" in capsys.readouterr().err
+
+
+def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_path, capsys):
+    import json
+    from system.cli import main
+    root = system["root"]
+    qfile = write_jsonl(tmp_path / "tiny-q.jsonl", TINY_QUESTIONS)
+    argv = ["run", "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader", str(root / "t5"),
+            "--out-dir", str(tmp_path / "run"), "--questions", str(qfile), "--k", "1", "3", "--corpus",
+            str(system["corpus"]), "--dense-encoder", str(root / "bert")]
+    assert main(argv) == 0
+    assert "| tiny-q | 3 |" in capsys.readouterr().out
+    out = tmp_path / "run"
+    for name in ("report.md", "report.json", "questions.jsonl", "em_by_k.png", "topk.png", "retrieval-tiny-q.json",
+                 "fid-tiny-q-k3.jsonl", "pred-tiny-q-k1.jsonl", "bm25-tiny-q.json", "dense-tiny-q.json"):
+        assert (out / name).stat().st_size > 0, name
+    records = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
+    rows = json.loads((out / "report.json").read_text())["rows"]
+    assert [(r["dataset"], r["k"]) for r in rows] == [("tiny-q", 1), ("tiny-q", 3)]
+    for row in rows:
+        k = str(row["k"])
+        ext = [r["extractive_em"] for r in records]
+        gen = [r["k"][k]["generated_em"] for r in records]
+        assert row["questions"] == len(records) == len(TINY_QUESTIONS)
+        assert row["extractive EM"] == pytest.approx(100 * sum(ext) / len(records))
+        assert row["generated EM"] == pytest.approx(100 * sum(gen) / len(records))
+        assert row["Top-k"] == pytest.approx(100 * sum(r["k"][k]["hit"] for r in records) / len(records))
+        assert row["only extractive right"] == sum(e and not g for e, g in zip(ext, gen))
+        assert row["only generated right"] == sum(g and not e for e, g in zip(ext, gen))
+    # every extractive answer is the top phrase of the retrieval file, every hit its has_answer
+    retrieval = json.loads((out / "retrieval-tiny-q.json").read_text())
+    assert [r["extractive"] for r in records] == [e["prediction"] for e in retrieval]
+    assert [r["k"]["1"]["hit"] for r in records] == [e["ctxs"][0]["has_answer"] for e in retrieval]
+    # a rerun reuses every file; changing k makes only the new k's files
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.suffix in (".json", ".jsonl")
+              and not p.name.startswith(("report", "questions", "run_args"))}
+    assert main(argv) == 0
+    k_at = argv.index("--k")
+    assert main(argv[:k_at + 1] + ["1", "2"] + argv[k_at + 3:]) == 0
+    for name, stamp in stamps.items():
+        assert (out / name).stat().st_mtime_ns == stamp, name
+    assert (out / "pred-tiny-q-k2.jsonl").exists()

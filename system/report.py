@@ -1,0 +1,90 @@
+"""The extractive-vs-generated report: built from per-question records alone, so every number in
+report.md/report.json can be recomputed from the per-question JSONL.
+
+A record: {"dataset", "id", "question", "answers", "extractive", "extractive_em",
+           "k": {"5": {"generated", "generated_em", "hit"}, ...}}   (hit: an answer-bearing passage in the top k)
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers
+import matplotlib.pyplot as plt  # noqa: E402
+
+from common.metrics.retrieval import top_k_accuracy  # noqa: E402
+
+COLUMNS = ("questions", "Top-k", "extractive EM", "generated EM", "only extractive right", "only generated right")
+
+
+def table_rows(records: list[dict]) -> list[dict]:
+    """One row per (dataset, k)."""
+    rows = []
+    datasets = list(dict.fromkeys(r["dataset"] for r in records))
+    for name in datasets:
+        recs = [r for r in records if r["dataset"] == name]
+        for k in sorted({int(k) for r in recs for k in r["k"]}):
+            per = [(r["extractive_em"], r["k"][str(k)]["generated_em"], r["k"][str(k)]["hit"]) for r in recs]
+            n = len(per)
+            rows.append({"dataset": name, "k": k, "questions": n,
+                         "Top-k": 100.0 * sum(h for _, _, h in per) / n,
+                         "extractive EM": 100.0 * sum(e for e, _, _ in per) / n,
+                         "generated EM": 100.0 * sum(g for _, g, _ in per) / n,
+                         "only extractive right": sum(e and not g for e, g, _ in per),
+                         "only generated right": sum(g and not e for e, g, _ in per)})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| dataset | k | " + " | ".join(COLUMNS) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
+    for r in rows:
+        cells = [f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS]
+        lines.append(f"| {r['dataset']} | {r['k']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_em(rows: list[dict], path: str | os.PathLike) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        rs = [r for r in rows if r["dataset"] == name]
+        ks = [r["k"] for r in rs]
+        line, = ax.plot(ks, [r["generated EM"] for r in rs], marker="o", label=f"{name} generated (FiD)")
+        ax.plot(ks, [r["extractive EM"] for r in rs], linestyle="--", color=line.get_color(), label=f"{name} extractive")
+    ax.set_xlabel("k (passages read)")
+    ax.set_ylabel("EM (%)")
+    ax.set_xscale("log")
+    ax.set_xticks(sorted({r["k"] for r in rows}), labels=[str(k) for k in sorted({r["k"] for r in rows})])
+    ax.legend(fontsize=7)
+    ax.set_title("Exact match by k")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_topk(curves: dict[str, dict[str, list[list[bool]]]], path: str | os.PathLike, max_k: int) -> None:
+    """curves[dataset][retriever] = per-question has_answer flags, best first."""
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 4), squeeze=False)
+    ks = list(range(1, max_k + 1))
+    for ax, (name, runs) in zip(axes[0], curves.items()):
+        for label, hits in runs.items():
+            ax.plot(ks, [top_k_accuracy(hits, k) for k in ks], label=label)
+        ax.set_title(name)
+        ax.set_xlabel("k")
+        ax.set_ylabel("Top-k accuracy (%)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(records: list[dict], out_dir: Path, curves: dict | None = None, max_k: int = 100) -> list[dict]:
+    from common.io import write_json
+    rows = table_rows(records)
+    write_json(out_dir / "report.json", {"rows": rows})
+    (out_dir / "report.md").write_text(markdown(rows) + "\n", encoding="utf-8")
+    plot_em(rows, out_dir / "em_by_k.png")
+    if curves:
+        plot_topk(curves, out_dir / "topk.png", max_k)
+    return rows

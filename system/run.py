@@ -1,0 +1,152 @@
+"""`odqa run`: the evaluation of the whole system on question sets, per k, into one directory.
+
+    OUT/retrieval-SET.json        phrase retrieval (DPR format, top max(k), "prediction" = top phrase)
+    OUT/fid-SET-kK.jsonl          the reader's input: each question with its top K passages
+    OUT/pred-SET-kK.jsonl         FiD's generated answers
+    OUT/bm25-SET.json, dense-SET.json   baseline retrievers for the Top-k curves
+    OUT/questions.jsonl           per question: extractive answer and EM, per k generated answer, EM, hit
+    OUT/report.md, report.json    one row per SET x k (system/report.py)
+    OUT/em_by_k.png, topk.png     EM by k for both answer kinds; Top-k curves of the three retrievers
+
+Resumable: each file is written atomically beside a `.key.json` naming what it was made from
+(models, indexes, questions, k, settings); a rerun reuses every file whose key still matches.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from common.corpus import PassageStore
+from common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
+from common.metrics.answers import answer_em
+from common.paths import default_corpus, default_encoder
+from common.questions import load_questions, question_set_name
+from common.retrieval_file import read_results, write_results
+from reader.read import read
+from retriever.retrieve import retrieve
+from system.report import write_report
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunArgs:
+    index: str                             # phrase index directory
+    model: str                             # phrase model checkpoint
+    reader: str                            # FiD reader checkpoint
+    out_dir: str
+    questions: list[str] = field(default_factory=lambda: ["nq-test", "tqa-test"])
+    k: list[int] = field(default_factory=lambda: [5, 10, 25, 50])
+    limit: int | None = None               # first N questions of each set
+    doc_index: str | None = None           # document pre-filter (optional)
+    doc_model: str | None = None
+    top_docs: int = 100
+    lam: float | None = None
+    corpus: str | None = None
+    baselines: bool = True                 # BM25 and single-vector dense runs for the Top-k curves
+    dense_encoder: str | None = None
+    batch_size: int = 8
+    text_maxlength: int = 200
+    nprobe: int = 64
+
+
+def cached(path: Path, key: dict, make: Callable[[], None], depth: int | None = None) -> dict:
+    """Make `path` unless it exists with the same key (and, for a ranked file, at least `depth`
+    passages a question: a deeper run serves every smaller k); returns the key of what is there."""
+    key = json.loads(json.dumps(key, default=str))
+    key_path = path.with_name(path.name + ".key.json")
+    if path.exists() and key_path.exists():
+        saved = read_json(key_path)
+        if {k: v for k, v in saved.items() if k != "depth"} == key and (depth is None or saved.get("depth", 0) >= depth):
+            log.info("reusing %s", path)
+            return saved
+    make()
+    key = {**key, "depth": depth} if depth is not None else key
+    write_json(key_path, key)
+    return key
+
+
+def _fingerprint(path: str | None) -> str | None:
+    """Identifies a model or index directory by its files' names, sizes and times (cheap, not a hash of GBs)."""
+    if not path:
+        return None
+    p = Path(path)
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    return hashlib.sha256(json.dumps([(str(f.relative_to(p) if p.is_dir() else f), f.stat().st_size,
+                                       int(f.stat().st_mtime)) for f in files]).encode()).hexdigest()[:16]
+
+
+def run(args: RunArgs) -> list[dict]:
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.k or min(args.k) < 1:
+        raise InputError(f"--k needs positive values, not {args.k}")
+    corpus = args.corpus or str(default_corpus())
+    max_k = max(args.k)
+    base_key = {"index": _fingerprint(args.index), "model": _fingerprint(args.model), "corpus": corpus,
+                "doc_index": _fingerprint(args.doc_index), "doc_model": _fingerprint(args.doc_model),
+                "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam, "limit": args.limit}
+    write_json(out / "run_args.json", asdict(args))
+    searcher, store = None, None
+    records, curves = [], {}
+    for name in args.questions:
+        ds = question_set_name(name)
+        questions = load_questions(name, limit=args.limit)
+        retrieval = out / f"retrieval-{ds}.json"
+        r_key = {**base_key, "questions": name}
+
+        def make_retrieval():
+            nonlocal searcher, store
+            if searcher is None:
+                from retriever.doc_index import DocRetriever
+                from retriever.searcher import Searcher
+                prefilter = DocRetriever(args.doc_index, args.doc_model, corpus) if args.doc_index else None
+                searcher = Searcher(args.index, args.model, corpus, nprobe=args.nprobe, prefilter=prefilter,
+                                    top_docs=args.top_docs, lam=args.lam)
+                store = PassageStore(corpus)
+            write_results(retrieval, retrieve(searcher, store, questions, max_k, batch_size=64))
+        r_key = cached(retrieval, r_key, make_retrieval, depth=max_k)
+        entries = read_results(retrieval)
+        curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}
+        if args.baselines:
+            curves[ds].update(_baselines(args, corpus, name, ds, questions, max_k, out))
+        per_k = {}
+        for k in sorted(args.k):
+            fid_file, pred_file = out / f"fid-{ds}-k{k}.jsonl", out / f"pred-{ds}-k{k}.jsonl"
+            f_key = {"retrieval": r_key, "k": k}
+            cached(fid_file, f_key, lambda: write_jsonl(fid_file, ({**e, "ctxs": e["ctxs"][:k]} for e in entries)))
+            p_key = {**f_key, "reader": _fingerprint(args.reader), "text_maxlength": args.text_maxlength}
+            cached(pred_file, p_key, lambda: read(args.reader, fid_file, pred_file, n_passages=k, batch_size=args.batch_size,
+                                                  text_maxlength=args.text_maxlength))
+            per_k[k] = [obj for _, obj in read_jsonl(pred_file)]
+            if len(per_k[k]) != len(entries):
+                raise InputError(f"{pred_file} has {len(per_k[k])} predictions for {len(entries)} questions: delete it")
+        for i, e in enumerate(entries):
+            records.append({"dataset": ds, "id": e["id"], "question": e["question"], "answers": e["answers"],
+                            "extractive": e.get("prediction", ""),
+                            "extractive_em": answer_em(e.get("prediction", ""), e["answers"], bool(e.get("regex"))),
+                            "k": {str(k): {"generated": per_k[k][i]["prediction"], "generated_em": bool(per_k[k][i]["em"]),
+                                           "hit": any(c["has_answer"] for c in e["ctxs"][:k])} for k in sorted(args.k)}})
+    write_jsonl(out / "questions.jsonl", records)
+    return write_report(records, out, curves, max_k)
+
+
+def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:
+    from retriever.bm25 import BM25Index
+    from retriever.dense import DenseIndex
+    runs = {}
+    encoder = args.dense_encoder or str(default_encoder())
+    for label, path, open_index in (("BM25", out / f"bm25-{ds}.json", lambda: BM25Index.open(corpus)),
+                                    ("dense (single vector)", out / f"dense-{ds}.json", lambda: DenseIndex.open(corpus, encoder))):
+        def make():
+            store = PassageStore(corpus)
+            write_results(path, retrieve(open_index(), store, questions, max_k))
+            store.close()
+        cached(path, {"corpus": corpus, "questions": name, "limit": args.limit,
+                      "encoder": encoder if "dense" in label else None}, make, depth=max_k)
+        runs[label] = [[c["has_answer"] for c in e["ctxs"]] for e in read_results(path)]
+    return runs
