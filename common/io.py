@@ -94,3 +94,17 @@ def read_json(path: str | os.PathLike) -> Any:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+
+
+def hash_files(root: str | os.PathLike, files) -> str:
+    """A short sha256 of the named files' paths (relative to root) and bytes: identifies a model part."""
+    import hashlib
+    h = hashlib.sha256()
+    root = Path(root)
+    for f in files:
+        if f.is_file():
+            h.update(f.relative_to(root).as_posix().encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]

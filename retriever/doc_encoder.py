@@ -9,7 +9,6 @@ retrieves; scores are cosines, scaled by `scale` inside the training softmax.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from torch import nn
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from common.io import InputError, atomic_path
+from common.io import InputError, atomic_path, hash_files
 from retriever.pooling import mean_pool
 
 
@@ -85,15 +84,7 @@ def load_doc_tokenizer(path: str | os.PathLike):
 
 def doc_encoder_hash(path: str | os.PathLike) -> str:
     """Identifies the document side of a checkpoint, which a document index is built with."""
-    h = hashlib.sha256()
-    path = Path(path)
-    for f in sorted((path / "doc_lm").rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(path).as_posix().encode())
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-    return h.hexdigest()[:16]
+    return hash_files(path, sorted((Path(path) / "doc_lm").rglob("*")))
 
 
 def tokenize_docs(tokenizer, docs: list[dict], max_tokens: int) -> dict:

@@ -11,7 +11,6 @@ the phrase dump.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
-from common.io import InputError, atomic_path
+from common.io import InputError, atomic_path, hash_files
 
 
 @dataclass
@@ -131,13 +130,5 @@ def load_tokenizer(path_or_name: str | os.PathLike):
 def phrase_encoder_hash(path: str | os.PathLike) -> str:
     """Identifies the phrase side of a checkpoint (phrase LM and its heads), which a phrase index is
     built with; query-side fine-tuning leaves it unchanged."""
-    h = hashlib.sha256()
     path = Path(path)
-    files = sorted((path / "phrase_lm").rglob("*")) + [path / "phrase_heads.pt"]
-    for f in files:
-        if f.is_file():
-            h.update(f.relative_to(path).as_posix().encode())
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-    return h.hexdigest()[:16]
+    return hash_files(path, sorted((path / "phrase_lm").rglob("*")) + [path / "phrase_heads.pt"])

@@ -88,7 +88,6 @@ def main() -> int:
         t0, t1 = timed(without, args.repeats), timed(with_prefilter, args.repeats)
         print(f"| {n:,} | {n_docs:,} | {s.index.manifest['vectors']:,} | {1000 * t0 / args.batch:.2f} | "
               f"{1000 * t1 / args.batch:.2f} | {t0 / t1:.2f}x |", flush=True)
-        del s, doc_index
     return 0
 
 

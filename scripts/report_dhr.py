@@ -12,7 +12,6 @@ import argparse
 import sys
 import time
 
-import numpy as np
 
 from common.answer_index import AnswerIndex
 from common.corpus import PassageStore

@@ -155,11 +155,15 @@ def cmd_serve(args) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 
 
-def _system_args(p: argparse.ArgumentParser) -> None:
+def _phrase_index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, required=True, help="phrase index directory")
     p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint")
     p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
     _prefilter_args(p)
+
+
+def _system_args(p: argparse.ArgumentParser) -> None:
+    _phrase_index_args(p)
     p.add_argument("--reader", type=Path, required=True, help="FiD reader checkpoint (train-reader OUT_DIR/best)")
     p.add_argument("--text-maxlength", type=int, default=200, help="reader tokens per passage (default 200)")
     p.add_argument("--num-beams", type=int, default=1, help="beam size for generation (default 1: greedy)")
@@ -503,10 +507,7 @@ def _doc_parsers(sub) -> None:
     p = sub.add_parser("tune-lambda", help="grid-search the rerank weight of the document score on validation",
                        description="lambda in 0, 0.1, ..., 2 maximising validation Top-k of pre-filtered phrase "
                                    "retrieval reranked by z(passage) + lambda z(document); stored with the document index.")
-    p.add_argument("--index", type=Path, required=True, help="phrase index directory")
-    p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint")
-    p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
-    _prefilter_args(p)
+    _phrase_index_args(p)
     p.add_argument("--questions", type=Path, default=default_corpus() / "supervision" / "validation.jsonl",
                    help="validation questions with answers (default: the supervision validation split)")
     p.add_argument("--limit", type=int, default=500, help="first N questions (default 500)")
