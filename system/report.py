@@ -55,6 +55,7 @@ def plot_em(rows: list[dict], path: str | os.PathLike) -> None:
     ax.set_xlabel("k (passages read)")
     ax.set_ylabel("EM (%)")
     ax.set_xscale("log")
+    ax.minorticks_off()
     ax.set_xticks(sorted({r["k"] for r in rows}), labels=[str(k) for k in sorted({r["k"] for r in rows})])
     ax.legend(fontsize=7)
     ax.set_title("Exact match by k")
