@@ -42,7 +42,7 @@ def main() -> int:
     p.add_argument("--doc-model", required=True)
     p.add_argument("--corpus", default=str(default_corpus()))
     p.add_argument("--questions", nargs="+", default=["nq-test", "tqa-test"])
-    p.add_argument("--limit", type=int, default=1000)
+    p.add_argument("--limit", type=int, default=1000, help="first N questions of each set (0: all)")
     p.add_argument("--top-docs", type=int, default=100)
     p.add_argument("--timing-questions", type=int, default=256)
     p.add_argument("--out", required=True)
@@ -60,7 +60,7 @@ def main() -> int:
     answers = AnswerIndex((p["text"] for p in store), total=len(store))
     report = {"top_docs": args.top_docs, "lambda": lam, "datasets": {}}
     for name in args.questions:
-        questions = load_questions(name, limit=args.limit)
+        questions = load_questions(name, limit=args.limit or None)
         rows = {}
         ranked, _ = docs.search([q.question for q in questions], 100)
         hits = []
@@ -76,8 +76,8 @@ def main() -> int:
         report["datasets"][name] = {"questions": len(questions), "rows": rows, "ms_per_question": timing,
                                     "speedup": timing[names[0]] / timing[names[1]]}
     write_json(args.out, report)
-    print(f"default corpus, K = {args.top_docs} documents, lambda = {lam:.1f} (tuned on validation); "
-          f"first {args.limit} questions of each set")
+    sizes = ", ".join(f"{n} {d['questions']}" for n, d in report["datasets"].items())
+    print(f"default corpus, K = {args.top_docs} documents, lambda = {lam:.1f} (tuned on validation); questions: {sizes}")
     print("| set | run | Top-1 | Top-5 | Top-20 | Top-100 | MRR@20 |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, d in report["datasets"].items():
