@@ -95,9 +95,8 @@ def _prefilter_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_tune_lambda(args) -> None:
-    from common.io import read_jsonl
     from common.paths import default_corpus
-    from common.questions import Question
+    from common.questions import load_questions
     from tqdm import tqdm
 
     from retriever.rerank import candidates_from_results, tune_lambda
@@ -105,12 +104,10 @@ def cmd_tune_lambda(args) -> None:
         raise InputError("tune-lambda needs --doc-index and --doc-model: lambda weighs the document score")
     corpus = args.corpus or default_corpus()
     searcher = _phrase_searcher(args, corpus, lam=0.0)
-    questions, seen = [], set()
-    for _, ex in read_jsonl(args.questions):
-        if ex["question"] not in seen:
-            seen.add(ex["question"])
-            questions.append(Question(str(ex.get("id", len(questions))), ex["question"], ex["answers"], bool(ex.get("regex"))))
-    questions = questions[:args.limit]
+    unique = {}  # supervision files hold a line per positive passage: each question once, first kept
+    for q in load_questions(args.questions):
+        unique.setdefault(q.question, q)
+    questions = list(unique.values())[:args.limit]
     results = []
     for a in tqdm(range(0, len(questions), 64), desc="tune-lambda search", disable=None):
         results += searcher.search([q.question for q in questions[a:a + 64]], k=searcher.rerank_pool, unit="passage")
