@@ -53,6 +53,9 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
     if cfg.resume and ckpt.exists():
         accelerator.load_state(str(ckpt))
         state = read_json(ckpt / "trainer_state.json")
+        # train-phrase checkpoints written before this loop was shared name two keys differently
+        state.setdefault("best", state.pop("best_em", float("-inf")))
+        state.setdefault("validation", state.pop("validation_em", []))
         log.info("resumed from %s at epoch %d, step %d", ckpt, state["epoch"], state["step_in_epoch"])
     out.mkdir(parents=True, exist_ok=True)
 
