@@ -72,6 +72,14 @@ def read(model_path: str | os.PathLike, fid_file: str | os.PathLike, out: str | 
          limit: int | None = None, device: str | None = None) -> dict:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_reader(model_path, device)
+    return read_with(model, tokenizer, fid_file, out, n_passages, batch_size, text_maxlength, max_new_tokens,
+                     num_beams, limit, device)
+
+
+def read_with(model, tokenizer, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
+              batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
+              limit: int | None = None, device: str | torch.device = "cpu") -> dict:
+    """`read` with a reader already loaded (`load_reader`), for callers that read many files."""
     examples = load_fid_file(fid_file, limit=limit)
     start = time.perf_counter()
     predictions = generate_answers(model, tokenizer, examples, n_passages, batch_size, text_maxlength,

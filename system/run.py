@@ -20,13 +20,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from common.corpus import PassageStore
 from common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from common.metrics.answers import answer_em
 from common.paths import default_corpus, default_encoder
 from common.questions import load_questions, question_set_name
 from common.retrieval_file import read_results, write_results
-from reader.read import read
+from reader.read import load_reader, read_with
 from retriever.retrieve import retrieve
 from system.report import write_report
 
@@ -92,6 +94,15 @@ def run(args: RunArgs) -> list[dict]:
                 "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam, "limit": args.limit}
     write_json(out / "run_args.json", asdict(args))
     searcher, store = None, None
+    reader_fp = _fingerprint(args.reader)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    loaded_reader: list = []
+
+    def reader():
+        """The FiD reader, loaded on first use (a rerun that reuses every prediction never loads it)."""
+        if not loaded_reader:
+            loaded_reader.extend(load_reader(args.reader, device))
+        return loaded_reader
     records, curves = [], {}
     for name in args.questions:
         ds = question_set_name(name)
@@ -119,9 +130,10 @@ def run(args: RunArgs) -> list[dict]:
             fid_file, pred_file = out / f"fid-{ds}-k{k}.jsonl", out / f"pred-{ds}-k{k}.jsonl"
             f_key = {"retrieval": r_key, "k": k}
             cached(fid_file, f_key, lambda: write_jsonl(fid_file, ({**e, "ctxs": e["ctxs"][:k]} for e in entries)))
-            p_key = {**f_key, "reader": _fingerprint(args.reader), "text_maxlength": args.text_maxlength}
-            cached(pred_file, p_key, lambda: read(args.reader, fid_file, pred_file, n_passages=k, batch_size=args.batch_size,
-                                                  text_maxlength=args.text_maxlength))
+            p_key = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength}
+            cached(pred_file, p_key, lambda: read_with(*reader(), fid_file, pred_file, n_passages=k,
+                                                       batch_size=args.batch_size, text_maxlength=args.text_maxlength,
+                                                       device=device))
             per_k[k] = [obj for _, obj in read_jsonl(pred_file)]
             if len(per_k[k]) != len(entries):
                 raise InputError(f"{pred_file} has {len(per_k[k])} predictions for {len(entries)} questions: delete it")
