@@ -9,7 +9,9 @@ passage, and hard negatives, documents that hold no answer:
 Loss: cross-entropy of `scale * cos(q, d)` over the batch's positives and negatives (every other
 question's documents are in-batch negatives), with documents that are this question's positive masked.
 Validation each epoch: document Top-1/5/20/100 over the whole corpus, a hit being any document
-with an answer-bearing passage; the best Top-20 checkpoint is kept.
+with an answer-bearing passage; the best Top-20 checkpoint is kept. `validation_docs=N` ranks among
+the validation positives and N random other documents instead, for corpora too large to encode
+each epoch (the numbers are then higher than over the whole corpus).
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ class DocTrainArgs:
     max_question_tokens: int = 48
     max_train_examples: int | None = None
     max_validation_examples: int | None = 500
+    validation_docs: int = 0           # 0: validate over every document; N: positives + N random others
     save_steps: int = 0
     seed: int = 13
     resume: bool = False
@@ -99,15 +102,29 @@ def abstract_ranking(table: DocumentTable, questions: list[str], depth: int) -> 
     return rows
 
 
-def model_ranking(model: DocEncoder, tokenizer, table: DocumentTable, questions: list[str], depth: int) -> np.ndarray:
+def model_ranking(model: DocEncoder, tokenizer, table: DocumentTable, questions: list[str], depth: int,
+                  rows: np.ndarray | None = None) -> np.ndarray:
+    """Each question's top documents (table rows), among `rows` if given, else among all."""
+    rows = np.arange(len(table)) if rows is None else rows
     index = faiss.IndexFlatIP(model.doc_lm.config.hidden_size)
-    index.add(encode_all_docs(model, tokenizer, table.docs, desc="encode documents (mining)"))
-    _, rows = index.search(encode_questions(model, tokenizer, questions), min(depth, len(table)))
-    return rows
+    index.add(encode_all_docs(model, tokenizer, [table.docs[r] for r in rows], desc="encode documents"))
+    _, found = index.search(encode_questions(model, tokenizer, questions), min(depth, len(rows)))
+    return np.where(found >= 0, rows[found], -1)
 
 
-def doc_metrics(model: DocEncoder, tokenizer, table: DocumentTable, examples: list[dict]) -> dict:
-    ranked = model_ranking(model, tokenizer, table, [e["question"] for e in examples], 100)
+def validation_rows(table: DocumentTable, examples: list[dict], n_docs: int, seed: int) -> np.ndarray | None:
+    """The positives plus n_docs random other documents (None: all documents)."""
+    if not n_docs or n_docs >= len(table):
+        return None
+    positives = np.unique([e["pos"] for e in examples])
+    others = np.setdiff1d(np.arange(len(table)), positives)
+    sample = np.random.default_rng(seed).choice(others, min(n_docs, len(others)), replace=False)
+    return np.sort(np.concatenate([positives, sample]))
+
+
+def doc_metrics(model: DocEncoder, tokenizer, table: DocumentTable, examples: list[dict],
+                rows: np.ndarray | None = None) -> dict:
+    ranked = model_ranking(model, tokenizer, table, [e["question"] for e in examples], 100, rows)
     hits = [[int(d) in set(e["answer_docs"]) for d in docs] for e, docs in zip(examples, ranked)]
     return retrieval_metrics(hits)
 
@@ -180,9 +197,10 @@ def train_doc(args: DocTrainArgs) -> dict:
                                               args.seed + epoch))
 
     validation = []
+    val_rows = validation_rows(table, val_ex, args.validation_docs, args.seed)
 
     def validate(m: DocEncoder) -> float:
-        metrics = doc_metrics(m, tokenizer, table, val_ex)
+        metrics = doc_metrics(m, tokenizer, table, val_ex, val_rows)
         validation.append(metrics)
         log.info("document retrieval on validation: %s", {k: round(v, 2) for k, v in metrics.items()})
         return metrics["Top-20"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.io import InputError
 from common.metrics.has_answer import has_answer
 
 
@@ -72,3 +73,26 @@ def candidates_from_results(results: list[dict], questions) -> list[Candidates]:
         out.append(Candidates(np.array([p["passage_score"] for p in ps]), np.array([p["doc_z"] for p in ps]),
                               np.array([has_answer(p["text"], q.answers, q.regex) for p in ps], dtype=bool)))
     return out
+
+
+def tune_searcher_lambda(searcher, questions, metric_k: int = 20, limit: int | None = None, info: dict | None = None,
+                         batch_size: int = 64) -> dict:
+    """`odqa tune-lambda`: one pre-filtered search of the (deduplicated) validation questions at
+    lambda = 0, the grid scored on its candidates, the best lambda stored with the document index
+    (the searcher's own lambda is set to it too)."""
+    from tqdm import tqdm
+    if searcher.prefilter is None:
+        raise InputError("tune-lambda needs a searcher with a document pre-filter: lambda weighs the document score")
+    unique = {}  # supervision files hold a line per positive passage: each question once, first kept
+    for q in questions:
+        unique.setdefault(q.question, q)
+    questions = list(unique.values())[:limit]
+    searcher.lam, results = 0.0, []
+    for a in tqdm(range(0, len(questions), batch_size), desc="tune-lambda search", disable=None):
+        results += searcher.search([q.question for q in questions[a:a + batch_size]], k=searcher.rerank_pool,
+                                   unit="passage")
+    result = tune_lambda(candidates_from_results(results, questions), k=metric_k)
+    result.update(top_docs=searcher.top_docs, phrase_index=str(searcher.index.dir), **(info or {}))
+    searcher.prefilter.save_lambda(result)
+    searcher.lam = result["lambda"]
+    return result

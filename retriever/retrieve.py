@@ -1,7 +1,7 @@
 """Run any retriever over a question set and write DPR's retrieval-results file.
 
-A retriever here is anything with `search_passages(questions, k) -> (rows, scores)`, rows indexing
-the corpus's passages.jsonl.
+`retrieve` takes anything with `search_passages(questions, k) -> (rows, scores)`, rows indexing the
+corpus's passages.jsonl; `retrieve_phrases` takes a phrase `Searcher` and also keeps its phrases.
 """
 from __future__ import annotations
 
@@ -26,32 +26,46 @@ class Retriever(Protocol):
 
 def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Question], k: int,
              batch_size: int = 256) -> list[dict]:
+    """DPR-format entries of a passage retriever (BM25, dense, documents)."""
+    entries, passage = [], _passage_cache(store)
+    for batch in _batches(questions, batch_size):
+        rows, scores = retriever.search_passages([q.question for q in batch], k)
+        entries += [_entry(q, r, s, passage) for q, r, s in zip(batch, rows, scores)]
+    return entries
+
+
+def retrieve_phrases(searcher, store: PassageStore, questions: Sequence[Question], k: int,
+                     batch_size: int = 64) -> list[dict]:
+    """DPR-format entries of a phrase `Searcher`: a passage's score is its best phrase's, each ctx
+    carries that phrase, and the top phrase is the entry's (extractive) "prediction"."""
+    entries, passage = [], _passage_cache(store)
+    for batch in _batches(questions, batch_size):
+        for q, r in zip(batch, searcher.search([q.question for q in batch], k, unit="passage")):
+            ps = r["passages"]
+            entry = _entry(q, np.array([p["row"] for p in ps], dtype=np.int64),
+                           np.array([p["score"] for p in ps], dtype=np.float32), passage)
+            entry["prediction"] = r["phrases"][0]["text"] if r["phrases"] else ""
+            for ctx, p in zip(entry["ctxs"], ps):
+                ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "char_start", "char_end", "score")}
+            entries.append(entry)
+    return entries
+
+
+def _passage_cache(store: PassageStore):
     # Popular passages come back for many questions: read and tokenise each once.
     @lru_cache(maxsize=200_000)
     def passage(row: int) -> tuple[dict, TokenizedText]:
         p = store[row]
         return p, TokenizedText(p["text"])
+    return passage
 
-    entries = []
+
+def _batches(questions: Sequence[Question], batch_size: int):
     for start in tqdm(range(0, len(questions), batch_size), desc="retrieve", unit=" batches", disable=None):
-        batch = questions[start:start + batch_size]
-        texts = [q.question for q in batch]
-        # Phrase retrieval also answers: its top phrase is the extractive prediction.
-        phrase_results = retriever.search(texts, k, unit="passage") if hasattr(retriever, "search") else None
-        if phrase_results is not None:
-            rows = [np.array([p["row"] for p in r["passages"]], dtype=np.int64) for r in phrase_results]
-            scores = [np.array([p["score"] for p in r["passages"]], dtype=np.float32) for r in phrase_results]
-        else:
-            rows, scores = retriever.search_passages(texts, k)
-        for n, (q, q_rows, q_scores) in enumerate(zip(batch, rows, scores)):
-            keep = q_rows >= 0  # a retriever may find fewer than k passages
-            q_rows, q_scores = q_rows[keep], q_scores[keep]
-            hits = [passage(int(r)) for r in q_rows]
-            entry = make_entry(q, [p for p, _ in hits], q_scores, [t for _, t in hits])
-            if phrase_results is not None:
-                r = phrase_results[n]
-                entry["prediction"] = r["phrases"][0]["text"] if r["phrases"] else ""
-                for ctx, p in zip(entry["ctxs"], r["passages"]):
-                    ctx["phrase"] = {k: p["phrase"][k] for k in ("text", "char_start", "char_end", "score")}
-            entries.append(entry)
-    return entries
+        yield questions[start:start + batch_size]
+
+
+def _entry(q: Question, rows: np.ndarray, scores: np.ndarray, passage) -> dict:
+    keep = rows >= 0  # a retriever may find fewer than k passages
+    hits = [passage(int(r)) for r in rows[keep]]
+    return make_entry(q, [p for p, _ in hits], scores[keep], [t for _, t in hits])

@@ -53,21 +53,22 @@ def cmd_retrieve(args) -> None:
     from common.questions import load_questions
     from common.retrieval_file import write_results
     from retriever.bm25 import BM25Index, BM25Params
-    from retriever.retrieve import retrieve
+    from retriever.retrieve import retrieve, retrieve_phrases
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
-    if args.retriever == "bm25":
-        index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
-    elif args.retriever == "dense":
-        from common.paths import default_encoder
-        from retriever.dense import DenseIndex
-        index = DenseIndex.open(corpus, str(args.model or default_encoder()))
-    else:
+    store = PassageStore(corpus)
+    if args.retriever == "phrase":
         if not (args.index and args.model):
             raise InputError("--retriever phrase needs --index (from `odqa build-index`) and --model")
-        index = _phrase_searcher(args, corpus)
-    store = PassageStore(corpus)
-    entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
+        entries = retrieve_phrases(_phrase_searcher(args, corpus), store, questions, args.k, args.batch_size)
+    else:
+        if args.retriever == "bm25":
+            index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
+        else:
+            from common.paths import default_encoder
+            from retriever.dense import DenseIndex
+            index = DenseIndex.open(corpus, str(args.model or default_encoder()))
+        entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
     write_results(args.out, entries)
     print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
 
@@ -97,26 +98,15 @@ def _prefilter_args(p: argparse.ArgumentParser) -> None:
 def cmd_tune_lambda(args) -> None:
     from common.paths import default_corpus
     from common.questions import load_questions
-    from tqdm import tqdm
-
-    from retriever.rerank import candidates_from_results, tune_lambda
+    from retriever.rerank import tune_searcher_lambda
     if not args.doc_index:
         raise InputError("tune-lambda needs --doc-index and --doc-model: lambda weighs the document score")
-    corpus = args.corpus or default_corpus()
-    searcher = _phrase_searcher(args, corpus, lam=0.0)
-    unique = {}  # supervision files hold a line per positive passage: each question once, first kept
-    for q in load_questions(args.questions):
-        unique.setdefault(q.question, q)
-    questions = list(unique.values())[:args.limit]
-    results = []
-    for a in tqdm(range(0, len(questions), 64), desc="tune-lambda search", disable=None):
-        results += searcher.search([q.question for q in questions[a:a + 64]], k=searcher.rerank_pool, unit="passage")
-    result = tune_lambda(candidates_from_results(results, questions), k=args.metric_k)
-    result.update(top_docs=args.top_docs, phrase_index=str(args.index), questions_file=str(args.questions))
-    searcher.prefilter.save_lambda(result)
+    searcher = _phrase_searcher(args, args.corpus or default_corpus(), lam=0.0)
+    result = tune_searcher_lambda(searcher, load_questions(args.questions), args.metric_k, args.limit,
+                                  info={"questions_file": str(args.questions)})
     for g in result["grid"]:
         print(f"lambda {g['lambda']:.1f}: Top-{args.metric_k} {g[f'Top-{args.metric_k}']:.2f}")
-    print(f"best lambda {result['lambda']:.1f} (Top-{args.metric_k} {result['best']:.2f} on {len(questions)} "
+    print(f"best lambda {result['lambda']:.1f} (Top-{args.metric_k} {result['best']:.2f} on {result['questions']} "
           f"questions) -> {args.doc_index}/lambda.json")
 
 
@@ -319,7 +309,8 @@ def cmd_read(args) -> None:
 
 def cmd_demo(args) -> None:
     from system.demo import run_demo
-    print(run_demo(out_dir=args.out))
+    print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, encoder=args.encoder,
+                   reader_model=args.reader_model), end="")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -327,9 +318,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="run the main job on the default data",
-                       description="Fetch the data pack, build the corpus, run BM25 on NQ-test, print the table.")
-    p.add_argument("--out", type=Path, default=None, help="where to write run files (default: $ODQA_HOME/runs/demo)")
+    p = sub.add_parser("demo", help="run the whole system on the default data: train, index, evaluate, answer",
+                       description="Fetch the data, build the corpus, train the phrase, document and FiD models on "
+                                   "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
+                                   "the report and three answers. A rerun reuses every finished stage.")
+    p.add_argument("--preset", default="demo", help="demo (under 30 min on 2 CPU cores) or full (the README's "
+                                                    "schedules, whole test sets)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where the stages write (default: $ODQA_HOME/runs/demo, or demo-PRESET)")
+    p.add_argument("--plan", action="store_true", help="print the stages, which are done, and the time estimate; "
+                                                       "run nothing")
+    p.add_argument("--encoder", default=None, help="BERT-family checkpoint the retriever encoders start from "
+                                                   "(default: the data pack's MiniLM)")
+    p.add_argument("--reader-model", default=None, help="a T5 checkpoint to train the reader from, e.g. t5-base "
+                                                        "(default: a from-scratch T5 of the preset's size)")
     p.set_defaults(func=cmd_demo)
 
     data = sub.add_parser("data", help="the default data pack").add_subparsers(dest="data_command", required=True)
@@ -459,7 +461,7 @@ def _system_parsers(sub) -> None:
         "index": "phrase index directory", "model": "phrase model checkpoint", "reader": "FiD reader checkpoint",
         "out_dir": "where the files and the report go", "questions": "question sets (names or JSONL paths)",
         "k": "passages read by FiD", "limit": "first N questions of each set", "doc_index": "document index (pre-filter)",
-        "doc_model": "document encoder of --doc-index", "baselines": "also BM25 and dense runs for the Top-k plot"})
+        "doc_model": "document encoder of --doc-index", "baselines": "other retrievers on the Top-k plot: bm25, dense, or none"})
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("ask", help="answer one question: the extractive and the generated answer, and the passages")

@@ -1,24 +1,430 @@
-"""`odqa demo`: the main job on the default data, reusing whatever an earlier run already built.
+"""`odqa demo`: the whole mission on the default data in one command, each stage reused on a rerun.
 
-At this step: fetch the data pack, build passages and documents, run BM25 on NQ-test and print the
-retrieval table.
+    data       fetch the data pack; build passages and documents; BM25 index
+    supervise  answer-bearing passages for the training questions (NQ-dev, TQA-dev)
+    phrase     train the phrase and question encoders (retriever.phrase_train)
+    index      dump every passage's phrase vectors; faiss phrase index
+    doc        train the document encoder (DHR), one or two rounds; document index; tune lambda
+    reader     a T5 (SentencePiece + preset, or any checkpoint), optional span-corruption pretraining,
+               FiD training on the BM25 passages of the training questions (DeepSpeed)
+    run        `odqa run` on a slice of NQ-test and TQA-test: the report table
+    ask        three of those questions through the Pipeline, both answers printed
+
+A stage is done when OUT/stages/NAME.json holds its key (its settings and the key of the stage
+before it), so changing a setting reruns that stage and the ones after it. A stage that was
+interrupted resumes from its checkpoints; one started with other settings starts over.
+
+Time estimates are this stage's reference cost on a 2-core CPU (measured, REFERENCE below) times
+the speed of this machine, first taken from encoding a few passages, then corrected by how long the
+finished stages took against their estimates.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from common import datapack
-from common.corpus import PassageStore, build_corpus
-from common.io import read_json
-from common.paths import default_corpus, default_documents, odqa_home
-from common.questions import load_questions
-from common.retrieval_eval import answerable_flags, evaluate_results, format_table
-from common.retrieval_file import write_results
-from retriever.bm25 import BM25Index
-from retriever.retrieve import retrieve
+from common.corpus import PassageStore, build_corpus, corpus_info
+from common.io import InputError, read_json, read_jsonl, write_json
+from common.paths import default_corpus, default_documents, default_encoder, odqa_home
+from common.questions import load_questions, question_set_name
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class DemoConfig:
+    # data
+    documents: str | None = None            # corpus input (any `corpus build` format); None: the data pack's Wikipedia
+    corpus: str | None = None               # where the corpus is built; None: the default corpus
+    train_questions: list[str] = field(default_factory=lambda: ["nq-dev", "tqa-dev"])
+    test_questions: list[str] = field(default_factory=lambda: ["nq-test", "tqa-test"])
+    validation_percent: float = 10.0        # dev questions held out (by question hash) for validation
+    validation_questions: int = 200         # of those, scored by the phrase and document trainers
+    encoder: str | None = None              # BERT-family start of every retriever encoder; None: the pack's MiniLM
+    # phrase retriever
+    phrase_examples: int | None = 768       # training questions (None: all)
+    phrase_epochs: int = 1
+    phrase_batch: int = 16
+    max_passage_tokens: int = 160
+    index_factory: str = "Flat"
+    # document pre-filter
+    doc_examples: int | None = 512
+    doc_batch: int = 32
+    doc_rounds: int = 1                     # 2: a second round on negatives mined by the first
+    doc_negatives: str = "none"             # round 1's hard negatives: none | abstract
+    max_doc_tokens: int = 96
+    doc_validation_docs: int = 1000         # validate among positives + N random documents (0: all)
+    top_docs: int = 100
+    lambda_questions: int = 200
+    # reader
+    reader_model: str | None = None         # any T5 checkpoint (t5-base); None: `reader init` with reader_preset
+    reader_preset: str = "tiny"
+    pretrain_steps: int = 0
+    reader_steps: int = 60
+    reader_batch: int = 4
+    reader_lr: float = 1e-3
+    reader_k: int = 10
+    reader_questions: int | None = 1000
+    reader_validation: int = 100
+    text_maxlength: int = 128
+    # evaluation
+    run_limit: int | None = 100             # first N questions of each test set (None: all)
+    run_k: list[int] = field(default_factory=lambda: [5, 10])
+    baselines: list[str] = field(default_factory=lambda: ["bm25"])
+    examples: int = 3
+
+
+PRESETS = {
+    # Under 30 minutes on 2 CPU cores; the models are far from trained.
+    "demo": DemoConfig(),
+    # The schedules of the README's measurements (hours on 2 CPU cores; a GPU makes them minutes).
+    "full": DemoConfig(phrase_examples=None, max_passage_tokens=192, validation_questions=400,
+                       doc_examples=2048, doc_rounds=2, doc_negatives="abstract", max_doc_tokens=128,
+                       doc_validation_docs=0, lambda_questions=500, pretrain_steps=450, reader_steps=400,
+                       reader_questions=None, reader_validation=200, text_maxlength=160, run_limit=None,
+                       run_k=[5, 10, 25, 50], baselines=["bm25", "dense"]),
+}
+
+# Seconds on the reference machine (2 CPU cores, AVX2), from `odqa demo` runs there; ENCODE_S is what
+# `machine_speed` measures, so the ratio of the two scales every other figure to this machine.
+REFERENCE = dict(
+    encode_s=0.031,           # one passage through the MiniLM at <= 128 tokens, batch 32
+    data_s=50, supervise_q_s=0.004, index_s=20, reader_init_s=40, deepspeed_start_s=30,
+    phrase_step_s=5.7,        # batch 16 at 192 passage tokens
+    phrase_encode_s=0.035,    # a passage through the phrase encoder (dump, validation)
+    doc_step_doc_s=0.2,       # per document of a training batch
+    doc_encode_s=0.031,       # a document summary at 128 tokens
+    search_q_s=0.15,          # a pre-filtered phrase search, k = 100
+    pretrain_step_s=3.0,      # batch 32 x 128 tokens, tiny preset
+    fid_token_s=0.0006,       # per (passage x token) of a training batch, tiny preset
+    read_token_s=0.00004,     # per (passage x token) read, greedy decoding, tiny preset
+)
+
+
+class Stage:
+    def __init__(self, name: str, what: str, estimate_s: float, fn: Callable[[bool], dict],
+                 settings: dict, outputs: list[Path], clean: list[Path] = ()):
+        self.name, self.what, self.estimate_s, self.fn = name, what, estimate_s, fn
+        self.settings, self.outputs, self.clean = settings, outputs, list(clean)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Demo:
+    def __init__(self, cfg: DemoConfig, out_dir: Path):
+        self.cfg, self.out = cfg, Path(out_dir)
+        self.corpus = Path(cfg.corpus) if cfg.corpus else default_corpus()
+        self.encoder = cfg.encoder or str(default_encoder())
+        self.stages_dir = self.out / "stages"
+        self.speed = 1.0                     # this machine's time / the reference machine's
+        self.p = {name: self.out / name for name in (
+            "supervision", "phrase", "phrase-dump", "phrase-index", "doc-r1", "doc-r2", "doc-index",
+            "reader-init", "reader-pretrain", "reader-data", "reader", "run")}
+
+    # --- the stages, in order -------------------------------------------------------------------
+    def stages(self) -> list[Stage]:
+        c, p, ref = self.cfg, self.p, REFERENCE
+        n_pass, n_docs, n_train = self._sizes()
+        doc_final = self.doc_model().parent
+        phrase_steps = c.phrase_epochs * (min(c.phrase_examples or n_train, n_train) // c.phrase_batch)
+        doc_steps = c.doc_rounds * (min(c.doc_examples or n_train, n_train) // c.doc_batch)
+        run_q = sum(self._test_size(name) for name in c.test_questions)
+        return [
+            Stage("data", "fetch the data pack, build passages and documents, BM25 index", ref["data_s"],
+                  self.build_data, {"documents": c.documents, "corpus": str(self.corpus)}, [self.corpus / "bm25"]),
+            Stage("supervise", "distant supervision: answer-bearing passages of the training questions",
+                  ref["supervise_q_s"] * 17_600 * len(c.train_questions) / 2, self.supervise,
+                  {"questions": c.train_questions, "validation_percent": c.validation_percent},
+                  [p["supervision"] / "train.jsonl"], [p["supervision"]]),
+            Stage("phrase", f"train the phrase encoder ({phrase_steps} steps of {c.phrase_batch})",
+                  phrase_steps * ref["phrase_step_s"] * c.phrase_batch / 16 * c.max_passage_tokens / 192
+                  + c.validation_questions * ref["phrase_encode_s"] * c.phrase_epochs, self.train_phrase,
+                  {k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
+                                              "max_passage_tokens", "validation_questions")},
+                  [p["phrase"] / "best"], [p["phrase"]]),
+            Stage("index", f"dump the phrase vectors of {n_pass:,} passages, {c.index_factory} index",
+                  n_pass * ref["phrase_encode_s"] * min(1.0, c.max_passage_tokens / 160) + ref["index_s"],
+                  self.build_phrase_index, {"factory": c.index_factory}, [p["phrase-index"]],
+                  [p["phrase-dump"], p["phrase-index"]]),
+            Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
+                  doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
+                  * c.max_doc_tokens / 128
+                  + c.doc_rounds * (c.doc_validation_docs or n_docs) * ref["doc_encode_s"] * c.max_doc_tokens / 128
+                  + n_docs * ref["doc_encode_s"] * c.max_doc_tokens / 128 + c.lambda_questions * ref["search_q_s"],
+                  self.train_doc, {k: getattr(c, k) for k in ("doc_examples", "doc_batch", "doc_rounds", "doc_negatives",
+                                                              "max_doc_tokens", "doc_validation_docs", "top_docs",
+                                                              "lambda_questions", "validation_questions")},
+                  [doc_final / "best", p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
+            Stage("reader", f"train the FiD reader ({c.pretrain_steps} pretraining + {c.reader_steps} FiD steps, "
+                            f"k={c.reader_k})",
+                  (0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"]
+                  + c.pretrain_steps * ref["pretrain_step_s"]
+                  + c.reader_steps * c.reader_batch * c.reader_k * c.text_maxlength * ref["fid_token_s"]
+                  + c.reader_validation * c.reader_k * c.text_maxlength * ref["read_token_s"] * 2,
+                  self.train_reader, {k: getattr(c, k) for k in (
+                      "reader_model", "reader_preset", "pretrain_steps", "reader_steps", "reader_batch", "reader_lr",
+                      "reader_k", "reader_questions", "reader_validation", "text_maxlength")},
+                  [p["reader"] / "best"], [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader"]]),
+            Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
+                         f"k = {', '.join(map(str, c.run_k))}",
+                  run_q * (ref["search_q_s"] + sum(c.run_k) * c.text_maxlength * ref["read_token_s"])
+                  + (n_pass * ref["encode_s"] if "dense" in c.baselines else 0), self.run,
+                  {k: getattr(c, k) for k in ("test_questions", "run_limit", "run_k", "baselines", "examples")},
+                  [p["run"] / "report.json"], [p["run"]]),
+        ]
+
+    def _sizes(self) -> tuple[int, int, int]:
+        """Passages, documents, training examples: as built, or the default data's before they are."""
+        passages, documents, train = 12_374, 10_033, 6_725
+        if (self.corpus / "corpus.json").exists():
+            info = corpus_info(self.corpus)
+            passages, documents = info["passages"], info["documents"]
+        if (self.p["supervision"] / "stats.json").exists():
+            train = read_json(self.p["supervision"] / "stats.json")["examples"]["train"]
+        return passages, documents, train
+
+    def _test_size(self, name: str) -> int:
+        """Questions `run` asks of a test set (NQ-test and TQA-test average 7,462 before they are fetched)."""
+        if self.cfg.run_limit is not None:
+            return self.cfg.run_limit
+        try:
+            return len(load_questions(name))
+        except InputError:
+            return 7_462
+
+    def build_data(self, resume: bool) -> dict:
+        if self.cfg.documents is None:
+            datapack.fetch()
+        inputs = [Path(self.cfg.documents) if self.cfg.documents else default_documents()]
+        info = ensure_corpus(inputs, self.corpus)
+        from retriever.bm25 import BM25Index
+        BM25Index.open(self.corpus)          # builds and caches the BM25 index on first use
+        return {"passages": info["passages"], "documents": info["documents"]}
+
+    def supervise(self, resume: bool) -> dict:
+        from retriever.supervise import supervise
+        stats = supervise(self.cfg.train_questions, self.corpus, self.p["supervision"],
+                          validation_percent=self.cfg.validation_percent)
+        return stats["examples"]
+
+    def train_phrase(self, resume: bool) -> dict:
+        from retriever.phrase_train import PhraseTrainArgs, train
+        c, sup = self.cfg, self.p["supervision"]
+        r = train(PhraseTrainArgs(str(sup / "train.jsonl"), str(sup / "validation.jsonl"), str(self.p["phrase"]),
+                                  self.encoder, max_passage_tokens=c.max_passage_tokens, epochs=c.phrase_epochs,
+                                  batch_size=c.phrase_batch, max_train_examples=c.phrase_examples,
+                                  max_validation_examples=c.validation_questions, resume=resume))
+        return {"validation_em": r["best_em"], "steps": r["steps"]}
+
+    def build_phrase_index(self, resume: bool) -> dict:
+        from retriever.phrase_dump import dump_phrases
+        from retriever.phrase_index import build_index
+        d = dump_phrases(self.p["phrase"] / "best", self.corpus, self.p["phrase-dump"])
+        m = build_index(self.p["phrase-dump"], self.p["phrase-index"], self.corpus, factory=self.cfg.index_factory)
+        return {"vectors": m["vectors"], "vectors_per_passage": round(d["vectors_per_passage"], 1)}
+
+    def train_doc(self, resume: bool) -> dict:
+        from retriever.doc_index import build_doc_index
+        from retriever.doc_train import DocTrainArgs, train_doc
+        c, sup = self.cfg, self.p["supervision"]
+        base = DocTrainArgs(str(sup / "train.jsonl"), str(sup / "validation.jsonl"), str(self.corpus),
+                            str(self.p["doc-r1"]), self.encoder, negatives=c.doc_negatives, batch_size=c.doc_batch,
+                            max_doc_tokens=c.max_doc_tokens, max_train_examples=c.doc_examples,
+                            max_validation_examples=c.validation_questions, validation_docs=c.doc_validation_docs,
+                            resume=resume)
+        result = {"round 1 Top-20": train_doc(base)["best_top20"]}
+        model = self.p["doc-r1"] / "best"
+        if c.doc_rounds > 1:
+            r2 = train_doc(replace(base, out_dir=str(self.p["doc-r2"]), encoder=str(model), negatives="model"))
+            result["round 2 Top-20"] = r2["best_top20"]
+            model = self.p["doc-r2"] / "best"
+        build_doc_index(model, self.corpus, self.p["doc-index"])
+        from retriever.rerank import tune_searcher_lambda
+        tuned = tune_searcher_lambda(self.searcher(), load_questions(sup / "validation.jsonl"), limit=c.lambda_questions)
+        return {**result, "lambda": tuned["lambda"]}
+
+    def doc_model(self) -> Path:
+        return (self.p["doc-r2"] if self.cfg.doc_rounds > 1 else self.p["doc-r1"]) / "best"
+
+    def searcher(self):
+        from retriever.doc_index import DocRetriever
+        from retriever.searcher import Searcher
+        return Searcher(self.p["phrase-index"], self.p["phrase"] / "best", self.corpus,
+                        prefilter=DocRetriever(self.p["doc-index"], self.doc_model(), self.corpus),
+                        top_docs=self.cfg.top_docs)
+
+    def train_reader(self, resume: bool) -> dict:
+        from reader.fid_train import ReaderArgs, train_reader
+        from reader.trainer import LoopArgs
+        c, p = self.cfg, self.p
+        model = c.reader_model
+        if model is None:
+            model = str(p["reader-init"])
+            if not (p["reader-init"] / "config.json").exists():
+                from reader.t5_init import init_reader, passage_text
+                store = PassageStore(self.corpus)
+                init_reader((passage_text(x) for x in store), p["reader-init"], c.reader_preset)
+                store.close()
+        if c.pretrain_steps:
+            from reader.pretrain import PretrainArgs, pretrain_reader
+            pretrain_reader(PretrainArgs(model, str(self.corpus)),
+                            LoopArgs(str(p["reader-pretrain"]), max_steps=c.pretrain_steps, batch_size=32,
+                                     lr=c.reader_lr, warmup_steps=c.pretrain_steps // 10,
+                                     eval_steps=max(c.pretrain_steps // 3, 1), save_steps=max(c.pretrain_steps // 3, 1),
+                                     resume=resume))
+            model = str(p["reader-pretrain"] / "best")
+        train_file, val_file = self.reader_data()
+        r = train_reader(ReaderArgs(model, [str(train_file)], str(val_file), n_passages=c.reader_k,
+                                    text_maxlength=c.text_maxlength, max_validation=c.reader_validation),
+                         LoopArgs(str(p["reader"]), max_steps=c.reader_steps, batch_size=c.reader_batch,
+                                  lr=c.reader_lr, warmup_steps=max(c.reader_steps // 10, 1),
+                                  eval_steps=c.reader_steps, save_steps=max(c.reader_steps // 2, 1), resume=resume))
+        return {"train_questions": r["train_questions"], "validation_em": r["evals"][-1]["em"] if r["evals"] else None}
+
+    def reader_data(self) -> tuple[Path, Path]:
+        """BM25's top-k passages for the supervision questions: FiD's training and validation files."""
+        from common.retrieval_file import write_results
+        from retriever.bm25 import BM25Index
+        from retriever.retrieve import retrieve
+        c, out = self.cfg, self.p["reader-data"]
+        out.mkdir(parents=True, exist_ok=True)
+        index, store = BM25Index.open(self.corpus), PassageStore(self.corpus)
+        files = []
+        for split, limit in (("train", c.reader_questions), ("validation", c.reader_validation)):
+            path = out / f"bm25-{split}.json"
+            questions = load_questions(self.p["supervision"] / f"{split}.jsonl", limit=limit)
+            write_results(path, retrieve(index, store, questions, c.reader_k))
+            files.append(path)
+        store.close()
+        return files[0], files[1]
+
+    def run(self, resume: bool) -> dict:
+        from system.run import RunArgs, run
+        c = self.cfg
+        rows = run(RunArgs(str(self.p["phrase-index"]), str(self.p["phrase"] / "best"), str(self.p["reader"] / "best"),
+                           str(self.p["run"]), questions=c.test_questions, k=c.run_k, limit=c.run_limit,
+                           doc_index=str(self.p["doc-index"]), doc_model=str(self.doc_model()), top_docs=c.top_docs,
+                           corpus=str(self.corpus), baselines=c.baselines, text_maxlength=c.text_maxlength))
+        return {"rows": len(rows), "examples": self.pick_examples()}
+
+    def pick_examples(self) -> list[dict]:
+        """The first questions of the first test set whose answer the retriever found in the top k:
+        the cases where both answer kinds have something to work with."""
+        first = question_set_name(self.cfg.test_questions[0])
+        k = str(max(self.cfg.run_k))
+        found = [r for _, r in read_jsonl(self.p["run"] / "questions.jsonl")
+                 if r["dataset"] == first and r["k"][k]["hit"]]
+        return [{"question": r["question"], "answers": r["answers"]} for r in found[: self.cfg.examples]]
+
+    # --- running them -----------------------------------------------------------------------------
+    def keys(self, stages: list[Stage]) -> dict[str, dict]:
+        keys, previous = {}, None
+        for s in stages:
+            keys[s.name] = {"settings": s.settings, "after": _digest(previous)}
+            previous = keys[s.name]
+        return keys
+
+    def plan(self) -> str:
+        """The stages, which are done, and the time estimate of the rest; runs nothing."""
+        stages = self.stages()
+        keys = self.keys(stages)
+        self._show_plan(stages, [s.name for s in stages if not self._done(s, keys[s.name])])
+        return ""
+
+    def execute(self) -> str:
+        stages = self.stages()
+        self.stages_dir.mkdir(parents=True, exist_ok=True)
+        keys = self.keys(stages)
+        todo = [s.name for s in stages if not self._done(s, keys[s.name])]
+        if todo:
+            _say(f"odqa demo -> {self.out}: {len(stages) - len(todo)} of {len(stages)} stages already done")
+            self._show_plan(stages, todo)
+        t_all = time.perf_counter()
+        spent, estimated = 0.0, 0.0
+        for i, name in enumerate(s.name for s in stages):
+            if name not in todo:
+                continue
+            now = {s.name: s for s in self.stages()}    # estimates from the sizes known by now
+            s, left = now[name], sum(now[n].estimate_s for n in todo[todo.index(name):]) * self.speed
+            _say(f"[{i + 1}/{len(stages)}] {name}: {s.what} (about {_minutes(s.estimate_s * self.speed)}; "
+                 f"{_minutes(left)} left in all)")
+            t0 = time.perf_counter()
+            result = self._run_stage(s, keys[name])
+            took = time.perf_counter() - t0
+            if name == "data":
+                self.speed = machine_speed(self.encoder, self.corpus)
+                log.info("this machine takes %.2fx the reference machine's time to encode", self.speed)
+            else:
+                spent, estimated = spent + took, estimated + s.estimate_s
+                self.speed = spent / max(estimated, 1e-9)
+            _say(f"[{i + 1}/{len(stages)}] {name} done in {_minutes(took)}: {json.dumps(result)}")
+        if todo:
+            _say(f"all stages done in {_minutes(time.perf_counter() - t_all)}")
+        return self.summary()
+
+    def _done(self, s: Stage, key: dict) -> bool:
+        marker = self.stages_dir / f"{s.name}.json"
+        return marker.exists() and read_json(marker).get("key") == key and all(o.exists() for o in s.outputs)
+
+    def _run_stage(self, s: Stage, key: dict) -> dict:
+        """Resume a stage interrupted with the same key; anything else starts from a clean slate."""
+        started = self.stages_dir / f"{s.name}.started.json"
+        resume = started.exists() and read_json(started).get("key") == key
+        if not resume:
+            for path in s.clean:
+                shutil.rmtree(path, ignore_errors=True)
+            write_json(started, {"key": key})
+        result = s.fn(resume)
+        write_json(self.stages_dir / f"{s.name}.json", {"key": key, "result": result})
+        started.unlink()
+        return result
+
+    def _show_plan(self, stages: list[Stage], todo: list[str]) -> None:
+        for i, s in enumerate(stages, 1):
+            state = f"~{_minutes(s.estimate_s * self.speed)}" if s.name in todo else "done"
+            _say(f"  {i}. {s.name:<10} {state:>9}  {s.what}")
+        _say(f"  estimated {_minutes(sum(s.estimate_s for s in stages if s.name in todo) * self.speed)} on a "
+             f"machine as fast as the reference 2-core CPU (refined as the stages finish)")
+
+    def summary(self) -> str:
+        from system.pipeline import Pipeline, ReaderSettings
+        from system.report import markdown
+        rows = read_json(self.p["run"] / "report.json")["rows"]
+        examples = read_json(self.stages_dir / "run.json")["result"]["examples"]
+        lines = [f"report ({self.p['run']}/report.md, em_by_k.png, topk.png):", markdown(rows)]
+        if examples:
+            pipeline = Pipeline.load(self.searcher(), self.p["reader"] / "best",
+                                     ReaderSettings(text_maxlength=self.cfg.text_maxlength))
+            k = max(self.cfg.run_k)
+            lines.append(f"\n{len(examples)} example questions (answer in the top {k}; FiD reads {k} passages):")
+            for ex, a in zip(examples, pipeline.answer([e["question"] for e in examples], k=k)):
+                lines += [f"Q: {ex['question']}  (gold: {' | '.join(ex['answers'][:3])})",
+                          f"   extractive: {a['extractive']['text'] if a['extractive'] else '-'}",
+                          f"   generated:  {a['generated']}",
+                          f"   top passage: {a['passages'][0]['title']}: {a['passages'][0]['text'][:150]}..."]
+        return "\n".join(lines)
+
+
+def machine_speed(encoder: str, corpus: Path, n: int = 64) -> float:
+    """Seconds to encode a passage here over REFERENCE["encode_s"] (batch 32, <= 128 tokens)."""
+    from retriever.dense import MeanPoolEncoder
+    store = PassageStore(corpus)
+    texts = [f"{p['title']} {p['text']}" for _, p in zip(range(n), store)]
+    store.close()
+    enc = MeanPoolEncoder(encoder, max_tokens=128)
+    enc.encode(texts[:8], batch_size=8)      # warm-up
+    t0 = time.perf_counter()
+    enc.encode(texts, batch_size=32)
+    return (time.perf_counter() - t0) / max(len(texts), 1) / REFERENCE["encode_s"]
 
 
 def ensure_corpus(inputs: list[Path], out_dir: Path, max_words: int = 100) -> dict:
@@ -32,17 +438,26 @@ def ensure_corpus(inputs: list[Path], out_dir: Path, max_words: int = 100) -> di
     return build_corpus(inputs, out_dir, max_words=max_words)
 
 
-def run_demo(out_dir: Path | None = None, questions: str = "nq-test", k: int = 100) -> str:
-    out_dir = out_dir or odqa_home() / "runs" / "demo"
-    datapack.fetch()
-    corpus = default_corpus()
-    ensure_corpus([default_documents()], corpus)
-    index = BM25Index.open(corpus)
-    store = PassageStore(corpus)
-    entries = retrieve(index, store, load_questions(questions), k)
-    store.close()
-    run_file = out_dir / f"bm25-{questions}.json"
-    write_results(run_file, entries)
-    log.info("wrote %s", run_file)
-    table = format_table({f"bm25 {questions}": evaluate_results(entries, answerable_flags(entries, corpus))})
-    return table
+def _minutes(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_demo(out_dir: str | Path | None = None, preset: str = "demo", cfg: DemoConfig | None = None,
+             plan_only: bool = False, **overrides) -> str:
+    """Runs (or reuses) every stage and returns the report table and the example answers."""
+    if cfg is None:
+        if preset not in PRESETS:
+            raise InputError(f"unknown demo preset {preset!r}: one of {', '.join(PRESETS)}")
+        cfg = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    out = Path(out_dir) if out_dir else odqa_home() / "runs" / ("demo" if preset == "demo" else f"demo-{preset}")
+    if plan_only:
+        return Demo(cfg, out).plan()
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "demo_config.json", asdict(cfg))
+    return Demo(cfg, out).execute()

@@ -29,7 +29,7 @@ from common.paths import default_corpus, default_encoder
 from common.questions import load_questions, question_set_name
 from common.retrieval_file import read_results, write_results
 from reader.read import load_reader, read_with
-from retriever.retrieve import retrieve
+from retriever.retrieve import retrieve, retrieve_phrases
 from system.report import write_report
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class RunArgs:
     top_docs: int = 100
     lam: float | None = None
     corpus: str | None = None
-    baselines: bool = True                 # BM25 and single-vector dense runs for the Top-k curves
+    baselines: list[str] = field(default_factory=lambda: ["bm25", "dense"])  # for the Top-k curves; "none"
     dense_encoder: str | None = None
     batch_size: int = 8
     text_maxlength: int = 200
@@ -87,6 +87,8 @@ def run(args: RunArgs) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     if not args.k or min(args.k) < 1:
         raise InputError(f"--k needs positive values, not {args.k}")
+    if set(args.baselines) - set(BASELINES):
+        raise InputError(f"--baselines: each of {', '.join(BASELINES)}, not {args.baselines}")
     corpus = args.corpus or str(default_corpus())
     max_k = max(args.k)
     base_key = {"index": _fingerprint(args.index), "model": _fingerprint(args.model), "corpus": corpus,
@@ -119,11 +121,11 @@ def run(args: RunArgs) -> list[dict]:
                 searcher = Searcher(args.index, args.model, corpus, nprobe=args.nprobe, prefilter=prefilter,
                                     top_docs=args.top_docs, lam=args.lam)
                 store = PassageStore(corpus)
-            write_results(retrieval, retrieve(searcher, store, questions, max_k, batch_size=64))
+            write_results(retrieval, retrieve_phrases(searcher, store, questions, max_k))
         r_key = cached(retrieval, r_key, make_retrieval, depth=max_k)
         entries = read_results(retrieval)
         curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}
-        if args.baselines:
+        if set(args.baselines) - {"none"}:
             curves[ds].update(_baselines(args, corpus, name, ds, questions, max_k, out))
         per_k = {}
         for k in sorted(args.k):
@@ -147,6 +149,9 @@ def run(args: RunArgs) -> list[dict]:
     return write_report(records, out, curves, max_k)
 
 
+BASELINES = ("bm25", "dense", "none")
+
+
 def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:
     from retriever.bm25 import BM25Index
     from retriever.dense import DenseIndex
@@ -154,6 +159,8 @@ def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k:
     encoder = args.dense_encoder or str(default_encoder())
     for label, path, open_index in (("BM25", out / f"bm25-{ds}.json", lambda: BM25Index.open(corpus)),
                                     ("dense (single vector)", out / f"dense-{ds}.json", lambda: DenseIndex.open(corpus, encoder))):
+        if path.name.split("-")[0] not in args.baselines:
+            continue
         def make():
             store = PassageStore(corpus)
             write_results(path, retrieve(open_index(), store, questions, max_k))

@@ -1,0 +1,99 @@
+"""`odqa demo` end to end on a tiny world with tiny models: every stage runs and the report comes
+out; a rerun reuses every stage; a changed setting reruns its stage and the later ones only; an
+interrupted stage resumes and one started with other settings starts over."""
+import random
+
+import pytest
+
+from system.demo import Demo, DemoConfig, Stage, run_demo
+from tiny_data import write_jsonl
+from tiny_models import make_tiny_bert, make_tiny_t5
+
+NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo"]
+CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "dakar", "riga"]
+FILLER = "the weather was mild and the river ran slowly past old mills and quiet farms".split()
+STAGES = ["data", "supervise", "phrase", "index", "doc", "reader", "run"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    rng = random.Random(0)
+    filler = lambda: " ".join(rng.choice(FILLER) for _ in range(6)) + " ."  # noqa: E731
+    docs = [{"id": n, "title": n, "sections": [{"title": "", "paragraphs": [f"{n} is a person . {filler()}"]},
+                                               {"title": "Life", "paragraphs": [f"{n} was born in {c} . {filler()}"]}]}
+            for n, c in zip(NAMES, CITIES)]
+    questions = [{"id": n, "question": f"where was {n} born", "answers": [c]} for n, c in zip(NAMES, CITIES)]
+    texts = [p for d in docs for s in d["sections"] for p in s["paragraphs"]] + [q["question"] for q in questions]
+    cfg = DemoConfig(
+        documents=str(write_jsonl(root / "docs.jsonl", docs)), corpus=str(root / "corpus"),
+        train_questions=[str(write_jsonl(root / "questions.jsonl", questions))],
+        test_questions=[str(root / "questions.jsonl")], validation_percent=50, validation_questions=4,
+        encoder=str(make_tiny_bert(root / "bert", texts)),
+        phrase_examples=None, phrase_batch=2, max_passage_tokens=48,
+        doc_examples=None, doc_batch=2, max_doc_tokens=48, doc_validation_docs=4, top_docs=6, lambda_questions=4,
+        reader_model=str(make_tiny_t5(root / "t5", texts * 4, vocab_size=200)), reader_steps=3, reader_batch=2,
+        reader_k=2, reader_questions=None, reader_validation=2, text_maxlength=40,
+        run_limit=None, run_k=[1, 3], examples=2)
+    return {"root": root, "cfg": cfg}
+
+
+@pytest.fixture(scope="module")
+def first_run(world):
+    return run_demo(world["root"] / "out", cfg=world["cfg"])
+
+
+def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
+    out = world["root"] / "out"
+    assert all((out / "stages" / f"{s}.json").exists() for s in STAGES)
+    assert not list((out / "stages").glob("*.started.json"))
+    table = [line for line in first_run.splitlines() if line.startswith("| questions |")]
+    assert len(table) == 2, first_run  # one row per k
+    assert first_run.count("   extractive: ") == 2 and first_run.count("   generated:  ") == 2
+    assert (out / "run" / "report.json").exists() and (out / "run" / "topk.png").exists()
+
+
+def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
+    for name in ("build_data", "supervise", "train_phrase", "build_phrase_index", "train_doc", "train_reader", "run"):
+        monkeypatch.setattr(Demo, name, lambda self, resume, name=name: pytest.fail(f"{name} ran again"))
+    assert run_demo(world["root"] / "out", cfg=world["cfg"]).split("example questions")[0] == \
+        first_run.split("example questions")[0]
+
+
+def test_a_changed_setting_reruns_that_stage_and_the_later_ones(world, first_run, monkeypatch):
+    from dataclasses import replace
+    ran = []
+    for name, stage in (("build_data", "data"), ("supervise", "supervise"), ("train_phrase", "phrase"),
+                        ("build_phrase_index", "index"), ("train_doc", "doc"), ("train_reader", "reader"),
+                        ("run", "run")):
+        real = getattr(Demo, name)
+        monkeypatch.setattr(Demo, name, lambda self, resume, real=real, stage=stage: ran.append(stage) or real(self, resume))
+    run_demo(world["root"] / "out", cfg=replace(world["cfg"], top_docs=5))
+    assert ran == ["doc", "reader", "run"]
+
+
+def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
+    demo = Demo(DemoConfig(corpus=str(tmp_path / "corpus")), tmp_path / "out")
+    demo.stages_dir.mkdir(parents=True)
+    work = tmp_path / "work"
+    calls = []
+
+    def fn(resume):
+        calls.append((resume, work.exists()))
+        if len(calls) == 1:
+            work.mkdir()
+            raise KeyboardInterrupt  # interrupted after writing a checkpoint
+        return {"ok": True}
+    stage = Stage("train", "a training stage", 1.0, fn, {"lr": 1}, [work], clean=[work])
+    key = {"settings": {"lr": 1}, "after": "x"}
+    with pytest.raises(KeyboardInterrupt):
+        demo._run_stage(stage, key)
+    assert demo._run_stage(stage, key) == {"ok": True}
+    assert calls == [(False, False), (True, True)]  # resumed, checkpoint kept
+    assert demo._done(stage, key)
+    (demo.stages_dir / "train.json").unlink()
+    (demo.stages_dir / "train.started.json").write_text('{"key": {"settings": {"lr": 2}}}')
+    calls.clear()
+    calls.append("skip the interruption")
+    demo._run_stage(stage, key)
+    assert calls[1:] == [(False, False)]  # the other run's output was cleared, no resume
