@@ -79,7 +79,7 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
                 optimizer.zero_grad()
                 bar.set_postfix(loss=f"{parts['loss']:.3f}")
                 state["history"].append({"step": state["global_step"], **parts})
-                if bar.disable and state["global_step"] % 50 == 0:
+                if bar.disable and state["global_step"] % max(1, min(50, total // 10)) == 0:
                     log.info("%s step %d/%d: loss %.4f", cfg.desc, state["global_step"], total, parts["loss"])
             scheduler.step()
             state["global_step"] += 1

@@ -59,7 +59,7 @@ class DemoConfig:
     doc_batch: int = 32
     doc_rounds: int = 1                     # 2: a second round on negatives mined by the first
     doc_negatives: str = "none"             # round 1's hard negatives: none | abstract
-    max_doc_tokens: int = 96
+    max_doc_tokens: int = 64
     doc_validation_docs: int = 1000         # validate among positives + N random documents (0: all)
     top_docs: int = 100
     lambda_questions: int = 200
@@ -95,17 +95,21 @@ PRESETS = {
 # Seconds on the reference machine (2 CPU cores, AVX2), from `odqa demo` runs there; ENCODE_S is what
 # `machine_speed` measures, so the ratio of the two scales every other figure to this machine.
 REFERENCE = dict(
-    encode_s=0.031,           # one passage through the MiniLM at <= 128 tokens, batch 32
-    data_s=50, supervise_q_s=0.004, index_s=20, reader_init_s=40, deepspeed_start_s=30,
-    phrase_step_s=5.7,        # batch 16 at 192 passage tokens
+    encode_s=0.034,           # one passage through the MiniLM at <= 128 tokens, batch 32 (`machine_speed`)
+    data_s=60, supervise_q_s=0.0015, index_s=20, reader_init_s=40, deepspeed_start_s=30, doc_start_s=40,
+    run_start_s=30,           # loading the searcher, the reader and the baselines
+    phrase_step_s=4.8,        # batch 16 at 192 passage tokens
     phrase_encode_s=0.035,    # a passage through the phrase encoder (dump, validation)
     doc_step_doc_s=0.2,       # per document of a training batch
     doc_encode_s=0.031,       # a document summary at 128 tokens
     search_q_s=0.15,          # a pre-filtered phrase search, k = 100
     pretrain_step_s=3.0,      # batch 32 x 128 tokens, tiny preset
-    fid_token_s=0.0006,       # per (passage x token) of a training batch, tiny preset
+    fid_token_s=0.0004,       # per (passage x token) of a training batch, tiny preset
     read_token_s=0.00004,     # per (passage x token) read, greedy decoding, tiny preset
 )
+
+
+PRIOR_S = 300
 
 
 class Stage:
@@ -156,7 +160,7 @@ class Demo:
                   self.build_phrase_index, {"factory": c.index_factory}, [p["phrase-index"]],
                   [p["phrase-dump"], p["phrase-index"]]),
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
-                  doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
+                  ref["doc_start_s"] + doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
                   * c.max_doc_tokens / 128
                   + c.doc_rounds * (c.doc_validation_docs or n_docs) * ref["doc_encode_s"] * c.max_doc_tokens / 128
                   + n_docs * ref["doc_encode_s"] * c.max_doc_tokens / 128 + c.lambda_questions * ref["search_q_s"],
@@ -176,7 +180,7 @@ class Demo:
                   [p["reader"] / "best"], [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader"]]),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
                          f"k = {', '.join(map(str, c.run_k))}",
-                  run_q * (ref["search_q_s"] + sum(c.run_k) * c.text_maxlength * ref["read_token_s"])
+                  ref["run_start_s"] + run_q * (ref["search_q_s"] + sum(c.run_k) * c.text_maxlength * ref["read_token_s"])
                   + (n_pass * ref["encode_s"] if "dense" in c.baselines else 0), self.run,
                   {k: getattr(c, k) for k in ("test_questions", "run_limit", "run_k", "baselines", "examples")},
                   [p["run"] / "report.json"], [p["run"]]),
@@ -345,11 +349,13 @@ class Demo:
         self.stages_dir.mkdir(parents=True, exist_ok=True)
         keys = self.keys(stages)
         todo = [s.name for s in stages if not self._done(s, keys[s.name])]
+        if todo and "data" not in todo:
+            self.speed = machine_speed(self.encoder, self.corpus)
         if todo:
             _say(f"odqa demo -> {self.out}: {len(stages) - len(todo)} of {len(stages)} stages already done")
             self._show_plan(stages, todo)
         t_all = time.perf_counter()
-        spent, estimated = 0.0, 0.0
+        calibrated, spent, estimated = self.speed, 0.0, 0.0
         for i, name in enumerate(s.name for s in stages):
             if name not in todo:
                 continue
@@ -361,11 +367,12 @@ class Demo:
             result = self._run_stage(s, keys[name])
             took = time.perf_counter() - t0
             if name == "data":
-                self.speed = machine_speed(self.encoder, self.corpus)
+                calibrated = self.speed = machine_speed(self.encoder, self.corpus)
                 log.info("this machine takes %.2fx the reference machine's time to encode", self.speed)
             else:
+                # The calibration counts as PRIOR_S of observed stages, so one short stage cannot swing it.
                 spent, estimated = spent + took, estimated + s.estimate_s
-                self.speed = spent / max(estimated, 1e-9)
+                self.speed = (calibrated * PRIOR_S + spent) / (PRIOR_S + estimated)
             _say(f"[{i + 1}/{len(stages)}] {name} done in {_minutes(took)}: {json.dumps(result)}")
         if todo:
             _say(f"all stages done in {_minutes(time.perf_counter() - t_all)}")
@@ -409,7 +416,7 @@ class Demo:
             for ex, a in zip(examples, pipeline.answer([e["question"] for e in examples], k=k)):
                 lines += [f"Q: {ex['question']}  (gold: {' | '.join(ex['answers'][:3])})",
                           f"   extractive: {a['extractive']['text'] if a['extractive'] else '-'}",
-                          f"   generated:  {a['generated']}",
+                          f"   generated:  {a['generated'] or '(empty)'}",
                           f"   top passage: {a['passages'][0]['title']}: {a['passages'][0]['text'][:150]}..."]
         return "\n".join(lines)
 
@@ -421,7 +428,7 @@ def machine_speed(encoder: str, corpus: Path, n: int = 64) -> float:
     texts = [f"{p['title']} {p['text']}" for _, p in zip(range(n), store)]
     store.close()
     enc = MeanPoolEncoder(encoder, max_tokens=128)
-    enc.encode(texts[:8], batch_size=8)      # warm-up
+    enc.encode(texts[:16], batch_size=16)    # warm-up
     t0 = time.perf_counter()
     enc.encode(texts, batch_size=32)
     return (time.perf_counter() - t0) / max(len(texts), 1) / REFERENCE["encode_s"]
