@@ -12,7 +12,6 @@ import argparse
 import sys
 import time
 
-
 from common.answer_index import AnswerIndex
 from common.corpus import PassageStore
 from common.io import write_json

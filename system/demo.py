@@ -130,6 +130,7 @@ class Demo:
         self.encoder = cfg.encoder or str(default_encoder())
         self.stages_dir = self.out / "stages"
         self.speed = 1.0                     # this machine's time / the reference machine's
+        self._test_sizes: dict[str, int] = {}  # stages() runs before every stage: count each set once
         self.p = {name: self.out / name for name in (
             "supervision", "phrase", "phrase-dump", "phrase-index", "doc-r1", "doc-r2", "doc-index",
             "reader-init", "reader-pretrain", "reader-data", "reader", "run")}
@@ -138,7 +139,7 @@ class Demo:
     def stages(self) -> list[Stage]:
         c, p, ref = self.cfg, self.p, REFERENCE
         n_pass, n_docs, n_train = self._sizes()
-        doc_final = self.doc_model().parent
+        doc_s = ref["doc_encode_s"] * c.max_doc_tokens / 128      # one document summary encoded
         phrase_steps = c.phrase_epochs * (min(c.phrase_examples or n_train, n_train) // c.phrase_batch)
         doc_steps = c.doc_rounds * (min(c.doc_examples or n_train, n_train) // c.doc_batch)
         run_q = sum(self._test_size(name) for name in c.test_questions)
@@ -162,12 +163,12 @@ class Demo:
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
                   ref["doc_start_s"] + doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
                   * c.max_doc_tokens / 128
-                  + c.doc_rounds * (c.doc_validation_docs or n_docs) * ref["doc_encode_s"] * c.max_doc_tokens / 128
-                  + n_docs * ref["doc_encode_s"] * c.max_doc_tokens / 128 + c.lambda_questions * ref["search_q_s"],
+                  + c.doc_rounds * (c.doc_validation_docs or n_docs) * doc_s + n_docs * doc_s
+                  + c.lambda_questions * ref["search_q_s"],
                   self.train_doc, {k: getattr(c, k) for k in ("doc_examples", "doc_batch", "doc_rounds", "doc_negatives",
                                                               "max_doc_tokens", "doc_validation_docs", "top_docs",
                                                               "lambda_questions", "validation_questions")},
-                  [doc_final / "best", p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
+                  [self.doc_model(), p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
             Stage("reader", f"train the FiD reader ({c.pretrain_steps} pretraining + {c.reader_steps} FiD steps, "
                             f"k={c.reader_k})",
                   (0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"]
@@ -200,10 +201,12 @@ class Demo:
         """Questions `run` asks of a test set (NQ-test and TQA-test average 7,462 before they are fetched)."""
         if self.cfg.run_limit is not None:
             return self.cfg.run_limit
-        try:
-            return len(load_questions(name))
-        except InputError:
-            return 7_462
+        if name not in self._test_sizes:
+            try:
+                self._test_sizes[name] = len(load_questions(name))
+            except InputError:
+                return 7_462
+        return self._test_sizes[name]
 
     def build_data(self, resume: bool) -> dict:
         if self.cfg.documents is None:

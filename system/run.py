@@ -157,15 +157,17 @@ def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k:
     from retriever.dense import DenseIndex
     runs = {}
     encoder = args.dense_encoder or str(default_encoder())
-    for label, path, open_index in (("BM25", out / f"bm25-{ds}.json", lambda: BM25Index.open(corpus)),
-                                    ("dense (single vector)", out / f"dense-{ds}.json", lambda: DenseIndex.open(corpus, encoder))):
-        if path.name.split("-")[0] not in args.baselines:
+    for kind, label, open_index in (("bm25", "BM25", lambda: BM25Index.open(corpus)),
+                                    ("dense", "dense (single vector)", lambda: DenseIndex.open(corpus, encoder))):
+        if kind not in args.baselines:
             continue
+        path = out / f"{kind}-{ds}.json"
+
         def make():
             store = PassageStore(corpus)
             write_results(path, retrieve(open_index(), store, questions, max_k))
             store.close()
         cached(path, {"corpus": corpus, "questions": name, "limit": args.limit,
-                      "encoder": encoder if "dense" in label else None}, make, depth=max_k)
+                      "encoder": encoder if kind == "dense" else None}, make, depth=max_k)
         runs[label] = [[c["has_answer"] for c in e["ctxs"]] for e in read_results(path)]
     return runs
