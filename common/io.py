@@ -37,6 +37,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         _remove(tmp)
         raise
+    publish(tmp, path)
+
+
+def publish(tmp: Path, path: Path) -> None:
+    """Rename a finished `tmp` (file or directory) onto `path`."""
     if path.is_dir() and tmp.is_dir():
         # os.replace cannot replace a non-empty directory: move the old one aside first.
         old = path.with_name(f".{path.name}.old-{os.getpid()}")

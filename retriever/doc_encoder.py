@@ -54,6 +54,10 @@ class DocEncoder(nn.Module):
         h = self.doc_lm(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
         return mean_pool(h, attention_mask)
 
+    def forward(self, questions: dict, docs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training's encodings, through forward so that DDP/DeepSpeed synchronise their gradients."""
+        return self.encode_questions(**questions), self.encode_docs(**docs)
+
     def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
         with atomic_path(out_dir) as tmp:
             tmp.mkdir()

@@ -134,8 +134,7 @@ class DocLoss:
         self.scale = scale
 
     def __call__(self, model: DocEncoder, batch: dict, step: int) -> tuple[torch.Tensor, dict]:
-        q = model.encode_questions(**batch["questions"])
-        d = model.encode_docs(**batch["docs"])                     # positives first, then negatives
+        q, d = model(batch["questions"], batch["docs"])            # d: positives first, then negatives
         scores = self.scale * q @ d.T
         # Another column holding this question's positive document (a duplicate) is not a negative.
         same = batch["doc_rows"].unsqueeze(0) == batch["doc_rows"][: len(q)].unsqueeze(1)

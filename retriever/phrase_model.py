@@ -86,6 +86,15 @@ class DensePhraseModel(nn.Module):
             return cls_s[:, : self.dim], cls_e[:, self.dim:]
         return cls_s, cls_e
 
+    def forward(self, questions: dict, passages: dict, negatives: dict | None = None) -> dict:
+        """One training step's encodings. Training calls this rather than the two methods above because
+        DDP and DeepSpeed synchronise gradients only for work done inside the wrapped model's forward."""
+        out = dict(zip(("q_start", "q_end"), self.encode_questions(**questions)))
+        out.update(zip(("h_start", "h_end", "filter"), self.encode_passages(**passages)))
+        if negatives is not None:
+            out.update(zip(("neg_start", "neg_end"), self.encode_passages(**negatives)[:2]))
+        return out
+
     # --- checkpoints: one directory, each LM a plain HF checkpoint, heads in heads.pt ---
 
     def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:

@@ -109,19 +109,18 @@ class PhraseLoss:
 
     def __call__(self, model: DensePhraseModel, batch: dict, step: int) -> tuple[torch.Tensor, dict]:
         a = self.args
-        q_start, q_end = model.encode_questions(**batch["questions"])
-        h_start, h_end, filt = model.encode_passages(**batch["passages"])
+        enc = model(batch["questions"], batch["passages"], batch.get("negatives"))
         cand = batch["candidate"]
         use_pre = a.pre_batch > 0 and step >= a.pre_batch_warmup
         parts, losses = {}, []
-        neg = model.encode_passages(**batch["negatives"])[:2] if "negatives" in batch else None
-        for side, q, h, gold in (("start", q_start, h_start, batch["gold_start"]), ("end", q_end, h_end, batch["gold_end"])):
+        for side, gold in (("start", batch["gold_start"]), ("end", batch["gold_end"])):
+            q, h = enc[f"q_{side}"], enc[f"h_{side}"]
             in_passage = torch.einsum("bd,btd->bt", q, h)
             g = first_gold(h, gold)                                  # (B, d)
             cand_side, gold_side = cand, gold
-            if neg is not None:
+            if "negatives" in batch:
                 in_passage, cand_side, gold_side = self._with_negative_passages(
-                    q, neg[0] if side == "start" else neg[1], batch, in_passage, cand, gold)
+                    q, enc[f"neg_{side}"], batch, in_passage, cand, gold)
             negs = [g] + (list(self.bank[side]) if use_pre else [])
             neg_scores = q @ torch.cat(negs).T                       # (B, B + C*B')
             if a.unified:
@@ -140,7 +139,7 @@ class PhraseLoss:
                 parts[f"{side}_single"], parts[f"{side}_neg"] = single.item(), in_batch.item()
                 losses.append(single + a.neg_coef * in_batch)
             self.bank[side].append(g.detach())
-        logits = filt[cand]
+        logits = enc["filter"][cand]
         bce = (F.binary_cross_entropy_with_logits(logits[:, 0], batch["gold_start"][cand].float())
                + F.binary_cross_entropy_with_logits(logits[:, 1], batch["gold_end"][cand].float()))
         parts["filter"] = bce.item()

@@ -1,8 +1,12 @@
 """Dense phrase retrieval on a planted corpus with a tiny BERT made in the test: training lowers the
 loss; dump -> index -> search finds the planted answer span; Eq. 3 aggregation; shards; resume; refusals."""
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,11 +77,9 @@ def test_in_batch_and_pre_batch_losses_match_a_hand_computation():
             super().__init__()
             self.q, self.h = q, h
 
-        def encode_questions(self, **_):
-            return self.q, self.q
-
-        def encode_passages(self, **_):
-            return self.h, self.h, torch.zeros(*self.h.shape[:2], 2)
+        def forward(self, questions, passages, negatives=None):
+            return {"q_start": self.q, "q_end": self.q, "h_start": self.h, "h_end": self.h,
+                    "filter": torch.zeros(*self.h.shape[:2], 2)}
 
     torch.manual_seed(0)
     B, T, d = 3, 5, 4
@@ -329,3 +331,36 @@ def test_an_interrupted_training_resumes_with_the_same_losses(world, tmp_path, m
     again = json.loads((tmp_path / "resumed" / "checkpoint" / "trainer_state.json").read_text())
     assert [h["step"] for h in again["history"]] == [h["step"] for h in straight["history"]]
     assert [h["loss"] for h in again["history"]] == pytest.approx([h["loss"] for h in straight["history"]], rel=1e-4)
+
+
+def _train_phrase_cli(world, encoder, out, batch_size, nproc):
+    sup = world["root"] / "sup"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+           "-m", "system.cli", "-q", "train-phrase", "--train-file", str(sup / "train.jsonl"),
+           "--validation-file", str(sup / "validation.jsonl"), "--out-dir", str(out), "--encoder", str(encoder),
+           "--epochs", "2", "--batch-size", str(batch_size), "--lr", "2e-3", "--warmup-ratio", "0",
+           "--max-passage-tokens", "64", "--max-question-tokens", "16",
+           # Only the per-example loss: in-batch, pre-batch and filter terms mix the examples of a batch.
+           "--neg-coef", "0", "--pre-batch", "0", "--filter-coef", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return DensePhraseModel.from_pretrained(out / "last").state_dict()
+
+
+def test_two_processes_train_phrases_as_one_with_twice_the_batch(world, tmp_path):
+    """Under torchrun each process takes every other batch and DDP averages the gradients, so two
+    processes with batches of 1 make the same updates as one process with batches of 2."""
+    encoder = tmp_path / "bert"
+    shutil.copytree(world["encoder"], encoder)
+    config = json.loads((encoder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (encoder / "config.json").write_text(json.dumps(config))
+    two = _train_phrase_cli(world, encoder, tmp_path / "two", batch_size=1, nproc=2)
+    one = _train_phrase_cli(world, encoder, tmp_path / "one", batch_size=2, nproc=1)
+    start = DensePhraseModel(PhraseModelConfig(str(encoder))).state_dict()
+    # Not tensor by tensor: the last LayerNorm's bias adds the same amount to every token's score, so
+    # the in-passage softmax gives it a zero gradient, and Adam blows float noise there up to full steps.
+    moved = sum(((one[k] - start[k]) ** 2).sum() for k in one)
+    apart = sum(((one[k] - two[k]) ** 2).sum() for k in one)
+    assert moved > 1.0 and apart / moved < 1e-6
