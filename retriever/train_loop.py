@@ -11,6 +11,7 @@ schedule is the same however many processes share it).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from accelerate import Accelerator, DistributedDataParallelKwargs
 from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from common.io import publish, read_json, write_json
+from common.io import InputError, publish, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,11 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
     exactly what was done; `loss_fn` gets the wrapped model and must call it (its forward), not its
     other methods; `validate` returns the number to maximise; batches may be None (skipped)."""
     # Without cpu=True accelerate treats torchrun's processes on a machine without CUDA as unrelated
-    # single runs (each trains on all the data and they overwrite each other's checkpoints).
+    # single runs (each trains on all the data and they overwrite each other's checkpoints). With it,
+    # accelerate silently drops a DeepSpeed config; without it, it counts one process: so no DeepSpeed here.
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and not torch.cuda.is_available():
+        raise InputError("accelerate runs DeepSpeed only on CUDA; on CPU launch without --use_deepspeed "
+                         "(DDP over gloo: `torchrun --nproc_per_node N -m system.cli ...`)")
     # find_unused_parameters: the LMs' pooler layers take no part (token and [CLS] states are read).
     accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
