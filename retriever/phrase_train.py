@@ -12,9 +12,14 @@ Loss, per question b with start vectors (the end side is the same):
 `--in-doc-negatives doc|section` (DHR): the tokens of other passages of the question's document (or of
 its section) join the single-passage softmax as negatives, `--in-doc-count` passages a question.
 `--title-path` prefixes passages with "title, section, subsection" rather than the title.
+`--hard-negatives INDEX` (round 2): continuing from a round-1 checkpoint, each training question's top
+passages under that model (INDEX is the phrase index built with it) that hold no answer join its
+softmax the same way, `--hard-negative-count` a question; the mined passages are kept in
+OUT_DIR/hard_negatives.json, so a resumed run does not search again.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import random
@@ -27,20 +32,22 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from common.corpus import DocumentTable, PassageStore
-from common.io import InputError, read_jsonl, write_json
+from common.io import InputError, read_json, read_jsonl, write_json
 from common.metrics.answers import exact_match
+from common.metrics.has_answer import has_answer
 from retriever.phrase_data import (
     collate,
     encode_passages,
     encode_questions,
     passage_title,
 )
-from retriever.phrase_model import DensePhraseModel, PhraseModelConfig, load_tokenizer
+from retriever.phrase_model import DensePhraseModel, PhraseModelConfig, load_tokenizer, phrase_encoder_hash
 from retriever.train_loop import LoopConfig, train_epochs
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite
 IN_DOC = ("none", "doc", "section")
+MINE_DEPTH = 20  # passages searched per question for round-2 hard negatives
 
 
 @dataclass
@@ -68,7 +75,9 @@ class PhraseTrainArgs:
     title_path: bool = False
     in_doc_negatives: str = "none"     # "none" | "doc" | "section"
     in_doc_count: int = 1
-    corpus: str | None = None          # the corpus of the supervision passages (for the two options above)
+    corpus: str | None = None          # the corpus of the supervision passages (for the options above and below)
+    hard_negatives: str | None = None  # round 2: a phrase index built with the round-1 model `encoder`
+    hard_negative_count: int = 1
     max_train_examples: int | None = None
     max_validation_examples: int | None = 500
     save_steps: int = 0                # also checkpoint every N steps (0: each epoch only)
@@ -222,6 +231,38 @@ def with_passage_context(examples: list[dict], args: PhraseTrainArgs, corpus_dir
     store.close()
 
 
+def mine_hard_negatives(examples: list[dict], args: PhraseTrainArgs) -> None:
+    """Each question's first `hard_negative_count` passages among its top MINE_DEPTH under the round-1
+    model that are not its supervision passage and hold no answer; appended to its negative passages."""
+    from retriever.searcher import Searcher  # the index and faiss only for round 2
+
+    questions = sorted({e["question"] for e in examples})
+    key = {"index": str(Path(args.hard_negatives).resolve()), "encoder_hash": phrase_encoder_hash(args.encoder),
+           "depth": MINE_DEPTH, "questions": hashlib.sha256("\n".join(questions).encode()).hexdigest()}
+    cache = Path(args.out_dir) / "hard_negatives.json"
+    mined = read_json(cache) if cache.exists() else {}
+    if mined.get("key") != key:
+        searcher = Searcher(args.hard_negatives, args.encoder, args.corpus)
+        rows, _ = searcher.search_passages(questions, MINE_DEPTH)
+        searcher.store.close()
+        mined = {"key": key, "rows": dict(zip(questions, rows.tolist()))}
+        write_json(cache, mined, indent=None)
+    store = PassageStore(args.corpus)
+    for ex in examples:
+        found = []
+        for row in mined["rows"][ex["question"]]:
+            if len(found) == args.hard_negative_count:
+                break
+            p = store[row] if row >= 0 else None
+            if p and p["id"] != ex.get("passage_id") and not has_answer(p["text"], ex["answers"], bool(ex.get("regex"))):
+                found.append(p)
+        ex["negative_passages"] = ex.get("negative_passages", []) + found
+    store.close()
+    log.info("hard negatives: %d of %d training examples have %d from %s",
+             sum(len(e["negative_passages"]) > 0 for e in examples), len(examples), args.hard_negative_count,
+             args.hard_negatives)
+
+
 def train(args: PhraseTrainArgs) -> dict:
     if args.in_doc_negatives not in IN_DOC:
         raise InputError(f"in_doc_negatives must be one of {IN_DOC}, not {args.in_doc_negatives!r}")
@@ -238,11 +279,16 @@ def train(args: PhraseTrainArgs) -> dict:
     tokenizer = load_tokenizer(args.encoder)
     train_ex = load_examples(args.train_file, args.max_train_examples)
     val_ex = load_examples(args.validation_file, args.max_validation_examples)
+    if (cfg.title_path or args.in_doc_negatives != "none" or args.hard_negatives) and not args.corpus:
+        raise InputError("--title-path, --in-doc-negatives and --hard-negatives read the corpus: give --corpus")
     if cfg.title_path or args.in_doc_negatives != "none":
-        if not args.corpus:
-            raise InputError("--title-path and --in-doc-negatives read the corpus: give --corpus")
         with_passage_context(train_ex, args, args.corpus)
         with_passage_context(val_ex, replace(args, in_doc_negatives="none"), args.corpus)
+    if args.hard_negatives:
+        if not continuing:
+            raise InputError(f"--hard-negatives mines with a round-1 phrase model; {args.encoder} is not one")
+        out.mkdir(parents=True, exist_ok=True)
+        mine_hard_negatives(train_ex, args)
     steps_per_epoch = len(train_ex) // args.batch_size
     if steps_per_epoch == 0:
         raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")

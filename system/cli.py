@@ -407,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
         "title_path": "prefix passages with 'title, section, subsection' (DHR); never phrase candidates",
         "in_doc_negatives": "none, doc or section: other passages of the question's document/section as negatives",
         "in_doc_count": "In-Doc negative passages per question",
+        "hard_negatives": "round 2: the phrase index built with the round-1 checkpoint given as --encoder; each "
+                          "question's top passages there that hold no answer become negatives",
+        "hard_negative_count": "hard negative passages per question (round 2)",
         "head": "start/end vectors: 'split' halves of the hidden state or two 'linear' heads",
         "question_encoder": "'dual' LMs or one 'shared' LM with two heads",
         "max_span_len": "L: longest phrase in tokens",

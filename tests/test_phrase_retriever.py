@@ -6,6 +6,7 @@ import random
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -364,3 +365,34 @@ def test_two_processes_train_phrases_as_one_with_twice_the_batch(world, tmp_path
     moved = sum(((one[k] - start[k]) ** 2).sum() for k in one)
     apart = sum(((one[k] - two[k]) ** 2).sum() for k in one)
     assert moved > 1.0 and apart / moved < 1e-6
+
+
+def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, tmp_path, monkeypatch):
+    from retriever import searcher as searcher_module
+    sup = world["root"] / "sup"
+
+    def args(**kw):
+        return PhraseTrainArgs(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
+                               out_dir=str(tmp_path / "r2"), encoder=str(world["model"]), epochs=1, batch_size=4,
+                               lr=1e-3, max_passage_tokens=64, max_question_tokens=16, corpus=str(world["corpus"]),
+                               hard_negatives=str(index), hard_negative_count=2, **kw)
+    result = train(args())
+    mined = json.loads((tmp_path / "r2" / "hard_negatives.json").read_text())
+    texts = {p["id"]: p for p in map(json.loads, (world["corpus"] / "passages.jsonl").read_text().splitlines())}
+    examples = [json.loads(line) for line in (sup / "train.jsonl").read_text().splitlines()]
+    assert set(mined["rows"]) == {e["question"] for e in examples}
+    from retriever.phrase_train import load_examples, mine_hard_negatives
+    mined_examples = load_examples(str(sup / "train.jsonl"))
+    mine_hard_negatives(mined_examples, args())
+    for ex in mined_examples:
+        negatives = ex["negative_passages"]
+        assert len(negatives) == 2                       # 12 passages, one answers: always two to pick
+        for p in negatives:
+            assert p["id"] != ex["passage_id"] and ex["answers"][0] not in texts[p["id"]]["text"]
+    assert result["steps"] == 3 and result["best_em"] >= 50.0
+    # A resumed run reads the mined passages back instead of searching again.
+    monkeypatch.setattr(searcher_module, "Searcher", None)
+    train(args(resume=True))
+    # Round 2 needs a round-1 model to mine with.
+    with pytest.raises(InputError, match="round-1"):
+        train(replace(args(), encoder=str(world["encoder"]), out_dir=str(tmp_path / "bad")))
