@@ -396,3 +396,18 @@ def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, t
     # Round 2 needs a round-1 model to mine with.
     with pytest.raises(InputError, match="round-1"):
         train(replace(args(), encoder=str(world["encoder"]), out_dir=str(tmp_path / "bad")))
+
+
+def test_filter_report_keeps_less_and_recalls_less_as_the_threshold_rises(world):
+    from retriever.phrase_dump import filter_report
+    from retriever.phrase_model import load_tokenizer
+    from retriever.phrase_train import load_examples, validation_em
+    examples = load_examples(str(world["root"] / "sup" / "validation.jsonl"))
+    rows = filter_report(world["model"], examples, [None, -1e9, -0.5, 0.0, 0.5, 1e9], batch_size=5)
+    none, low, *mid, high = rows
+    model = DensePhraseModel.from_pretrained(world["model"]).eval()
+    assert none["share_kept"] == low["share_kept"] == 1.0 and none["answer_recall"] == 1.0
+    assert 100 * none["em"] == pytest.approx(validation_em(model, load_tokenizer(world["model"]), examples, model.config))
+    assert high["share_kept"] == high["answer_recall"] == high["em"] == 0.0
+    for a, b in zip([low, *mid], [*mid, high]):
+        assert a["share_kept"] >= b["share_kept"] and a["answer_recall"] >= b["answer_recall"]
