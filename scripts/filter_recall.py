@@ -22,8 +22,8 @@ def main() -> None:
     args = ap.parse_args()
     examples = load_examples(args.examples, args.limit or None)
     rows = filter_report(args.model, examples, [None, *args.thresholds])
-    print(f"{len(examples)} examples of {args.examples} ({rows[0]['answerable']} with the answer inside "
-          f"the passage's first tokens)")
+    print(f"{len(examples)} examples of {args.examples} ({rows[0]['answerable']} whose answer survives "
+          f"truncation)")
     print("| filter threshold | text tokens kept | answer phrases kept | EM on the gold passage |")
     print("|---:|---:|---:|---:|")
     for r in rows:
