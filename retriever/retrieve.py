@@ -61,7 +61,11 @@ def _passage_cache(store: PassageStore):
 
 
 def _batches(questions: Sequence[Question], batch_size: int):
-    for start in tqdm(range(0, len(questions), batch_size), desc="retrieve", unit=" batches", disable=None):
+    bar = tqdm(range(0, len(questions), batch_size), desc="retrieve", unit=" batches", disable=None)
+    every = max(1, len(bar) // 10)
+    for i, start in enumerate(bar):
+        if bar.disable and i % every == 0:  # no terminal (a log file): a line every tenth of the way
+            log.info("retrieve: %d of %d questions", start, len(questions))
         yield questions[start:start + batch_size]
 
 
