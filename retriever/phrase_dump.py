@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from common.corpus import PassageStore, corpus_info
 from common.io import InputError, atomic_path, write_json
-from retriever.phrase_data import encode_passages, passage_title
+from common.metrics.answers import exact_match
+from retriever.phrase_data import encode_passages, encode_questions, gold_token_spans, passage_title
 from retriever.phrase_model import DensePhraseModel, load_tokenizer, phrase_encoder_hash
 
 log = logging.getLogger(__name__)
@@ -125,9 +126,7 @@ def filter_report(model_dir: str | os.PathLike, examples: list[dict], thresholds
     """What a dump at each threshold keeps of supervision passages (`{question, title, text, answers,
     answer_char_spans}`): the share of text tokens, the recall of answer phrases (both boundary tokens
     kept), and the EM of the best phrase of the gold passage among the kept tokens."""
-    from retriever.phrase_data import encode_questions, gold_token_spans
-    from retriever.phrase_train import best_spans
-    from common.metrics.answers import exact_match
+    from retriever.phrase_train import best_spans  # not at the top: it brings accelerate into every dump
 
     model = DensePhraseModel.from_pretrained(model_dir).eval()
     tokenizer, cfg = load_tokenizer(model_dir), model.config
