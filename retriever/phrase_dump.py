@@ -20,9 +20,8 @@ from tqdm import tqdm
 
 from common.corpus import PassageStore, corpus_info
 from common.io import InputError, atomic_path, write_json
-from common.metrics.answers import exact_match
-from retriever.phrase_data import encode_passages, encode_questions, gold_token_spans, passage_title
-from retriever.phrase_model import DensePhraseModel, load_tokenizer, phrase_encoder_hash
+from retriever.phrase_data import encode_passages, passage_title
+from retriever.phrase_model import DensePhraseModel, kept_tokens, load_tokenizer, phrase_encoder_hash
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +88,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
             enc = encode_passages(tokenizer, [passage_title(p, cfg.title_path) for p in passages], [p["text"] for p in passages],
                                   cfg.max_passage_tokens)
             start, end, filt = model.encode_passages(**{kk: v.to(device) for kk, v in enc.batch.items()})
-            keep = enc.candidate.to(device)
-            if threshold is not None:
-                keep &= filt.max(-1).values >= threshold
+            keep = kept_tokens(enc.candidate.to(device), filt, threshold)
             bi, ti = keep.nonzero(as_tuple=True)   # row-major: a passage's tokens stay together, in order
             parts["start"].append(start[bi, ti].half().cpu().numpy())
             parts["end"].append(end[bi, ti].half().cpu().numpy())
@@ -119,40 +116,3 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
              summary["vectors_per_passage"])
     return summary
 
-
-@torch.no_grad()
-def filter_report(model_dir: str | os.PathLike, examples: list[dict], thresholds: list[float | None],
-                  batch_size: int = 32) -> list[dict]:
-    """What a dump at each threshold keeps of supervision passages (`{question, title, text, answers,
-    answer_char_spans}`): the share of text tokens, the recall of answer phrases (both boundary tokens
-    kept), and the EM of the best phrase of the gold passage among the kept tokens."""
-    from retriever.phrase_train import best_spans  # not at the top: it brings accelerate into every dump
-
-    model = DensePhraseModel.from_pretrained(model_dir).eval()
-    tokenizer, cfg = load_tokenizer(model_dir), model.config
-    counts = {t: {"kept": 0, "recall": 0, "em": 0} for t in thresholds}
-    tokens = answerable = 0
-    for a in tqdm(range(0, len(examples), batch_size), desc="filter report", disable=None):
-        chunk = examples[a:a + batch_size]
-        enc = encode_passages(tokenizer, [passage_title(e, cfg.title_path) for e in chunk], [e["text"] for e in chunk],
-                              cfg.max_passage_tokens)
-        qs, qe = model.encode_questions(**encode_questions(tokenizer, [e["question"] for e in chunk],
-                                                           cfg.max_question_tokens))
-        hs, he, filt = model.encode_passages(**enc.batch)
-        start, end = torch.einsum("bd,btd->bt", qs, hs), torch.einsum("bd,btd->bt", qe, he)
-        gold = [gold_token_spans(enc.offsets[b], enc.candidate[b], e["answer_char_spans"], cfg.max_span_len)
-                for b, e in enumerate(chunk)]
-        tokens += int(enc.candidate.sum())
-        answerable += sum(bool(g) for g in gold)
-        for t in thresholds:
-            keep = enc.candidate if t is None else enc.candidate & (filt.max(-1).values >= t)
-            c = counts[t]
-            c["kept"] += int(keep.sum())
-            c["recall"] += sum(any(keep[b, i] and keep[b, j] for i, j in g) for b, g in enumerate(gold))
-            for b, (i, j, score) in enumerate(best_spans(start, end, keep, cfg.max_span_len)):
-                if score > float("-inf"):
-                    off = enc.offsets[b]
-                    c["em"] += exact_match(chunk[b]["text"][int(off[i, 0]):int(off[j, 1])], chunk[b]["answers"])
-    return [{"threshold": t, "share_kept": counts[t]["kept"] / max(tokens, 1),
-             "answer_recall": counts[t]["recall"] / max(answerable, 1), "em": counts[t]["em"] / max(len(examples), 1),
-             "examples": len(examples), "answerable": answerable} for t in thresholds]

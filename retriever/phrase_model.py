@@ -131,6 +131,12 @@ class DensePhraseModel(nn.Module):
         return model
 
 
+def kept_tokens(candidate: torch.Tensor, filter_logits: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """The tokens a dump keeps: candidates whose filter logit (max of "can start", "can end") passes
+    `threshold`; every candidate when it is None."""
+    return candidate if threshold is None else candidate & (filter_logits.max(-1).values >= threshold)
+
+
 def load_tokenizer(path_or_name: str | os.PathLike):
     path = Path(path_or_name)
     return AutoTokenizer.from_pretrained(path / "tokenizer" if (path / "tokenizer").exists() else path_or_name)

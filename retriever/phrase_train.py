@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import random
 from collections import deque
 from dataclasses import asdict, dataclass, replace
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 from common.corpus import DocumentTable, PassageStore
 from common.io import InputError, read_json, read_jsonl, write_json
@@ -39,9 +41,16 @@ from retriever.phrase_data import (
     collate,
     encode_passages,
     encode_questions,
+    gold_token_spans,
     passage_title,
 )
-from retriever.phrase_model import DensePhraseModel, PhraseModelConfig, load_tokenizer, phrase_encoder_hash
+from retriever.phrase_model import (
+    DensePhraseModel,
+    PhraseModelConfig,
+    kept_tokens,
+    load_tokenizer,
+    phrase_encoder_hash,
+)
 from retriever.train_loop import LoopConfig, train_epochs
 
 log = logging.getLogger(__name__)
@@ -183,24 +192,65 @@ def best_spans(start: torch.Tensor, end: torch.Tensor, candidate: torch.Tensor, 
     return [(int(k) // T, int(k) % T, float(s)) for k, s in zip(idx, score)]
 
 
-@torch.no_grad()
-def validation_em(model: DensePhraseModel, tokenizer, examples: list[dict], cfg: PhraseModelConfig,
-                  batch_size: int = 32) -> float:
-    """EM of the best phrase in each example's gold passage."""
-    model.eval()
-    hits = 0
+def _gold_passage_batches(model: DensePhraseModel, tokenizer, examples: list[dict], cfg: PhraseModelConfig,
+                          batch_size: int):
+    """Each batch of examples with its gold passages encoded: (examples, passages, start scores, end scores,
+    filter logits), scores (B, T)."""
     for k in range(0, len(examples), batch_size):
         chunk = examples[k:k + batch_size]
         qs, qe = model.encode_questions(**encode_questions(tokenizer, [e["question"] for e in chunk], cfg.max_question_tokens))
         enc = encode_passages(tokenizer, [passage_title(e, cfg.title_path) for e in chunk], [e["text"] for e in chunk],
                               cfg.max_passage_tokens)
-        hs, he, _ = model.encode_passages(**enc.batch)
-        spans = best_spans(torch.einsum("bd,btd->bt", qs, hs), torch.einsum("bd,btd->bt", qe, he),
-                           enc.candidate, cfg.max_span_len)
-        for e, (i, j, _), off in zip(chunk, spans, enc.offsets):
+        hs, he, filt = model.encode_passages(**enc.batch)
+        yield chunk, enc, torch.einsum("bd,btd->bt", qs, hs), torch.einsum("bd,btd->bt", qe, he), filt
+
+
+def _em_hits(chunk: list[dict], enc, start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor, max_len: int) -> int:
+    """How many examples' best phrase among the `allowed` tokens matches an answer."""
+    hits = 0
+    for e, (i, j, score), off in zip(chunk, best_spans(start, end, allowed, max_len), enc.offsets):
+        if score > float("-inf"):  # a passage with no allowed token has no phrase
             hits += exact_match(e["text"][int(off[i, 0]):int(off[j, 1])], e["answers"])
+    return hits
+
+
+@torch.no_grad()
+def validation_em(model: DensePhraseModel, tokenizer, examples: list[dict], cfg: PhraseModelConfig,
+                  batch_size: int = 32) -> float:
+    """EM of the best phrase in each example's gold passage."""
+    model.eval()
+    hits = sum(_em_hits(chunk, enc, start, end, enc.candidate, cfg.max_span_len)
+               for chunk, enc, start, end, _ in _gold_passage_batches(model, tokenizer, examples, cfg, batch_size))
     model.train()
     return 100.0 * hits / max(len(examples), 1)
+
+
+@torch.no_grad()
+def filter_report(model_dir: str | os.PathLike, examples: list[dict], thresholds: list[float | None],
+                  batch_size: int = 32) -> list[dict]:
+    """What a dump at each `--threshold` keeps of supervision passages: the share of text tokens, the
+    recall of answer phrases (both boundary tokens kept), and the EM of the best phrase of the gold
+    passage among the kept tokens (with None, `validation_em`)."""
+    model = DensePhraseModel.from_pretrained(model_dir).eval()
+    tokenizer, cfg = load_tokenizer(model_dir), model.config
+    counts = {t: {"kept": 0, "recall": 0, "em": 0} for t in thresholds}
+    tokens = answerable = 0
+    batches = _gold_passage_batches(model, tokenizer, examples, cfg, batch_size)
+    for chunk, enc, start, end, filt in tqdm(batches, total=-(-len(examples) // batch_size), desc="filter report",
+                                             disable=None):
+        gold = [gold_token_spans(enc.offsets[b], enc.candidate[b], e["answer_char_spans"], cfg.max_span_len)
+                for b, e in enumerate(chunk)]
+        tokens += int(enc.candidate.sum())
+        answerable += sum(bool(g) for g in gold)
+        for t in thresholds:
+            keep = kept_tokens(enc.candidate, filt, t)
+            c = counts[t]
+            c["kept"] += int(keep.sum())
+            c["recall"] += sum(any(keep[b, i] and keep[b, j] for i, j in g) for b, g in enumerate(gold))
+            c["em"] += _em_hits(chunk, enc, start, end, keep, cfg.max_span_len)
+    return [{"threshold": t, "share_kept": counts[t]["kept"] / max(tokens, 1),
+             "answer_recall": counts[t]["recall"] / max(answerable, 1), "em": counts[t]["em"] / max(len(examples), 1),
+             "examples": len(examples), "answerable": answerable} for t in thresholds]
 
 
 def _loader(examples, tokenizer, cfg, args, epoch):

@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 
 from common.paths import default_corpus
-from retriever.phrase_dump import filter_report
-from retriever.phrase_train import load_examples
+from retriever.phrase_train import filter_report, load_examples
 
 
 def main() -> None:
