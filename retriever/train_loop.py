@@ -98,7 +98,8 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
     model.train()
     unwrapped = accelerator.unwrap_model(model)
     while state["epoch"] < cfg.epochs:
-        loader = loader or accelerator.prepare_data_loader(loader_for_epoch(state["epoch"]))
+        if loader is None:  # not `or`: a DataLoader's truth is its length
+            loader = accelerator.prepare_data_loader(loader_for_epoch(state["epoch"]))
         local_total = len(loader) * cfg.epochs
         bar = tqdm(accelerator.skip_first_batches(loader, state["step_in_epoch"]),
                    desc=f"{cfg.desc} epoch {state['epoch'] + 1}/{cfg.epochs}", initial=state["step_in_epoch"],
