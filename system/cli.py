@@ -269,6 +269,15 @@ def cmd_reader_init(args) -> None:
           f"vocabulary (100 sentinels) -> {out}")
 
 
+def cmd_reader_cloze(args) -> None:
+    from common.paths import default_corpus
+    from reader.cloze import ClozeArgs, write_cloze_file
+    args.corpus = str(args.corpus or default_corpus())
+    info = write_cloze_file(dataclass_from_args(ClozeArgs, args))
+    print(f"{info['questions']} cloze questions from {info['passages']} passages, {args.passages} passages each "
+          f"-> {args.out}")
+
+
 def _default_reader_dir(preset: str) -> Path:
     from common.paths import odqa_home
     return odqa_home() / "readers" / f"t5-{preset}-init"
@@ -519,6 +528,7 @@ def _doc_parsers(sub) -> None:
 
 
 def _reader_parsers(sub) -> None:
+    from reader.cloze import ClozeArgs
     from reader.fid_train import ReaderArgs
     from reader.pretrain import PretrainArgs
     from reader.t5_init import PRESETS
@@ -534,6 +544,17 @@ def _reader_parsers(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     _corpus_arg(p)
     p.set_defaults(func=cmd_reader_init)
+
+    p = reader.add_parser("cloze", help="cloze questions from the corpus: practice for a from-scratch reader",
+                          description="Turn a name or number in a passage's sentence into a wh-word: the sentence is the "
+                                      "question, the span the answer, the passage one of k with k-1 random others. "
+                                      "Writes a FiD file for `odqa train-reader`.")
+    from common.paths import odqa_home
+    add_dataclass_args(p, ClozeArgs, {"corpus": None, "out": str(odqa_home() / "runs" / "reader" / "cloze.jsonl")},
+                       {"corpus": "`odqa corpus build` output (default: the default corpus)", "out": "FiD JSONL",
+                        "passages": "k: the source passage and k-1 random passages of other documents",
+                        "per_passage": "questions per passage at most"})
+    p.set_defaults(func=cmd_reader_cloze)
 
     loop_help = {"out_dir": "checkpoint/ (DeepSpeed), best/ and last/ (plain HF checkpoints) go here",
                  "batch_size": "micro-batch per process", "accumulation": "gradient accumulation steps",

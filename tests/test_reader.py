@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_data import TINY_DOCS, write_jsonl
 from tiny_models import make_tiny_t5
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
+from common.corpus import build_corpus
 from common.io import InputError
 from reader import fid_train
 from reader.fid import FiDT5
 from reader.fid_data import FiDCollator, load_fid_file
-from reader.fid_train import ReaderArgs, train_reader
+from reader.cloze import salient_spans
+from reader.fid_train import ReaderArgs, split_examples, train_reader
 from reader.pretrain import span_corrupt
 from reader.read import load_reader, read
 from reader.trainer import LoopArgs, deepspeed_config
@@ -274,3 +277,50 @@ def test_zero3_trains_like_zero2_and_saves_whole_weights(t5, data, tmp_path):
     b = T5ForConditionalGeneration.from_pretrained(tmp_path / "z3" / "last").state_dict()
     for name in a:
         assert a[name].shape == b[name].shape and torch.allclose(a[name], b[name], atol=1e-5), name
+
+
+def test_cloze_spans_are_names_and_numbers_not_sentence_openers():
+    sentence = "The Eiffel Tower in Paris was completed in 1889 at a cost of 7,799,401 francs by the University of Lyon."
+    spans = {sentence[a:b]: wh for a, b, wh in salient_spans(sentence, max_answer_words=5)}
+    assert spans == {"Eiffel Tower": "what", "Paris": "what", "1889": "when", "7,799,401": "how many",
+                     "University of Lyon": "what"}
+    assert salient_spans("He said it twice.", 5) == []
+
+
+def test_cloze_file_asks_about_a_span_of_one_passage_among_k(tiny_corpus, tmp_path, capsys):
+    from system.cli import main
+    out = tmp_path / "cloze.jsonl"
+    assert main(["reader", "cloze", "--corpus", str(tiny_corpus), "--out", str(out), "--passages", "3",
+                 "--per-passage", "2", "--min-words", "4"]) == 0
+    assert "cloze questions from" in capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    examples = load_fid_file(out)
+    assert rows and len(examples) == len(rows)
+    for row in rows:
+        answer, question = row["answers"][0], row["question"]
+        assert len(row["ctxs"]) == 3 and question.endswith("?")
+        sources = [c for c in row["ctxs"] if c["has_answer"]]
+        source_docs = {c["id"].split("#")[0] for c in sources}
+        # The question is a sentence of the source passage with the answer replaced by a wh-word.
+        wh = next(w for w in ("how many", "when", "what") if w in question)
+        before, after = question[:-1].split(wh, 1)
+        assert any(before + answer + after in c["text"] for c in sources)
+        # Distractors come from other documents.
+        assert len({c["id"].split("#")[0] for c in row["ctxs"]} & source_docs) == 1
+    # train-reader takes it as it is: every training question has its answer among the k passages.
+    train, _ = split_examples(ReaderArgs(model="-", train_file=[str(out)], n_passages=3, validation_percent=0))
+    assert len(train) == len(rows)
+
+
+def test_cloze_refuses_a_corpus_it_cannot_draw_from(tmp_path, capsys):
+    from system.cli import main
+    one_doc = write_jsonl(tmp_path / "one.jsonl", [TINY_DOCS[0]])
+    build_corpus([one_doc], tmp_path / "one")
+    out = tmp_path / "cloze.jsonl"
+    assert main(["reader", "cloze", "--corpus", str(tmp_path / "one"), "--out", str(out)]) == 2
+    assert "more than one document" in capsys.readouterr().err
+    lower = write_jsonl(tmp_path / "lower.jsonl", [{"id": d, "title": d, "sections": [
+        {"title": "", "paragraphs": ["nothing here is named or counted in any way at all."]}]} for d in "ab"])
+    build_corpus([lower], tmp_path / "lower")
+    assert main(["reader", "cloze", "--corpus", str(tmp_path / "lower"), "--out", str(out)]) == 2
+    assert "no sentence held a name or number" in capsys.readouterr().err and not out.exists()
