@@ -66,6 +66,9 @@ def test_tokenizer_round_trip_and_sentinels(t5):
     ids = tok(text).input_ids
     assert ids[-1] == tok.eos_token_id and tok.unk_token_id not in ids
     assert tok.decode(ids, skip_special_tokens=True) == text
+    # Characters the training texts never show still get pieces of their own, not <unk>.
+    rare = "Who won?! [Zoë's] #1 @ $5 ~ 100% & more; {x|y} ^_^"
+    assert tok.unk_token_id not in tok(rare.replace("ë", "e")).input_ids
 
 
 def test_fid_with_one_passage_is_t5(t5):
