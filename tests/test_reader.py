@@ -187,10 +187,12 @@ def test_deepspeed_config_fills_every_auto(tmp_path):
         deepspeed_config(LoopArgs(out_dir=str(tmp_path), precision="bf16"), 10, 1, torch.device("cpu"))
 
 
+# lr 1e-3: over six model seeds it reaches 72-100% EM by step 400 (100% for five); at 3e-3 how soon copying
+# is found depends on the seed (19-100% at step 400), so any change to the vocabulary could fail the test.
 def _args(t5, data, out, **loop):
     reader = ReaderArgs(model=str(t5), train_file=[str(data / "train.json")], validation_file=str(data / "val.json"),
                         n_passages=4, text_maxlength=96, answer_maxlength=8)
-    return reader, LoopArgs(out_dir=str(out), **{"batch_size": 16, "lr": 3e-3, "warmup_steps": 20, **loop})
+    return reader, LoopArgs(out_dir=str(out), **{"batch_size": 16, "lr": 1e-3, "warmup_steps": 20, **loop})
 
 
 def test_a_tiny_reader_learns_to_find_the_answer_among_k_passages(t5, data, tmp_path):
