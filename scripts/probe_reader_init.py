@@ -27,14 +27,19 @@ from reader.fid_train import ReaderArgs, train_reader
 from reader.trainer import LoopArgs
 
 
-def lookup_task(corpus: Path, n: int, k: int, n_names: int, seed: int) -> list[dict]:
+def names_and_things(corpus: Path, n_names: int) -> tuple[list[str], list[str]]:
+    """One-word corpus titles to ask about and corpus words for the distractor passages."""
     store = PassageStore(corpus)
-    pool = random.Random(0)          # the same names and things for the training and validation sets
+    pool = random.Random(0)
     titles = sorted({store[i]["title"] for i in range(len(store))})
     names = pool.sample([t for t in titles if re.fullmatch(r"[A-Z][a-z]+", t)], n_names)
     words = sorted({w for i in range(0, len(store), 97) for w in re.findall(r"\b[a-z]{5,}\b", store[i]["text"])})
     things = pool.sample(words, 20)
     store.close()
+    return names, things
+
+
+def lookup_task(names: list[str], things: list[str], n: int, k: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -63,8 +68,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        (tmp / "train.json").write_text(json.dumps(lookup_task(a.corpus, a.train, a.k, a.names, seed=0)))
-        (tmp / "val.json").write_text(json.dumps(lookup_task(a.corpus, 200, a.k, a.names, seed=1)))
+        names, things = names_and_things(a.corpus, a.names)  # the same for the training and validation sets
+        (tmp / "train.json").write_text(json.dumps(lookup_task(names, things, a.train, a.k, seed=0)))
+        (tmp / "val.json").write_text(json.dumps(lookup_task(names, things, 200, a.k, seed=1)))
         results = {}
         for i, model in enumerate(a.models):
             args = ReaderArgs(model=model, train_file=[str(tmp / "train.json")], validation_file=str(tmp / "val.json"),
