@@ -41,3 +41,15 @@ def read_results(path: str | os.PathLike) -> list[dict]:
             if not isinstance(ctx, dict) or "has_answer" not in ctx:
                 raise InputError(f"{path}: entry {i}, ctx {j} has no \"has_answer\"")
     return data
+
+
+def gold_entry(row: dict) -> dict:
+    """A distant-supervision row (`odqa supervise`: question, answers, passage_id, title, text,
+    answer_char_spans) as a FiD entry whose one ctx is that answer-bearing passage, with the answer as
+    the passage writes it as the target: a reader's k = 1 practice on the evidence alone."""
+    spans = row.get("answer_char_spans") or []
+    target = row["text"][spans[0][0]:spans[0][1]] if spans else None
+    return {"id": row.get("id", ""), "question": row["question"], "answers": row["answers"],
+            "regex": row.get("regex", False), **({"target": target} if target else {}),
+            "ctxs": [{"id": row.get("passage_id", ""), "title": row.get("title", ""), "text": row["text"],
+                      "score": 1.0, "has_answer": True}]}

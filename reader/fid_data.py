@@ -82,6 +82,18 @@ def encoder_text(question: str, title: str, text: str) -> str:
     return f"question: {question} title: {title} context: {text}"
 
 
+def passage_fields(question: str, title: str, text: str) -> list[tuple[int, int, str]]:
+    """(char start, char end, string) of the title and of the text inside `encoder_text(...)`."""
+    t0 = len(f"question: {question} title: ")
+    c0 = t0 + len(f"{title} context: ")
+    return [(t0, t0 + len(title), title), (c0, c0 + len(text), text)]
+
+
+def answer_end_id(tokenizer) -> int:
+    """The token that ends a target: T5's </s>, BERT's [SEP]."""
+    return tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+
+
 def pick_target(ex: FiDExample, rng: random.Random | None) -> str:
     if ex.target is not None:
         return ex.target
@@ -99,22 +111,34 @@ class FiDCollator:
         self.text_maxlength = text_maxlength
         self.answer_maxlength = answer_maxlength
 
-    def encode_passages(self, examples: list[FiDExample]) -> dict[str, torch.Tensor]:
-        texts, present = [], []
+    def encode_passages(self, examples: list[FiDExample], offsets: bool = False) -> dict:
+        """input_ids/attention_mask (B, k, L); with `offsets`, also each token's character span
+        (`offset_mapping`, B x k x L x 2) and each passage's title and text spans (`fields`), what
+        reader.spans needs to map tokens back to the passages' strings."""
+        texts, present, fields = [], [], []
         for ex in examples:
             ps = ex.passages[: self.k]
             texts += [encoder_text(ex.question, t, p) for t, p in ps] + [""] * (self.k - len(ps))
             present += [1] * len(ps) + [0] * (self.k - len(ps))
+            fields.append([passage_fields(ex.question, t, p) for t, p in ps])
         enc = self.tokenizer(texts, max_length=self.text_maxlength, truncation=True, padding="longest",
-                             return_tensors="pt")
+                             return_tensors="pt", return_offsets_mapping=offsets)
         mask = enc["attention_mask"] * torch.tensor(present).unsqueeze(1)
         b = len(examples)
-        return {"input_ids": enc["input_ids"].view(b, self.k, -1), "attention_mask": mask.view(b, self.k, -1)}
+        out = {"input_ids": enc["input_ids"].view(b, self.k, -1), "attention_mask": mask.view(b, self.k, -1)}
+        if offsets:
+            out["offset_mapping"] = enc["offset_mapping"].view(b, self.k, -1, 2)
+            out["fields"] = fields
+        return out
 
     def encode_targets(self, targets: list[str]) -> torch.Tensor:
-        enc = self.tokenizer(targets, max_length=self.answer_maxlength, truncation=True, padding="longest",
-                             return_tensors="pt")
-        return enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+        """Labels (B, T): the answer's tokens and the end token, -100 on padding. Special tokens other
+        than the end are left out: the decoder's start token is prepended by the model."""
+        end = answer_end_id(self.tokenizer)
+        ids = [seq[: self.answer_maxlength - 1] + [end] for seq in
+               self.tokenizer(targets, add_special_tokens=False)["input_ids"]]
+        width = max(len(seq) for seq in ids)
+        return torch.tensor([seq + [-100] * (width - len(seq)) for seq in ids])
 
     def __call__(self, examples: list[FiDExample], rng: random.Random | None = None) -> dict[str, torch.Tensor]:
         batch = self.encode_passages(examples)

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ReaderArgs:
-    model: str                          # any T5 checkpoint: `odqa reader init`/`pretrain-reader` output, t5-base
+    model: str                          # a T5 (t5-base, `odqa reader init --preset`) or warm-started (`--from`) checkpoint
     train_file: list[str] = field(default_factory=list)   # retrieval files (DPR/FiD JSON or JSONL)
     validation_file: str | None = None  # default: the held-out hash split of the training files
     validation_percent: float = 10.0
@@ -34,6 +34,7 @@ class ReaderArgs:
     keep_unanswerable: bool = False     # also train on questions none of whose k passages holds an answer
     max_validation: int = 500           # validation questions scored at each evaluation
     eval_batch_size: int = 16
+    decoding: str = "spans"             # validation decoding: spans (answers are passage spans) | free
 
 
 def split_examples(args: ReaderArgs) -> tuple[list[FiDExample], list[FiDExample]]:
@@ -63,7 +64,7 @@ def make_evaluate(validation: list[FiDExample], tokenizer, args: ReaderArgs, dev
         mine = validation[rank::world]
         predictions = generate_answers(model, tokenizer, mine, args.n_passages, args.eval_batch_size,
                                        args.text_maxlength, args.answer_maxlength, device=device,
-                                       progress=False) if mine else []
+                                       progress=False, decoding=args.decoding) if mine else []
         counts = torch.tensor([sum(answer_em(p, ex.answers, ex.regex) for p, ex in zip(predictions, mine)),
                                len(mine)], dtype=torch.float64)
         if world > 1:

@@ -40,6 +40,7 @@ class LoopArgs:
     batch_size: int = 4                 # micro-batch per process
     accumulation: int = 1               # gradient accumulation steps
     lr: float = 1e-4
+    new_lr: float | None = None         # rate of the weights a warm start made anew (model.new_parameters()); None: lr
     weight_decay: float = 0.01
     warmup_steps: int = 100
     max_grad_norm: float = 1.0
@@ -73,8 +74,10 @@ def setup_distributed() -> tuple[int, int, torch.device]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device
 
 
-def deepspeed_config(args: LoopArgs, total_steps: int, world: int, device: torch.device) -> dict:
-    """The JSON with every "auto" filled from `args`."""
+def deepspeed_config(args: LoopArgs, total_steps: int, world: int, device: torch.device,
+                     group_lrs: list[float] | None = None) -> dict:
+    """The JSON with every "auto" filled from `args`; `group_lrs`, one peak rate per parameter group,
+    where the groups have rates of their own (the scheduler takes a list)."""
     config = copy.deepcopy(read_json(require_file(args.deepspeed_config, "DeepSpeed config")))
     cuda = device.type == "cuda"
     if args.precision not in ("auto", "bf16", "fp32"):
@@ -95,7 +98,7 @@ def deepspeed_config(args: LoopArgs, total_steps: int, world: int, device: torch
         "gradient_accumulation_steps": args.accumulation,
         "train_batch_size": args.batch_size * args.accumulation * world,
         "gradient_clipping": args.max_grad_norm,
-        "lr": args.lr, "warmup_max_lr": args.lr,
+        "lr": args.lr, "warmup_max_lr": group_lrs if group_lrs and len(set(group_lrs)) > 1 else args.lr,
         "weight_decay": args.weight_decay,
         "total_num_steps": max(total_steps, 1),
         "warmup_num_steps": min(args.warmup_steps, max(total_steps - 1, 0)),
@@ -153,6 +156,15 @@ def save_hf(engine, model, tokenizer, out: Path, rank: int, extra: dict | None =
         torch.distributed.barrier()
 
 
+def parameter_groups(model, args: LoopArgs) -> list[dict]:
+    """One group at `lr`, or, with `new_lr` and a model that names its new weights, two."""
+    new = model.new_parameters() if args.new_lr is not None and hasattr(model, "new_parameters") else set()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in named if n not in new], "lr": args.lr},
+              {"params": [p for n, p in named if n in new], "lr": args.new_lr}]
+    return [g for g in groups if g["params"]]
+
+
 def train_loop(model, tokenizer, task: Task, args: LoopArgs, rank: int, world: int,
                device: torch.device) -> dict:
     import deepspeed
@@ -165,11 +177,12 @@ def train_loop(model, tokenizer, task: Task, args: LoopArgs, rank: int, world: i
         raise InputError(f"{len(task.examples)} training examples do not fill one step of "
                          f"{args.batch_size} x {args.accumulation} accumulation x {world} processes")
     total = args.max_steps if args.max_steps is not None else steps_per_epoch * args.epochs
-    config = deepspeed_config(args, total, world, device)
+    groups = parameter_groups(model, args)
+    config = deepspeed_config(args, total, world, device, [g["lr"] for g in groups])
     if args.gradient_checkpointing:
         model.encoder_gradient_checkpointing()
     model.config.use_cache = False
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
     state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best": None, "history": [], "evals": []}
     ckpt_dir = out / "checkpoint"
     if args.resume:

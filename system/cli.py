@@ -258,6 +258,14 @@ def cmd_build_doc_index(args) -> None:
 
 
 def cmd_reader_init(args) -> None:
+    if args.from_encoder is not None:
+        from reader.warm_start import init_warm_reader
+        out = args.out or default_warm_reader_dir()
+        info = init_warm_reader(args.from_encoder, out, args.decoder_layers, args.seed)
+        print(f"bert2bert: {info['parameters']:,} parameters ({info['new_parameters']:,} new), "
+              f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']} "
+              f"-> {out}")
+        return
     from common.corpus import PassageStore
     from common.paths import default_corpus
     from reader.t5_init import init_reader, passage_text
@@ -281,6 +289,11 @@ def cmd_reader_cloze(args) -> None:
 def _default_reader_dir(preset: str) -> Path:
     from common.paths import odqa_home
     return odqa_home() / "readers" / f"t5-{preset}-init"
+
+
+def default_warm_reader_dir() -> Path:
+    from common.paths import odqa_home
+    return odqa_home() / "readers" / "bert2bert-init"
 
 
 def _loop_and(cls, args):
@@ -311,7 +324,7 @@ def cmd_read(args) -> None:
     from reader.read import read
     r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=args.batch_size,
              text_maxlength=args.text_maxlength, max_new_tokens=args.answer_maxlength, num_beams=args.beams,
-             limit=args.limit)
+             limit=args.limit, decoding=args.decoding)
     print(f"EM {r['em']:.2f} on {r['questions']} questions (k={r['k']}, {r['questions'] / r['seconds']:.1f} "
           f"questions/s) -> {args.out}")
 
@@ -534,12 +547,20 @@ def _reader_parsers(sub) -> None:
     from reader.t5_init import PRESETS
     from reader.trainer import LoopArgs
     reader = sub.add_parser("reader", help="the FiD reader's model").add_subparsers(dest="reader_command", required=True)
-    p = reader.add_parser("init", help="a from-scratch T5: SentencePiece tokenizer trained on the corpus + a preset",
-                          description="Train a unigram SentencePiece vocabulary on the corpus (T5's pad/eos/unk and 100 "
-                                      "sentinels), build a T5 of the preset's shape, save both as an HF checkpoint.")
+    p = reader.add_parser("init", help="a reader to train: warm-started from a BERT (--from) or a from-scratch T5",
+                          description="With --from: an encoder-decoder warm-started from a pretrained BERT (bert2bert): "
+                                      "the encoder as it is, a decoder of --decoder-layers copies of its layers with "
+                                      "cross-attention, one tied word embedding. Without: train a unigram SentencePiece "
+                                      "vocabulary on the corpus (T5's pad/eos/unk and 100 sentinels) and build a T5 of "
+                                      "the preset's shape. Either is saved as an HF checkpoint.")
+    p.add_argument("--from", dest="from_encoder", default=None, metavar="ENCODER_DIR",
+                   help="BERT checkpoint to warm-start from, e.g. $ODQA_HOME/data/encoders/all-MiniLM-L6-v2")
+    p.add_argument("--decoder-layers", type=int, default=2, help="with --from: decoder depth (default 2)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
-                   help="tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) (default tiny)")
-    p.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: $ODQA_HOME/readers/t5-PRESET-init)")
+                   help="without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) "
+                        "(default tiny)")
+    p.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: $ODQA_HOME/readers/"
+                                                          "bert2bert-init with --from, else t5-PRESET-init)")
     p.add_argument("--vocab-size", type=int, default=None, help="vocabulary incl. sentinels (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
     _corpus_arg(p)
@@ -580,7 +601,8 @@ def _reader_parsers(sub) -> None:
                        description="FiD: each of the k passages encoded with the question on its own, the decoder "
                                    "attends over all. Validation EM with greedy decoding; best checkpoint kept. " + launch)
     add_dataclass_args(p, ReaderArgs, {}, {
-        "model": "T5 checkpoint: t5-base, `odqa reader init`/`pretrain-reader` output, or a reader to continue",
+        "model": "reader checkpoint: `odqa reader init` output (--from or --preset), t5-base, or a reader to continue",
+        "decoding": "validation decoding: spans (answers are passage spans) or free",
         "train_file": "retrieval files from `odqa retrieve` (JSON or JSONL with ctxs)",
         "validation_file": "default: the training files' questions held out by the supervise hash split",
         "n_passages": "k: passages per question", "text_maxlength": "tokens per question+passage",
@@ -599,6 +621,8 @@ def _reader_parsers(sub) -> None:
     p.add_argument("--text-maxlength", type=int, default=200, help="tokens per question+passage (default 200)")
     p.add_argument("--answer-maxlength", type=int, default=32, help="generated tokens at most (default 32)")
     p.add_argument("--beams", type=int, default=1, help="beam size; 1 is greedy (default 1)")
+    p.add_argument("--decoding", choices=["spans", "free"], default="spans",
+                   help="spans: the answer is a span of an input passage; free: any tokens (default spans)")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.set_defaults(func=cmd_read)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_data import TINY_DOCS, write_jsonl
+from tiny_data import CODE_NAMES as NAMES, HOBBIES, TINY_DOCS, code_world, write_jsonl
 from tiny_models import make_tiny_t5
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
@@ -24,23 +24,6 @@ from reader.fid_train import ReaderArgs, split_examples, train_reader
 from reader.pretrain import span_corrupt
 from reader.read import load_reader, read
 from reader.trainer import LoopArgs, deepspeed_config
-
-NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "oscar", "peggy"]
-HOBBIES = ["tea", "chess", "music", "rain"]
-
-
-def code_world(n: int, k: int, seed: int) -> list[dict]:
-    """'the code of NAME is D' in one of k passages, the others about hobbies; the answer is D (chance 1/10)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        name, code, gold = rng.choice(NAMES), str(rng.randrange(10)), rng.randrange(k)
-        ctxs = [{"id": str(j), "title": "people", "score": float(k - j), "has_answer": j == gold,
-                 "text": f"the code of {name} is {code} ." if j == gold else
-                 f"{rng.choice(NAMES)} likes {rng.choice(HOBBIES)} ."} for j in range(k)]
-        out.append({"id": f"q{i}", "question": f"what is the code of {name} ?", "answers": [code], "ctxs": ctxs})
-    return out
-
 
 @pytest.fixture(scope="module")
 def t5(tmp_path_factory) -> Path:

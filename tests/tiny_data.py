@@ -1,5 +1,6 @@
 """Tiny data the tests build corpora and question sets from."""
 import json
+import random
 from pathlib import Path
 
 # A small world: facts planted in distinct documents, one with nested sections.
@@ -36,3 +37,21 @@ TINY_QUESTIONS = [
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+# The FiD readers' synthetic task.
+CODE_NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "oscar", "peggy"]
+HOBBIES = ["tea", "chess", "music", "rain"]
+
+
+def code_world(n: int, k: int, seed: int) -> list[dict]:
+    """'the code of NAME is D' in one of k passages, the others about hobbies; the answer is D (chance 1/10)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        name, code, gold = rng.choice(CODE_NAMES), str(rng.randrange(10)), rng.randrange(k)
+        ctxs = [{"id": str(j), "title": "people", "score": float(k - j), "has_answer": j == gold,
+                 "text": f"the code of {name} is {code} ." if j == gold else
+                 f"{rng.choice(CODE_NAMES)} likes {rng.choice(HOBBIES)} ."} for j in range(k)]
+        out.append({"id": f"q{i}", "question": f"what is the code of {name} ?", "answers": [code], "ctxs": ctxs})
+    return out

@@ -1,0 +1,85 @@
+"""`odqa reader init --from ENCODER_DIR`: an encoder-decoder warm-started from one pretrained BERT
+(bert2bert, Rothe, Narayan & Severyn, TACL 2020), for machines where no pretrained T5 can be had.
+
+- encoder: the pretrained BERT as it is;
+- decoder: a BERT with causal self-attention and cross-attention, `decoder_layers` deep, each layer a
+  copy of one of the encoder's (evenly spaced from the bottom, as DistilBERT picks its layers); each
+  layer's cross-attention starts as a copy of its own self-attention, so attending to the passages
+  begins from a pretrained attention rather than from noise;
+- word embeddings: one matrix for encoder input, decoder input and decoder output (declared tied in
+  `FiDEncoderDecoder`); the LM head's transform is new;
+- the tokenizer is the encoder's: [CLS] starts the answer, [SEP] ends it, [PAD] pads.
+
+The output is an ordinary HF checkpoint (`EncoderDecoderModel.from_pretrained` reads it) plus
+`reader_init.json`.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoTokenizer, BertLMHeadModel, EncoderDecoderConfig
+
+from common.io import InputError, atomic_path, write_json
+from reader.fid import FiDEncoderDecoder
+
+log = logging.getLogger(__name__)
+
+
+def decoder_layer_sources(encoder_layers: int, decoder_layers: int) -> list[int]:
+    """Which encoder layer each decoder layer copies: evenly spaced from the bottom."""
+    if not 1 <= decoder_layers <= encoder_layers:
+        raise InputError(f"--decoder-layers must be in 1..{encoder_layers} (the encoder's depth), not {decoder_layers}")
+    return [i * encoder_layers // decoder_layers for i in range(decoder_layers)]
+
+
+def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0):
+    """(FiDEncoderDecoder, tokenizer) built from the BERT checkpoint at `encoder_dir`."""
+    name = str(encoder_dir)
+    try:
+        enc_config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise InputError(f"--from {name}: not a model checkpoint ({e})") from e
+    if enc_config.model_type != "bert":
+        raise InputError(f"--from {name}: a {enc_config.model_type!r} checkpoint; the warm start needs a BERT one")
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    encoder = AutoModel.from_pretrained(name)
+    torch.manual_seed(seed)
+    dec_config = copy.deepcopy(enc_config)
+    dec_config.update(dict(is_decoder=True, add_cross_attention=True, num_hidden_layers=decoder_layers,
+                           tie_word_embeddings=True))
+    sources = decoder_layer_sources(enc_config.num_hidden_layers, decoder_layers)
+    decoder = BertLMHeadModel(dec_config)
+    decoder.bert.embeddings.load_state_dict(encoder.embeddings.state_dict())
+    for layer, src in zip(decoder.bert.encoder.layer, sources):
+        source = encoder.encoder.layer[src]
+        missing, unexpected = layer.load_state_dict(source.state_dict(), strict=False)
+        assert not unexpected and all(m.startswith("crossattention.") for m in missing), (missing, unexpected)
+        layer.crossattention.load_state_dict(source.attention.state_dict())
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(encoder.config, dec_config)
+    config.update(dict(decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True))
+    model = FiDEncoderDecoder(config, encoder=encoder, decoder=decoder)
+    model.tie_weights()
+    model.generation_config.update(decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                                   pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id)
+    return model, tokenizer, sources
+
+
+def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike, decoder_layers: int = 2,
+                     seed: int = 0) -> dict:
+    """The warm-started reader, written atomically to `out_dir`."""
+    model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed)
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        info = {"kind": "bert2bert", "from": str(Path(encoder_dir)), "decoder_layers": decoder_layers,
+                "decoder_layer_sources": sources, "parameters": model.num_parameters(),
+                "new_parameters": sum(p.numel() for n, p in model.named_parameters() if n in model.new_parameters())}
+        write_json(tmp / "reader_init.json", info)
+    log.info("bert2bert from %s: %d decoder layers (copies of %s), %d parameters -> %s", encoder_dir, decoder_layers,
+             sources, info["parameters"], out_dir)
+    return info

@@ -1,0 +1,222 @@
+"""The warm-started (bert2bert) FiD reader on a tiny BERT made in the test: the checkpoint's round trip
+with its tied embedding, FiD at k = 1 is the plain EncoderDecoderModel, span-constrained answers are
+passage spans in the passage's own characters, the synthetic task learnt through DeepSpeed ZeRO-2,
+new weights at their own rate, resume."""
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from tiny_data import CODE_NAMES, HOBBIES, code_world
+from tiny_models import make_tiny_bert
+from transformers import AutoTokenizer, EncoderDecoderModel
+
+from common.io import InputError
+from reader import fid_train
+from reader.fid import FiDEncoderDecoder
+from reader.fid_data import FiDCollator, FiDExample
+from reader.fid_train import ReaderArgs, train_reader
+from reader.read import generate_answers, load_reader, read
+from reader.spans import PassageSpans
+from reader.trainer import LoopArgs
+from reader.warm_start import decoder_layer_sources, init_warm_reader
+
+TEXTS = ([f"the code of {n} is {d} ." for n in CODE_NAMES for d in range(10)]
+         + [f"question: what is the code of {n} ? title: people context: {n} likes {h} ." for n in CODE_NAMES for h in HOBBIES]
+         + ["Wilhelm Conrad Röntgen measured 1.71 m, the e-mail said; an apple a day."])
+
+
+@pytest.fixture(scope="module")
+def b2b(tmp_path_factory):
+    root = tmp_path_factory.mktemp("b2b")
+    bert = make_tiny_bert(root / "bert", TEXTS, hidden=64, layers=2)
+    init_warm_reader(bert, root / "init", decoder_layers=2)
+    return root / "init"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fid_data")
+    (root / "train.json").write_text(json.dumps(code_world(800, 4, 0)))
+    (root / "val.json").write_text(json.dumps(code_world(100, 4, 1)))
+    return root
+
+
+def _embeddings(model):
+    return [model.encoder.embeddings.word_embeddings.weight, model.decoder.bert.embeddings.word_embeddings.weight,
+            model.decoder.cls.predictions.decoder.weight]
+
+
+def test_warm_start_round_trip_keeps_one_tied_embedding(b2b, tmp_path):
+    model, tok = load_reader(b2b)
+    assert isinstance(model, FiDEncoderDecoder)
+    assert len({w.data_ptr() for w in _embeddings(model)}) == 1
+    with safe_open(str(b2b / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "encoder.embeddings.word_embeddings.weight" in keys
+    assert "decoder.bert.embeddings.word_embeddings.weight" not in keys
+    info = json.loads((b2b / "reader_init.json").read_text())
+    assert info["decoder_layer_sources"] == [0, 1] and info["kind"] == "bert2bert"
+    # The decoder's layers start as the encoder's, cross-attention as the layer's own self-attention.
+    src = model.encoder.encoder.layer[1]
+    dst = model.decoder.bert.encoder.layer[1]
+    assert torch.equal(dst.attention.self.query.weight, src.attention.self.query.weight)
+    assert torch.equal(dst.crossattention.self.key.weight, src.attention.self.key.weight)
+    # Train a step so that the tie is tested on weights that moved, then save and load again.
+    ids = torch.randint(5, len(tok), (2, 1, 8))
+    loss = model.train()(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.randint(5, len(tok), (2, 3))).loss
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:       # the encoder's pooler takes no part
+                p -= 0.1 * p.grad
+    model.save_pretrained(tmp_path / "again")
+    tok.save_pretrained(tmp_path / "again")
+    back, _ = load_reader(tmp_path / "again")
+    assert len({w.data_ptr() for w in _embeddings(back)}) == 1
+    mine, theirs = model.state_dict(), back.state_dict()
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        assert torch.equal(mine[name], theirs[name]), name
+
+
+def test_fid_with_one_passage_is_the_plain_encoder_decoder(b2b):
+    fid, tok = load_reader(b2b)
+    v = len(tok)
+    plain = EncoderDecoderModel(fid.config).eval()
+    plain.load_state_dict(fid.state_dict())
+    ids = torch.randint(5, v, (2, 1, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 0, 6:] = 0
+    labels = torch.randint(5, v, (2, 4))
+    a = fid(input_ids=ids, attention_mask=mask, labels=labels)
+    b = plain(input_ids=ids[:, 0], attention_mask=mask[:, 0], labels=labels)
+    assert torch.allclose(a.logits, b.logits, atol=1e-5) and torch.allclose(a.loss, b.loss, atol=1e-6)
+    # k passages: generate() sees the same fused encoder as forward().
+    ids3 = torch.randint(5, v, (2, 3, 7))
+    out = fid.generate(input_ids=ids3, attention_mask=torch.ones_like(ids3), max_new_tokens=4, do_sample=False)
+    dec = out[:, :1]
+    for _ in range(out.shape[1] - 1):
+        logits = fid(input_ids=ids3, attention_mask=torch.ones_like(ids3), decoder_input_ids=dec).logits[:, -1]
+        dec = torch.cat([dec, logits.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, dec)
+
+
+def test_decoder_layers_are_checked():
+    assert decoder_layer_sources(6, 2) == [0, 3] and decoder_layer_sources(6, 6) == list(range(6))
+    with pytest.raises(InputError, match="decoder-layers"):
+        decoder_layer_sources(6, 7)
+
+
+def test_span_rules_keep_numbers_whole_and_map_back_to_the_passage(b2b):
+    tok = AutoTokenizer.from_pretrained(b2b)
+    ex = FiDExample("x", "who?", [], [("Wilhelm Röntgen", "Wilhelm Conrad Röntgen measured 1.71 m, the e-mail said.")])
+    batch = FiDCollator(tok, 1, 64).encode_passages([ex], offsets=True)
+    spans = PassageSpans(batch["input_ids"], batch["offset_mapping"], batch["fields"], tok.sep_token_id,
+                         tok.pad_token_id)
+
+    def ids(text):
+        return tok(text, add_special_tokens=False).input_ids
+
+    assert spans.surface(0, ids("rontgen")) == "Röntgen"            # accents back, from the title first
+    assert spans.surface(0, ids("1.71")) == "1.71"
+    assert spans.surface(0, ids("conrad rontgen measured")) == "Conrad Röntgen measured"
+    assert spans.surface(0, ids("measured wilhelm")) is None          # no such span
+    eos = tok.sep_token_id
+    assert eos not in spans.allowed(0, ids("1"))                      # not "1" of "1.71"
+    assert ids(".")[0] in spans.allowed(0, ids("1"))
+    assert eos in spans.allowed(0, ids("1.71"))
+    assert eos not in spans.allowed(0, ids("the"))                    # an article alone is no answer
+    assert eos in spans.allowed(0, ids("the e-mail"))
+    first = spans.allowed(0, [])
+    assert ids("the")[0] in first and ids(".")[0] not in first and ids("-")[0] not in first
+
+
+def test_constrained_answers_are_always_spans_of_the_passages(b2b):
+    """An untrained reader's answers, on passages of random words, each from one of the passages."""
+    model, tok = load_reader(b2b)
+    words = [w for t in TEXTS for w in t.split() if w.isalpha()]
+    g = torch.Generator().manual_seed(0)
+    examples = []
+    for i in range(12):
+        pick = torch.randint(len(words), (3, 9), generator=g).tolist()
+        examples.append(FiDExample(str(i), "what is the code of bob ?", [],
+                                   [(words[p[0]].title(), " ".join(words[j] for j in p[1:])) for p in pick]))
+    for beams in (1, 3):
+        answers = generate_answers(model, tok, examples, 3, batch_size=4, text_maxlength=32, max_new_tokens=6,
+                                   num_beams=beams, progress=False, decoding="spans")
+        for ex, a in zip(examples, answers):
+            assert a and any(a in t or a in p for t, p in ex.passages), (a, ex.passages)
+    free = generate_answers(model, tok, examples, 3, batch_size=4, text_maxlength=32, max_new_tokens=6,
+                            progress=False, decoding="free")
+    assert len(free) == len(examples)
+    with pytest.raises(InputError, match="decoding"):
+        generate_answers(model, tok, examples, 3, decoding="beam-me-up")
+
+
+def _args(model, data, out, **loop):
+    reader = ReaderArgs(model=str(model), train_file=[str(data / "train.json")], validation_file=str(data / "val.json"),
+                        n_passages=4, text_maxlength=48, answer_maxlength=6, max_validation=100)
+    return reader, LoopArgs(out_dir=str(out), **{"batch_size": 16, "lr": 1e-3, "warmup_steps": 20, **loop})
+
+
+def test_a_tiny_warm_started_reader_learns_to_find_the_answer_among_k_passages(b2b, data, tmp_path):
+    """Through DeepSpeed ZeRO-2 on CPU. The digit is one of ten and sits in one of the 4 passages."""
+    result = train_reader(*_args(b2b, data, tmp_path / "run", max_steps=300, eval_steps=150, save_steps=300))
+    assert result["history"][-1]["loss"] < 0.5 * result["history"][0]["loss"]
+    assert result["best"]["value"] >= 40.0
+    summary = read(tmp_path / "run" / "best", data / "val.json", tmp_path / "pred.jsonl", n_passages=4,
+                   text_maxlength=48)
+    assert summary["em"] == pytest.approx(result["best"]["value"])
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["deepspeed"]["zero_optimization"]["stage"] == 2
+
+
+def test_new_weights_train_at_their_own_rate(b2b, data, tmp_path):
+    """lr 0 for what came from the pretrained encoder, new_lr for cross-attention and the LM head."""
+    reader, loop = _args(b2b, data, tmp_path / "groups", max_steps=3, batch_size=4, warmup_steps=1, eval_steps=3,
+                         save_steps=3, lr=0.0, new_lr=1e-2)
+    reader.max_validation = 4
+    train_reader(reader, loop)
+    before, _ = load_reader(b2b)
+    after, _ = load_reader(tmp_path / "groups" / "last")
+    new = before.new_parameters()
+    assert any(".crossattention." in n for n in new) and "decoder.cls.predictions.transform.dense.weight" in new
+    b, a = dict(before.named_parameters()), dict(after.named_parameters())   # tied weights once
+    for name in b:
+        if name in new:
+            assert not torch.equal(a[name], b[name]), name
+        else:
+            assert torch.equal(a[name], b[name]), name
+
+
+def test_an_interrupted_warm_reader_training_resumes_with_the_same_losses(b2b, data, tmp_path, monkeypatch):
+    def loop_args(out):
+        return _args(b2b, data, out, max_steps=8, batch_size=8, eval_steps=5, save_steps=3, new_lr=3e-3)
+
+    straight = train_reader(*loop_args(tmp_path / "straight"))
+    real = fid_train.generate_answers
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt("interrupted at the step-5 evaluation, after the step-3 checkpoint")
+
+    monkeypatch.setattr(fid_train, "generate_answers", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train_reader(*loop_args(tmp_path / "resumed"))
+    monkeypatch.setattr(fid_train, "generate_answers", real)
+    reader, loop = loop_args(tmp_path / "resumed")
+    loop.resume = True
+    again = train_reader(reader, loop)
+    assert [h["step"] for h in again["history"]] == list(range(1, 9))
+    assert [h["loss"] for h in again["history"]] == pytest.approx([h["loss"] for h in straight["history"]], rel=1e-5)
+
+
+def test_reader_init_cli_warm_starts_from_an_encoder(b2b, tmp_path, capsys):
+    from system.cli import main
+    bert = next(b2b.parent.glob("bert"))
+    out = tmp_path / "init"
+    assert main(["reader", "init", "--from", str(bert), "--decoder-layers", "1", "--out", str(out)]) == 0
+    assert "bert2bert" in capsys.readouterr().out
+    model, tok = load_reader(out)
+    assert model.config.decoder.num_hidden_layers == 1 and model.config.decoder_start_token_id == tok.cls_token_id
+    assert main(["reader", "init", "--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    assert "--from" in capsys.readouterr().err and not (tmp_path / "x").exists()
