@@ -4,14 +4,15 @@
 
 A question keeps its k best passages by score. Each passage becomes `question: Q title: T context: P`,
 truncated to `text_maxlength` tokens; a question with fewer than k passages gets empty ones, masked
-out. The target is `target` if given, else the first answer, or (`random_answer`) an answer drawn anew
-each epoch.
+out. The target is `target` if given, else the first answer as the k passages write it (with
+`random_answer`, one drawn anew each epoch), else the first answer; without a leading article.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,12 +95,38 @@ def answer_end_id(tokenizer) -> int:
     return tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
 
 
-def pick_target(ex: FiDExample, rng: random.Random | None) -> str:
+_LEADING_ARTICLE = re.compile(r"^(the|a|an)\s+(?=\S)", re.IGNORECASE)
+
+
+def strip_article(answer: str) -> str:
+    """"the Saint Lawrence River" -> "Saint Lawrence River": EM (SQuAD's normalisation) drops articles,
+    so a reader that spends its first token on one learns nothing that scores."""
+    return _LEADING_ARTICLE.sub("", answer.strip())
+
+
+def answers_in_passages(ex: FiDExample, k: int) -> list[str]:
+    """The gold answers as the first k passages write them (answer-bearing passages only, where the file
+    says which), best passage first: "Peking" for the gold "peking", the alias a TriviaQA passage uses."""
+    found = []
+    for j, (title, text) in enumerate(ex.passages[:k]):
+        if ex.has_answer is not None and not ex.has_answer[j]:
+            continue
+        for answer in ([] if ex.regex else ex.answers):
+            m = re.search(r"(?<!\w)" + re.escape(answer.strip()) + r"(?!\w)", f"{title}\n{text}", re.IGNORECASE)
+            if m and answer.strip() and m.group(0) not in found:
+                found.append(m.group(0))
+    return found
+
+
+def pick_target(ex: FiDExample, rng: random.Random | None, k: int | None = None) -> str:
+    """`target` if the file gives one; else an answer as the passages write it (first found, or, with
+    `rng`, one drawn at random), else as the file gives it. Without a leading article."""
     if ex.target is not None:
-        return ex.target
+        return strip_article(ex.target)
     if not ex.answers:
         raise InputError(f"question {ex.id!r} has no answer to train on")
-    return rng.choice(ex.answers) if rng is not None else ex.answers[0]
+    pool = answers_in_passages(ex, k if k is not None else len(ex.passages)) or ex.answers
+    return strip_article(rng.choice(pool) if rng is not None else pool[0])
 
 
 class FiDCollator:
@@ -142,7 +169,7 @@ class FiDCollator:
 
     def __call__(self, examples: list[FiDExample], rng: random.Random | None = None) -> dict[str, torch.Tensor]:
         batch = self.encode_passages(examples)
-        batch["labels"] = self.encode_targets([pick_target(ex, rng) for ex in examples])
+        batch["labels"] = self.encode_targets([pick_target(ex, rng, self.k) for ex in examples])
         return batch
 
 

@@ -4,8 +4,9 @@ An uncased WordPiece decoder lowercases, strips accents and splits numbers ("ron
 SQuAD's EM keeps accents, so a generated answer is mapped back to the characters of the passage it
 came from through the tokenizer's offsets. With `constrained` decoding the decoder may only continue
 a span of an input passage (its title or its text, never the question): the first token starts a
-word, the answer ends at a word boundary, and it may not end while it holds nothing but articles and
-punctuation (an answer SQuAD's normalisation makes empty).
+word and is no article (EM drops articles, and the reader is trained without them), the answer ends
+at a word boundary, and it may not end while it holds nothing but punctuation (an answer SQuAD's
+normalisation makes empty).
 
 `PassageSpans` holds, per question, every passage token of the encoder input with its offsets;
 `allowed(b, prefix)` is what `generate(prefix_allowed_tokens_fn=...)` asks for, and `surface(b, ids)`
@@ -16,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from common.metrics.answers import normalize_answer
+
+_ARTICLES = {"a", "an", "the"}
 
 
 class _Example:
@@ -57,7 +60,8 @@ def _word_boundaries(text: str, offsets: list[tuple[int, int]]) -> tuple[list[bo
     def boundary(i: int) -> bool:   # between token i and i + 1
         return not joined[i] or ((punct[i] or punct[i + 1]) and not inner[i] and not inner[i + 1])
 
-    start_ok = [not punct[i] and (i == 0 or boundary(i - 1)) for i in range(n)]
+    article = [text[s:e].lower() in _ARTICLES for s, e in offsets]
+    start_ok = [not punct[i] and not article[i] and (i == 0 or boundary(i - 1)) for i in range(n)]
     end_ok = [not punct[i] and (i == n - 1 or boundary(i)) for i in range(n)]
     return start_ok, end_ok
 

@@ -36,8 +36,9 @@ def decoder_layer_sources(encoder_layers: int, decoder_layers: int) -> list[int]
     return [i * encoder_layers // decoder_layers for i in range(decoder_layers)]
 
 
-def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0):
-    """(FiDEncoderDecoder, tokenizer) built from the BERT checkpoint at `encoder_dir`."""
+def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0, dropout: float = 0.0):
+    """(FiDEncoderDecoder, tokenizer) built from the BERT checkpoint at `encoder_dir`. Dropout is off by
+    default: a CPU schedule trains for few steps, where underfitting, not overfitting, is the risk."""
     name = str(encoder_dir)
     try:
         enc_config = AutoConfig.from_pretrained(name)
@@ -46,9 +47,9 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
     if enc_config.model_type != "bert":
         raise InputError(f"--from {name}: a {enc_config.model_type!r} checkpoint; the warm start needs a BERT one")
     tokenizer = AutoTokenizer.from_pretrained(name)
-    encoder = AutoModel.from_pretrained(name)
+    encoder = AutoModel.from_pretrained(name, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     torch.manual_seed(seed)
-    dec_config = copy.deepcopy(enc_config)
+    dec_config = copy.deepcopy(encoder.config)
     dec_config.update(dict(is_decoder=True, add_cross_attention=True, num_hidden_layers=decoder_layers,
                            tie_word_embeddings=True))
     sources = decoder_layer_sources(enc_config.num_hidden_layers, decoder_layers)
@@ -70,14 +71,14 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
 
 
 def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike, decoder_layers: int = 2,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, dropout: float = 0.0) -> dict:
     """The warm-started reader, written atomically to `out_dir`."""
-    model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed)
+    model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed, dropout)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         info = {"kind": "bert2bert", "from": str(Path(encoder_dir)), "decoder_layers": decoder_layers,
-                "decoder_layer_sources": sources, "parameters": model.num_parameters(),
+                "decoder_layer_sources": sources, "dropout": dropout, "parameters": model.num_parameters(),
                 "new_parameters": sum(p.numel() for n, p in model.named_parameters() if n in model.new_parameters())}
         write_json(tmp / "reader_init.json", info)
     log.info("bert2bert from %s: %d decoder layers (copies of %s), %d parameters -> %s", encoder_dir, decoder_layers,

@@ -1,12 +1,16 @@
 """FiD reader cost by k: training step time and peak memory (with and without encoder gradient
-checkpointing), and inference questions/s of FiD next to plain T5 reading the k passages concatenated
-into one input (the quadratic baseline FiD exists to beat), in one run.
+checkpointing), and inference questions/s of FiD next to the same model reading the k passages
+concatenated into one input (the quadratic baseline FiD exists to beat), in one run.
 
-Random weights of a preset's shape and random token ids: the cost does not depend on what the model
-knows. Each measurement runs in a fresh subprocess so its peak RSS is its own. The training step is
-forward + backward + AdamW on one question (B=1) in fp32.
+Two kinds: `t5`, a T5 of a preset's shape, and `warm`, the bert2bert reader of `odqa reader init --from`
+(the MiniLM's shape: 6 layers, 384 wide, a 2-layer decoder). The concatenated BERT baseline gets
+position embeddings for all k x L tokens (BERT has 512): what it would cost if it could read them.
 
-    python scripts/bench_reader.py [--preset small] [--ks 5 10 25 50 100] [--text-maxlength 128]
+Random weights and random token ids: the cost does not depend on what the model knows. Each
+measurement runs in a fresh subprocess so its peak RSS is its own. The training step is forward +
+backward + AdamW on one question (B=1) in fp32.
+
+    python scripts/bench_reader.py [--kind warm|t5] [--preset small] [--ks 5 10 25 50 100] [--text-maxlength 128]
 """
 from __future__ import annotations
 
@@ -20,11 +24,30 @@ import time
 import torch
 
 
-def build_model(preset: str):
+# all-MiniLM-L6-v2's shape, the encoder `odqa reader init --from` warm-starts from by default.
+MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+
+
+def build_model(preset: str, positions: int = 512):
+    """`preset` is a T5 preset or "warm" (bert2bert of MiniLM's shape, `positions` long)."""
+    torch.manual_seed(0)
+    if preset == "warm":
+        from transformers import BertConfig, EncoderDecoderConfig
+
+        from reader.fid import FiDEncoderDecoder
+        enc = BertConfig(**MINILM, max_position_embeddings=max(positions, 512))
+        dec = BertConfig(**{**MINILM, "num_hidden_layers": 2}, max_position_embeddings=512, is_decoder=True,
+                         add_cross_attention=True)
+        config = EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
+        config.update(dict(decoder_start_token_id=101, eos_token_id=102, pad_token_id=0))
+        return FiDEncoderDecoder(config)
     from reader.fid import FiDT5
     from reader.t5_init import PRESETS, t5_config
-    torch.manual_seed(0)
     return FiDT5(t5_config(preset, PRESETS[preset]["vocab"]))
+
+
+def vocab(model) -> int:
+    return model.get_input_embeddings().weight.shape[0]
 
 
 def rss_mb() -> float:
@@ -37,8 +60,8 @@ def measure_train(preset: str, k: int, length: int, checkpointing: bool, steps: 
     if checkpointing:
         model.encoder_gradient_checkpointing()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(3, model.config.vocab_size - 100, (1, k, length))
-    labels = torch.randint(3, model.config.vocab_size - 100, (1, 8))
+    ids = torch.randint(3, vocab(model) - 100, (1, k, length))
+    labels = torch.randint(3, vocab(model) - 100, (1, 8))
     base = rss_mb()
 
     def step():
@@ -55,8 +78,8 @@ def measure_train(preset: str, k: int, length: int, checkpointing: bool, steps: 
 
 @torch.no_grad()
 def measure_infer(preset: str, k: int, length: int, concat: bool, questions: int, batch: int) -> dict:
-    model = build_model(preset).eval()
-    ids = torch.randint(3, model.config.vocab_size - 100, (batch, k, length))
+    model = build_model(preset, k * length if concat else length).eval()
+    ids = torch.randint(3, vocab(model) - 100, (batch, k, length))
     if concat:          # one input of k * L tokens: full self-attention over all of them
         ids = ids.reshape(batch, k * length)
     kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)   # same decoding work for both
@@ -76,7 +99,8 @@ def child(argv: list[str]) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="small")
+    p.add_argument("--kind", choices=["warm", "t5"], default="warm", help="warm: bert2bert of MiniLM's shape; t5: --preset")
+    p.add_argument("--preset", default="small", help="with --kind t5: tiny, small or base")
     p.add_argument("--ks", type=int, nargs="+", default=[5, 10, 25, 50, 100])
     p.add_argument("--text-maxlength", type=int, default=128, help="tokens per question+passage")
     p.add_argument("--steps", type=int, default=2, help="timed training steps per setting")
@@ -93,7 +117,9 @@ def main() -> int:
         return 0
 
     L = args.text_maxlength
-    print(f"preset {args.preset}, {L} tokens per passage, {torch.get_num_threads()} threads, "
+    if args.kind == "warm":
+        args.preset = "warm"
+    print(f"model {args.preset}, {L} tokens per passage, {torch.get_num_threads()} threads, "
           f"{'CUDA' if torch.cuda.is_available() else 'CPU'}, fp32", flush=True)
     rows = []
     for k in args.ks:
@@ -108,7 +134,7 @@ def main() -> int:
     def fmt(d, key, spec):
         return format(d[key], spec) if key in d else d.get("error", "-")[:30]
 
-    print("| k | step s | step s, ckpt | peak MB | peak MB, ckpt | FiD q/s | concat T5 q/s | FiD / concat |")
+    print("| k | step s | step s, ckpt | peak MB | peak MB, ckpt | FiD q/s | concat q/s | FiD / concat |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ratio = (f"{r['fid']['questions_per_s'] / r['concat']['questions_per_s']:.2f}x"

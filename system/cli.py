@@ -115,7 +115,8 @@ def _pipeline(args):
     from system.pipeline import Pipeline, ReaderSettings
     corpus = args.corpus or default_corpus()
     return Pipeline.load(_phrase_searcher(args, corpus), args.reader,
-                         ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams))
+                         ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams,
+                                        decoding=args.decoding))
 
 
 def cmd_ask(args) -> None:
@@ -154,6 +155,8 @@ def _system_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reader", type=Path, required=True, help="FiD reader checkpoint (train-reader OUT_DIR/best)")
     p.add_argument("--text-maxlength", type=int, default=200, help="reader tokens per passage (default 200)")
     p.add_argument("--num-beams", type=int, default=1, help="beam size for generation (default 1: greedy)")
+    p.add_argument("--decoding", choices=["spans", "free"], default="spans",
+                   help="spans: the generated answer is a span of a passage; free: any tokens (default spans)")
     _corpus_arg(p)
 
 
@@ -261,7 +264,7 @@ def cmd_reader_init(args) -> None:
     if args.from_encoder is not None:
         from reader.warm_start import init_warm_reader
         out = args.out or default_warm_reader_dir()
-        info = init_warm_reader(args.from_encoder, out, args.decoder_layers, args.seed)
+        info = init_warm_reader(args.from_encoder, out, args.decoder_layers, args.seed, args.dropout)
         print(f"bert2bert: {info['parameters']:,} parameters ({info['new_parameters']:,} new), "
               f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']} "
               f"-> {out}")
@@ -556,6 +559,8 @@ def _reader_parsers(sub) -> None:
     p.add_argument("--from", dest="from_encoder", default=None, metavar="ENCODER_DIR",
                    help="BERT checkpoint to warm-start from, e.g. $ODQA_HOME/data/encoders/all-MiniLM-L6-v2")
     p.add_argument("--decoder-layers", type=int, default=2, help="with --from: decoder depth (default 2)")
+    p.add_argument("--dropout", type=float, default=0.0, help="with --from: dropout of encoder and decoder (default 0: "
+                                                              "short CPU schedules underfit)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
                    help="without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) "
                         "(default tiny)")

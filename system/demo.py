@@ -31,7 +31,7 @@ from typing import Callable
 
 from common import datapack
 from common.corpus import PassageStore, build_corpus, corpus_info
-from common.io import InputError, read_json, read_jsonl, write_json
+from common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from common.paths import default_corpus, default_documents, default_encoder, odqa_home
 from common.questions import load_questions, question_set_name
 
@@ -64,12 +64,17 @@ class DemoConfig:
     top_docs: int = 100
     lambda_questions: int = 200
     # reader
-    reader_model: str | None = None         # any T5 checkpoint (t5-base); None: `reader init` with reader_preset
-    reader_preset: str = "tiny"
-    pretrain_steps: int = 0
-    reader_steps: int = 60
+    reader_model: str | None = None         # any reader checkpoint (t5-base); None: made by `reader_init`
+    reader_init: str = "warm"               # warm: bert2bert from `encoder`; t5: a from-scratch T5 of reader_preset
+    reader_decoder_layers: int = 2          # warm: decoder depth
+    reader_preset: str = "tiny"             # t5: its shape
+    pretrain_steps: int = 0                 # t5: span-corruption steps on the corpus first
+    reader_gold_steps: int = 150            # steps on the gold passage alone (k = 1) before FiD at k
+    reader_gold_batch: int = 8
+    reader_steps: int = 12                  # FiD steps at reader_k
     reader_batch: int = 4
-    reader_lr: float = 1e-3
+    reader_lr: float = 1e-4
+    reader_new_lr: float | None = 5e-4      # the warm start's new weights (cross-attention, LM head); None: reader_lr
     reader_k: int = 10
     reader_questions: int | None = 1000
     reader_validation: int = 100
@@ -87,7 +92,7 @@ PRESETS = {
     # The schedules of the README's measurements (hours on 2 CPU cores; a GPU makes them minutes).
     "full": DemoConfig(phrase_examples=None, max_passage_tokens=192, validation_questions=400,
                        doc_examples=2048, doc_rounds=2, doc_negatives="abstract", max_doc_tokens=128,
-                       doc_validation_docs=0, lambda_questions=500, pretrain_steps=450, reader_steps=400,
+                       doc_validation_docs=0, lambda_questions=500, reader_gold_steps=300, reader_steps=100,
                        reader_questions=None, reader_validation=200, text_maxlength=160, run_limit=None,
                        run_k=[5, 10, 25, 50], baselines=["bm25", "dense"]),
 }
@@ -106,6 +111,8 @@ REFERENCE = dict(
     pretrain_step_s=3.0,      # batch 32 x 128 tokens, tiny preset
     fid_token_s=0.0004,       # per (passage x token) of a training batch, tiny preset
     read_token_s=0.00004,     # per (passage x token) read, greedy decoding, tiny preset
+    warm_fid_token_s=0.0016,  # the same for the bert2bert reader (MiniLM encoder, 2 decoder layers)
+    warm_read_token_s=0.0003,
 )
 
 
@@ -133,7 +140,7 @@ class Demo:
         self._test_sizes: dict[str, int] = {}  # stages() runs before every stage: count each set once
         self.p = {name: self.out / name for name in (
             "supervision", "phrase", "phrase-dump", "phrase-index", "doc-r1", "doc-r2", "doc-index",
-            "reader-init", "reader-pretrain", "reader-data", "reader", "run")}
+            "reader-init", "reader-pretrain", "reader-data", "reader-gold", "reader", "run")}
 
     # --- the stages, in order -------------------------------------------------------------------
     def stages(self) -> list[Stage]:
@@ -169,23 +176,42 @@ class Demo:
                                                               "max_doc_tokens", "doc_validation_docs", "top_docs",
                                                               "lambda_questions", "validation_questions")},
                   [self.doc_model(), p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
-            Stage("reader", f"train the FiD reader ({c.pretrain_steps} pretraining + {c.reader_steps} FiD steps, "
-                            f"k={c.reader_k})",
-                  (0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"]
-                  + c.pretrain_steps * ref["pretrain_step_s"]
-                  + c.reader_steps * c.reader_batch * c.reader_k * c.text_maxlength * ref["fid_token_s"]
-                  + c.reader_validation * c.reader_k * c.text_maxlength * ref["read_token_s"] * 2,
+            Stage("reader", f"train the FiD reader ({self._reader_plan()})", self._reader_estimate(),
                   self.train_reader, {k: getattr(c, k) for k in (
-                      "reader_model", "reader_preset", "pretrain_steps", "reader_steps", "reader_batch", "reader_lr",
-                      "reader_k", "reader_questions", "reader_validation", "text_maxlength")},
-                  [p["reader"] / "best"], [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader"]]),
+                      "reader_model", "reader_init", "reader_decoder_layers", "reader_preset", "pretrain_steps",
+                      "reader_gold_steps", "reader_gold_batch", "reader_steps", "reader_batch", "reader_lr",
+                      "reader_new_lr", "reader_k", "reader_questions", "reader_validation", "text_maxlength")},
+                  [p["reader"] / "best"],
+                  [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
                          f"k = {', '.join(map(str, c.run_k))}",
-                  ref["run_start_s"] + run_q * (ref["search_q_s"] + sum(c.run_k) * c.text_maxlength * ref["read_token_s"])
+                  ref["run_start_s"] + run_q * (ref["search_q_s"] + sum(c.run_k) * c.text_maxlength * self._reader_token_s()[1])
                   + (n_pass * ref["encode_s"] if "dense" in c.baselines else 0), self.run,
                   {k: getattr(c, k) for k in ("test_questions", "run_limit", "run_k", "baselines", "examples")},
                   [p["run"] / "report.json"], [p["run"]]),
         ]
+
+    def _reader_plan(self) -> str:
+        c = self.cfg
+        parts = [f"{c.pretrain_steps} pretraining"] if c.reader_init == "t5" and c.pretrain_steps else []
+        if c.reader_gold_steps:
+            parts.append(f"{c.reader_gold_steps} gold-passage steps")
+        return " + ".join(parts + [f"{c.reader_steps} FiD steps, k={c.reader_k}"])
+
+    def _reader_token_s(self) -> tuple[float, float]:
+        """Reference seconds per (passage x token) to train on and to read, for the reader the demo makes."""
+        if self.cfg.reader_model is None and self.cfg.reader_init == "warm":
+            return REFERENCE["warm_fid_token_s"], REFERENCE["warm_read_token_s"]
+        return REFERENCE["fid_token_s"], REFERENCE["read_token_s"]
+
+    def _reader_estimate(self) -> float:
+        c, ref = self.cfg, REFERENCE
+        train_s, read_s = self._reader_token_s()
+        pretrain = c.pretrain_steps * ref["pretrain_step_s"] if c.reader_init == "t5" and not c.reader_model else 0
+        return ((0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"] * (2 if c.reader_gold_steps else 1)
+                + pretrain + c.text_maxlength * train_s * (c.reader_gold_steps * c.reader_gold_batch
+                                                           + c.reader_steps * c.reader_batch * c.reader_k)
+                + c.reader_validation * c.text_maxlength * read_s * (1 + c.reader_k) * 2)
 
     def _sizes(self) -> tuple[int, int, int]:
         """Passages, documents, training examples: as built, or the default data's before they are."""
@@ -273,29 +299,63 @@ class Demo:
         from reader.fid_train import ReaderArgs, train_reader
         from reader.trainer import LoopArgs
         c, p = self.cfg, self.p
-        model = c.reader_model
-        if model is None:
-            model = str(p["reader-init"])
-            if not (p["reader-init"] / "config.json").exists():
+        model, result = c.reader_model or self.init_reader(resume), {}
+
+        def loop(out: Path, steps: int, batch: int) -> LoopArgs:
+            return LoopArgs(str(out), max_steps=steps, batch_size=batch, lr=c.reader_lr, new_lr=c.reader_new_lr,
+                            warmup_steps=max(steps // 10, 1), eval_steps=steps, save_steps=max(steps // 2, 1),
+                            resume=resume)
+
+        if c.reader_gold_steps:
+            gold_train, gold_val = self.gold_data()
+            r = train_reader(ReaderArgs(model, [str(gold_train)], str(gold_val), n_passages=1,
+                                        text_maxlength=c.text_maxlength, max_validation=c.reader_validation),
+                             loop(p["reader-gold"], c.reader_gold_steps, c.reader_gold_batch))
+            result["gold_validation_em"] = r["evals"][-1]["em"]
+            model = str(p["reader-gold"] / "best")
+        train_file, val_file = self.reader_data()
+        r = train_reader(ReaderArgs(model, [str(train_file)], str(val_file), n_passages=c.reader_k,
+                                    text_maxlength=c.text_maxlength, max_validation=c.reader_validation),
+                         loop(p["reader"], c.reader_steps, c.reader_batch))
+        return {"train_questions": r["train_questions"], **result,
+                "validation_em": r["evals"][-1]["em"] if r["evals"] else None}
+
+    def init_reader(self, resume: bool) -> str:
+        """The reader to train: bert2bert from the encoder, or a from-scratch T5 (optionally pretrained)."""
+        from reader.trainer import LoopArgs
+        c, p = self.cfg, self.p
+        if c.reader_init not in ("warm", "t5"):
+            raise InputError(f"reader_init must be warm or t5, not {c.reader_init!r}")
+        if not (p["reader-init"] / "config.json").exists():
+            if c.reader_init == "warm":
+                from reader.warm_start import init_warm_reader
+                init_warm_reader(self.encoder, p["reader-init"], c.reader_decoder_layers)
+            else:
                 from reader.t5_init import init_reader, passage_text
                 store = PassageStore(self.corpus)
                 init_reader((passage_text(x) for x in store), p["reader-init"], c.reader_preset)
                 store.close()
-        if c.pretrain_steps:
+        if c.reader_init == "t5" and c.pretrain_steps:
             from reader.pretrain import PretrainArgs, pretrain_reader
-            pretrain_reader(PretrainArgs(model, str(self.corpus)),
+            pretrain_reader(PretrainArgs(str(p["reader-init"]), str(self.corpus)),
                             LoopArgs(str(p["reader-pretrain"]), max_steps=c.pretrain_steps, batch_size=32,
                                      lr=c.reader_lr, warmup_steps=c.pretrain_steps // 10,
                                      eval_steps=max(c.pretrain_steps // 3, 1), save_steps=max(c.pretrain_steps // 3, 1),
                                      resume=resume))
-            model = str(p["reader-pretrain"] / "best")
-        train_file, val_file = self.reader_data()
-        r = train_reader(ReaderArgs(model, [str(train_file)], str(val_file), n_passages=c.reader_k,
-                                    text_maxlength=c.text_maxlength, max_validation=c.reader_validation),
-                         LoopArgs(str(p["reader"]), max_steps=c.reader_steps, batch_size=c.reader_batch,
-                                  lr=c.reader_lr, warmup_steps=max(c.reader_steps // 10, 1),
-                                  eval_steps=c.reader_steps, save_steps=max(c.reader_steps // 2, 1), resume=resume))
-        return {"train_questions": r["train_questions"], "validation_em": r["evals"][-1]["em"] if r["evals"] else None}
+            return str(p["reader-pretrain"] / "best")
+        return str(p["reader-init"])
+
+    def gold_data(self) -> tuple[Path, Path]:
+        """Each supervision question with its answer-bearing passage alone, the answer as it is written there."""
+        from common.retrieval_file import gold_entry
+        out = self.p["reader-data"]
+        out.mkdir(parents=True, exist_ok=True)
+        files = []
+        for split in ("train", "validation"):
+            path = out / f"gold-{split}.jsonl"
+            write_jsonl(path, (gold_entry(row) for _, row in read_jsonl(self.p["supervision"] / f"{split}.jsonl")))
+            files.append(path)
+        return files[0], files[1]
 
     def reader_data(self) -> tuple[Path, Path]:
         """BM25's top-k passages for the supervision questions: FiD's training and validation files."""

@@ -29,6 +29,7 @@ class ReaderSettings:
     max_new_tokens: int = 32
     num_beams: int = 1
     batch_size: int = 8
+    decoding: str = "spans"          # spans: the answer is a passage span (reader/spans.py) | free
 
 
 class Pipeline:
@@ -56,7 +57,7 @@ class Pipeline:
         examples = [FiDExample(id=str(i), question=q, answers=[], passages=[(p["title"], p["text"]) for p in r["passages"]])
                     for i, (q, r) in enumerate(zip(questions, results))]
         generated = generate_answers(self.model, self.tokenizer, examples, k, s.batch_size, s.text_maxlength,
-                                     s.max_new_tokens, s.num_beams, self.device, progress=False)
+                                     s.max_new_tokens, s.num_beams, self.device, progress=False, decoding=s.decoding)
         t2 = time.perf_counter()
         timings = {"retrieve_ms": 1000 * (t1 - t0), "read_ms": 1000 * (t2 - t1), "questions_in_batch": len(questions)}
         out = []

@@ -53,6 +53,7 @@ class RunArgs:
     dense_encoder: str | None = None
     batch_size: int = 8
     text_maxlength: int = 200
+    decoding: str = "spans"                # the reader's decoding: spans | free
     nprobe: int = 64
 
 
@@ -132,10 +133,10 @@ def run(args: RunArgs) -> list[dict]:
             fid_file, pred_file = out / f"fid-{ds}-k{k}.jsonl", out / f"pred-{ds}-k{k}.jsonl"
             f_key = {"retrieval": r_key, "k": k}
             cached(fid_file, f_key, lambda: write_jsonl(fid_file, ({**e, "ctxs": e["ctxs"][:k]} for e in entries)))
-            p_key = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength}
+            p_key = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding}
             cached(pred_file, p_key, lambda: read_with(*reader(), fid_file, pred_file, n_passages=k,
                                                        batch_size=args.batch_size, text_maxlength=args.text_maxlength,
-                                                       device=device))
+                                                       device=device, decoding=args.decoding))
             per_k[k] = [obj for _, obj in read_jsonl(pred_file)]
             if len(per_k[k]) != len(entries):
                 raise InputError(f"{pred_file} has {len(per_k[k])} predictions for {len(entries)} questions: delete it")

@@ -7,7 +7,7 @@ import pytest
 
 from system.demo import Demo, DemoConfig, Stage, run_demo
 from tiny_data import write_jsonl
-from tiny_models import make_tiny_bert, make_tiny_t5
+from tiny_models import make_tiny_bert
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo"]
 CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "dakar", "riga"]
@@ -32,7 +32,7 @@ def world(tmp_path_factory):
         encoder=str(make_tiny_bert(root / "bert", texts)),
         phrase_examples=None, phrase_batch=2, max_passage_tokens=48,
         doc_examples=None, doc_batch=2, max_doc_tokens=48, doc_validation_docs=4, top_docs=6, lambda_questions=4,
-        reader_model=str(make_tiny_t5(root / "t5", texts * 4, vocab_size=200)), reader_steps=3, reader_batch=2,
+        reader_gold_steps=2, reader_gold_batch=2, reader_steps=3, reader_batch=2,   # bert2bert from the tiny BERT
         reader_k=2, reader_questions=None, reader_validation=2, text_maxlength=40,
         run_limit=None, run_k=[1, 3], examples=2)
     return {"root": root, "cfg": cfg}
@@ -51,6 +51,8 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     assert len(table) == 2, first_run  # one row per k
     assert first_run.count("   extractive: ") == 2 and first_run.count("   generated:  ") == 2
     assert (out / "run" / "report.json").exists() and (out / "run" / "topk.png").exists()
+    # The reader was warm-started from the encoder and trained on the gold passages first.
+    assert (out / "reader-init" / "reader_init.json").exists() and (out / "reader-gold" / "best").exists()
 
 
 def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
