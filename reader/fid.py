@@ -57,13 +57,28 @@ class FiD:
     def get_encoder(self, modality: str | None = None):
         return FusedEncoder(self.encoder)
 
-    def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None,
+                label_allowed=None, **kwargs):
+        """`label_allowed` (B, T, A), token ids padded with -1: the loss at target step t is a softmax over
+        those tokens alone (what span-constrained decoding may choose there); a row of -1 leaves the
+        step unconstrained."""
         if encoder_outputs is None and input_ids is not None:
             encoder_outputs = self.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
                                                  passage_length=passage_length, return_dict=True)
         if attention_mask is not None and attention_mask.dim() == 3:
             attention_mask = attention_mask.flatten(1)   # the decoder's cross-attention mask over k * L tokens
-        return super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs, **kwargs)
+        if label_allowed is None or kwargs.get("labels") is None:
+            return super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs, **kwargs)
+        labels = kwargs.pop("labels")
+        kwargs["decoder_input_ids"] = self.prepare_decoder_input_ids_from_labels(labels)
+        out = super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs, **kwargs)
+        vocab = out.logits.size(-1)
+        index = torch.where(label_allowed < 0, vocab, label_allowed)      # -1 -> a column dropped below
+        allowed = torch.zeros(*out.logits.shape[:-1], vocab + 1, dtype=torch.bool, device=out.logits.device)
+        allowed = allowed.scatter_(-1, index, True)[..., :vocab] | (label_allowed < 0).all(-1, keepdim=True)
+        logits = out.logits.masked_fill(~allowed, torch.finfo(out.logits.dtype).min)
+        out.loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return out
 
     @torch.no_grad()
     def generate(self, input_ids=None, attention_mask=None, **kwargs):
@@ -99,11 +114,12 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
     # a new job) and the LM head's transform and bias.
     NEW = re.compile(r"\.crossattention\.|^decoder\.cls\.predictions\.(transform\.|bias$)")
 
-    def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None,
+                label_allowed=None, **kwargs):
         with warnings.catch_warnings():
             # EncoderDecoderModel warns on every call with labels that it computes the loss itself (since 4.12).
             warnings.filterwarnings("ignore", category=FutureWarning, message="Version v4.12.0")
-            return super().forward(input_ids, attention_mask, encoder_outputs, passage_length, **kwargs)
+            return super().forward(input_ids, attention_mask, encoder_outputs, passage_length, label_allowed, **kwargs)
 
     def new_parameters(self) -> set[str]:
         return {name for name, _ in self.named_parameters() if self.NEW.search(name)}

@@ -132,11 +132,13 @@ def pick_target(ex: FiDExample, rng: random.Random | None, k: int | None = None)
 class FiDCollator:
     """Examples -> input_ids/attention_mask (B, k, L) and labels (B, T) with -100 on padding."""
 
-    def __init__(self, tokenizer, n_passages: int, text_maxlength: int = 200, answer_maxlength: int = 32):
+    def __init__(self, tokenizer, n_passages: int, text_maxlength: int = 200, answer_maxlength: int = 32,
+                 span_loss: bool = False):
         self.tokenizer = tokenizer
         self.k = n_passages
         self.text_maxlength = text_maxlength
         self.answer_maxlength = answer_maxlength
+        self.span_loss = span_loss
 
     def encode_passages(self, examples: list[FiDExample], offsets: bool = False) -> dict:
         """input_ids/attention_mask (B, k, L); with `offsets`, also each token's character span
@@ -168,9 +170,30 @@ class FiDCollator:
         return torch.tensor([seq + [-100] * (width - len(seq)) for seq in ids])
 
     def __call__(self, examples: list[FiDExample], rng: random.Random | None = None) -> dict[str, torch.Tensor]:
-        batch = self.encode_passages(examples)
+        batch = self.encode_passages(examples, offsets=self.span_loss)
         batch["labels"] = self.encode_targets([pick_target(ex, rng, self.k) for ex in examples])
+        if self.span_loss:
+            batch["label_allowed"] = self.allowed_tokens(batch.pop("offset_mapping"), batch.pop("fields"), batch)
         return batch
+
+    def allowed_tokens(self, offsets, fields, batch) -> torch.Tensor:
+        """(B, T, A) for `span_loss`: at each target step, the tokens span-constrained decoding may choose
+        after the target's prefix (and the target's own token); -1 rows where the target is no span of
+        the passages, which those steps then learn over the whole vocabulary."""
+        from reader.spans import PassageSpans
+        end = answer_end_id(self.tokenizer)
+        spans = PassageSpans(batch["input_ids"], offsets, fields, end, self.tokenizer.pad_token_id)
+        rows = []
+        for b, labels in enumerate(batch["labels"].tolist()):
+            target = [t for t in labels if t != -100]
+            answer = target[:-1] if target and target[-1] == end else target
+            if spans.surface(b, answer) is None:
+                rows.append([[] for _ in labels])
+                continue
+            rows.append([sorted(set(spans.allowed(b, target[:t])) | {target[t]}) if t < len(target) else []
+                         for t in range(len(labels))])
+        width = max(1, max(len(a) for row in rows for a in row))
+        return torch.tensor([[a + [-1] * (width - len(a)) for a in row] for row in rows])
 
 
 def write_predictions(path: str | os.PathLike, examples: list[FiDExample], predictions: list[str],

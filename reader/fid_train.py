@@ -35,6 +35,7 @@ class ReaderArgs:
     max_validation: int = 500           # validation questions scored at each evaluation
     eval_batch_size: int = 16
     decoding: str = "spans"             # validation decoding: spans (answers are passage spans) | free
+    span_loss: bool = False             # the loss at each answer step over what span decoding may choose there
 
 
 def split_examples(args: ReaderArgs) -> tuple[list[FiDExample], list[FiDExample]]:
@@ -79,7 +80,7 @@ def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
     if not validation:
         raise InputError("no validation questions: pass --validation-file or a larger --validation-percent")
     model, tokenizer = load_reader(args.model, "cpu")
-    collator = FiDCollator(tokenizer, args.n_passages, args.text_maxlength, args.answer_maxlength)
+    collator = FiDCollator(tokenizer, args.n_passages, args.text_maxlength, args.answer_maxlength, args.span_loss)
     log.info("FiD on %d training / %d validation questions, k=%d, %d processes", len(train), len(validation),
              args.n_passages, world)
     if rank == 0:

@@ -589,7 +589,8 @@ def _reader_parsers(sub) -> None:
                  "zero_stage": "override the JSON's ZeRO stage (0-3)", "offload": "optimizer (stage 3: also "
                  "parameters) offloaded to CPU", "precision": "auto: bf16 on CUDA, fp32 on CPU",
                  "gradient_checkpointing": "recompute the encoder blocks in backward (memory for time)",
-                 "resume": "continue from OUT_DIR/checkpoint"}
+                 "resume": "continue from OUT_DIR/checkpoint",
+                 "new_lr": "peak rate of the weights a warm start made anew (cross-attention, LM head); default --lr"}
     launch = ("Runs as one process as is; for several, launch with `deepspeed`, `torchrun` or `accelerate launch` "
               "on `-m system.cli ...`.")
     p = sub.add_parser("pretrain-reader", help="T5 span-corruption pretraining on the corpus (DeepSpeed)",
@@ -608,6 +609,8 @@ def _reader_parsers(sub) -> None:
     add_dataclass_args(p, ReaderArgs, {}, {
         "model": "reader checkpoint: `odqa reader init` output (--from or --preset), t5-base, or a reader to continue",
         "decoding": "validation decoding: spans (answers are passage spans) or free",
+        "span_loss": "each answer step's softmax over the tokens span decoding may choose there (targets that "
+                     "are passage spans); the rest over the whole vocabulary",
         "train_file": "retrieval files from `odqa retrieve` (JSON or JSONL with ctxs)",
         "validation_file": "default: the training files' questions held out by the supervise hash split",
         "n_passages": "k: passages per question", "text_maxlength": "tokens per question+passage",

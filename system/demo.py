@@ -75,6 +75,7 @@ class DemoConfig:
     reader_batch: int = 4
     reader_lr: float = 1e-4
     reader_new_lr: float | None = 5e-4      # the warm start's new weights (cross-attention, LM head); None: reader_lr
+    reader_span_loss: bool = True           # each answer step's loss over what span decoding may choose there
     reader_k: int = 10
     reader_questions: int | None = 1000
     reader_validation: int = 100
@@ -180,7 +181,8 @@ class Demo:
                   self.train_reader, {k: getattr(c, k) for k in (
                       "reader_model", "reader_init", "reader_decoder_layers", "reader_preset", "pretrain_steps",
                       "reader_gold_steps", "reader_gold_batch", "reader_steps", "reader_batch", "reader_lr",
-                      "reader_new_lr", "reader_k", "reader_questions", "reader_validation", "text_maxlength")},
+                      "reader_new_lr", "reader_span_loss", "reader_k", "reader_questions", "reader_validation",
+                      "text_maxlength")},
                   [p["reader"] / "best"],
                   [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
@@ -309,13 +311,15 @@ class Demo:
         if c.reader_gold_steps:
             gold_train, gold_val = self.gold_data()
             r = train_reader(ReaderArgs(model, [str(gold_train)], str(gold_val), n_passages=1,
-                                        text_maxlength=c.text_maxlength, max_validation=c.reader_validation),
+                                        text_maxlength=c.text_maxlength, max_validation=c.reader_validation,
+                                        span_loss=c.reader_span_loss),
                              loop(p["reader-gold"], c.reader_gold_steps, c.reader_gold_batch))
             result["gold_validation_em"] = r["evals"][-1]["em"]
             model = str(p["reader-gold"] / "best")
         train_file, val_file = self.reader_data()
         r = train_reader(ReaderArgs(model, [str(train_file)], str(val_file), n_passages=c.reader_k,
-                                    text_maxlength=c.text_maxlength, max_validation=c.reader_validation),
+                                    text_maxlength=c.text_maxlength, max_validation=c.reader_validation,
+                                    span_loss=c.reader_span_loss),
                          loop(p["reader"], c.reader_steps, c.reader_batch))
         return {"train_questions": r["train_questions"], **result,
                 "validation_em": r["evals"][-1]["em"] if r["evals"] else None}

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_data import CODE_NAMES as NAMES, HOBBIES, TINY_DOCS, code_world, write_jsonl
+from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses
 from tiny_models import make_tiny_t5
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from common.corpus import build_corpus
 from common.io import InputError
-from reader import fid_train
 from reader.fid import FiDT5
 from reader.fid_data import FiDCollator, load_fid_file
 from reader.cloze import salient_spans
@@ -194,21 +194,7 @@ def test_an_interrupted_training_resumes_with_the_same_losses(t5, data, tmp_path
     def loop_args(out):
         return _args(t5, data, out, max_steps=8, batch_size=8, eval_steps=5, save_steps=3)
 
-    straight = train_reader(*loop_args(tmp_path / "straight"))
-    real = fid_train.generate_answers
-
-    def interrupt(*a, **k):
-        raise KeyboardInterrupt("interrupted at the step-5 evaluation, after the step-3 checkpoint")
-
-    monkeypatch.setattr(fid_train, "generate_answers", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        train_reader(*loop_args(tmp_path / "resumed"))
-    monkeypatch.setattr(fid_train, "generate_answers", real)
-    reader, loop = loop_args(tmp_path / "resumed")
-    loop.resume = True
-    again = train_reader(reader, loop)
-    assert [h["step"] for h in again["history"]] == list(range(1, 9))
-    assert [h["loss"] for h in again["history"]] == pytest.approx([h["loss"] for h in straight["history"]], rel=1e-5)
+    assert_an_interrupted_training_resumes_with_the_same_losses(loop_args, tmp_path, monkeypatch)
 
 
 def _train_cli(t5, data, out, accumulation, nproc):

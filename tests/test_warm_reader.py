@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors import safe_open
 from tiny_data import CODE_NAMES, HOBBIES, code_world
+from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses
 from tiny_models import make_tiny_bert
 from transformers import AutoTokenizer, EncoderDecoderModel
 
 from common.io import InputError
-from reader import fid_train
 from reader.fid import FiDEncoderDecoder
 from reader.fid_data import FiDCollator, FiDExample
 from reader.fid_train import ReaderArgs, train_reader
@@ -194,21 +194,7 @@ def test_an_interrupted_warm_reader_training_resumes_with_the_same_losses(b2b, d
     def loop_args(out):
         return _args(b2b, data, out, max_steps=8, batch_size=8, eval_steps=5, save_steps=3, new_lr=3e-3)
 
-    straight = train_reader(*loop_args(tmp_path / "straight"))
-    real = fid_train.generate_answers
-
-    def interrupt(*a, **k):
-        raise KeyboardInterrupt("interrupted at the step-5 evaluation, after the step-3 checkpoint")
-
-    monkeypatch.setattr(fid_train, "generate_answers", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        train_reader(*loop_args(tmp_path / "resumed"))
-    monkeypatch.setattr(fid_train, "generate_answers", real)
-    reader, loop = loop_args(tmp_path / "resumed")
-    loop.resume = True
-    again = train_reader(reader, loop)
-    assert [h["step"] for h in again["history"]] == list(range(1, 9))
-    assert [h["loss"] for h in again["history"]] == pytest.approx([h["loss"] for h in straight["history"]], rel=1e-5)
+    assert_an_interrupted_training_resumes_with_the_same_losses(loop_args, tmp_path, monkeypatch)
 
 
 def test_reader_init_cli_warm_starts_from_an_encoder(b2b, tmp_path, capsys):
@@ -238,3 +224,33 @@ def test_the_target_is_the_answer_as_the_passages_write_it():
     assert pick_target(ex, None, k=1) == "peking"     # the passage that holds it is beyond k: the gold string
     ex.target = "The Given"
     assert pick_target(ex, None) == "Given"
+
+
+def test_span_loss_is_a_softmax_over_what_span_decoding_may_choose(b2b):
+    model, tok = load_reader(b2b)
+    examples = [FiDExample("0", "what is the code of bob ?", ["7"], [("people", "the code of bob is 7 .")]),
+                FiDExample("1", "what is the code of ivan ?", ["no such span"], [("people", "ivan likes tea .")])]
+    batch = FiDCollator(tok, 1, 32, span_loss=True)(examples)
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "label_allowed"}
+    allowed, labels = batch["label_allowed"], batch["labels"]
+    first = {t for t in allowed[0, 0].tolist() if t >= 0}
+    assert labels[0, 0].item() in first and tok.convert_tokens_to_ids("the") not in first   # words of the passage
+    assert first <= set(tok("people the code of bob is 7 .", add_special_tokens=False).input_ids)
+    assert (allowed[1] == -1).all()              # not a span: learnt over the whole vocabulary
+    loss = model(**batch).loss
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels)).logits
+    terms = []
+    for b in range(2):
+        for t in range(labels.size(1)):
+            if labels[b, t] < 0:
+                continue
+            row = logits[b, t]
+            keep = [a for a in allowed[b, t].tolist() if a >= 0]
+            if keep:
+                row = row[keep]
+                target = keep.index(labels[b, t].item())
+            else:
+                target = labels[b, t].item()
+            terms.append(-torch.log_softmax(row, -1)[target])
+    assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-5)
