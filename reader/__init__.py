@@ -1,1 +1,2 @@
-"""The Fusion-in-Decoder T5 reader (issue 4). Reads DPR/FiD retrieval files written by retriever/."""
+"""The Fusion-in-Decoder reader, over T5 or over an encoder-decoder warm-started from a BERT. Reads the
+DPR/FiD retrieval files that retriever/ writes."""
