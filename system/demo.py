@@ -112,8 +112,8 @@ REFERENCE = dict(
     pretrain_step_s=3.0,      # batch 32 x 128 tokens, tiny preset
     fid_token_s=0.0004,       # per (passage x token) of a training batch, tiny preset
     read_token_s=0.00004,     # per (passage x token) read, greedy decoding, tiny preset
-    warm_fid_token_s=0.0016,  # the same for the bert2bert reader (MiniLM encoder, 2 decoder layers)
-    warm_read_token_s=0.0003,
+    warm_fid_token_s=0.0010,  # the same for the bert2bert reader (MiniLM encoder, 2 decoder layers), span loss
+    warm_read_token_s=0.0002,
 )
 
 
