@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from common.io import InputError, atomic_path, read_json, read_jsonl, require_file
+from reader.spans import PassageSpans
 
 
 @dataclass
@@ -180,7 +181,6 @@ class FiDCollator:
         """(B, T, A) for `span_loss`: at each target step, the tokens span-constrained decoding may choose
         after the target's prefix (and the target's own token); -1 rows where the target is no span of
         the passages, which those steps then learn over the whole vocabulary."""
-        from reader.spans import PassageSpans
         end = answer_end_id(self.tokenizer)
         spans = PassageSpans(batch["input_ids"], offsets, fields, end, self.tokenizer.pad_token_id)
         rows = []
