@@ -15,7 +15,7 @@ from common.io import InputError, write_json
 from common.metrics.answers import answer_em
 from common.questions import split_of
 from reader.fid_data import FiDCollator, FiDExample, load_fid_file
-from reader.read import generate_answers, load_reader
+from reader.read import DECODING, generate_answers, load_reader
 from reader.trainer import LoopArgs, Task, setup_distributed, train_loop
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ def make_evaluate(validation: list[FiDExample], tokenizer, args: ReaderArgs, dev
 
 
 def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
+    if args.decoding not in DECODING:   # checked before any training step, not at the first evaluation
+        raise InputError(f"--decoding must be one of {', '.join(DECODING)}, not {args.decoding!r}")
     rank, world, device = setup_distributed()
     train, validation = split_examples(args)
     if not validation:

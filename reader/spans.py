@@ -2,7 +2,7 @@
 
 An uncased WordPiece decoder lowercases, strips accents and splits numbers ("rontgen", "1. 71"), and
 SQuAD's EM keeps accents, so a generated answer is mapped back to the characters of the passage it
-came from through the tokenizer's offsets. With `constrained` decoding the decoder may only continue
+came from through the tokenizer's offsets. With `spans` decoding the decoder may only continue
 a span of an input passage (its title or its text, never the question): the first token starts a
 word and is no article (EM drops articles, and the reader is trained without them), the answer ends
 at a word boundary, and it may not end while it holds nothing but punctuation (an answer SQuAD's
@@ -104,7 +104,7 @@ class PassageSpans:
         if len(pos) == 0:
             return [self.eos]
         m = len(prefix)
-        nxt = ex.ids[pos + m] if m < len(ex.ids) else np.empty(0, dtype=np.int64)
+        nxt = ex.ids[pos + m]          # in range: every field, the last too, ends in a -1 separator
         out = {int(t) for t in nxt[nxt >= 0]}
         has_content = ex.content[pos[:, None] + np.arange(m)].any(axis=1)
         if (ex.end_ok[pos + m - 1] & has_content).any() or not out:

@@ -10,8 +10,9 @@
   `FiDEncoderDecoder`); the LM head's transform is new;
 - the tokenizer is the encoder's: [CLS] starts the answer, [SEP] ends it, [PAD] pads.
 
-The output is an ordinary HF checkpoint (`EncoderDecoderModel.from_pretrained` reads it) plus
-`reader_init.json`.
+The output is an HF checkpoint plus `reader_init.json`. The tied embedding is saved once, so load it
+with `FiDEncoderDecoder.from_pretrained` (or reader.read.load_reader): a plain
+`EncoderDecoderModel.from_pretrained` would leave the decoder's copy untied and random.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def decoder_layer_sources(encoder_layers: int, decoder_layers: int) -> list[int]
 
 
 def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0, dropout: float = 0.0):
-    """(FiDEncoderDecoder, tokenizer) built from the BERT checkpoint at `encoder_dir`. Dropout is off by
+    """(FiDEncoderDecoder, tokenizer, the encoder layer each decoder layer copies) built from the BERT
+    checkpoint at `encoder_dir`. Dropout is off by
     default: a CPU schedule trains for few steps, where underfitting, not overfitting, is the risk."""
     name = str(encoder_dir)
     try:

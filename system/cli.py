@@ -10,6 +10,9 @@ from pathlib import Path
 
 from common.io import InputError
 
+# reader.read.DECODING, spelled here so that building the parser imports no torch.
+DECODING = ("spans", "free")
+
 
 def _corpus_arg(p: argparse.ArgumentParser) -> None:
     from common.paths import default_corpus
@@ -155,7 +158,7 @@ def _system_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reader", type=Path, required=True, help="FiD reader checkpoint (train-reader OUT_DIR/best)")
     p.add_argument("--text-maxlength", type=int, default=200, help="reader tokens per passage (default 200)")
     p.add_argument("--num-beams", type=int, default=1, help="beam size for generation (default 1: greedy)")
-    p.add_argument("--decoding", choices=["spans", "free"], default="spans",
+    p.add_argument("--decoding", choices=DECODING, default="spans",
                    help="spans: the generated answer is a span of a passage; free: any tokens (default spans)")
     _corpus_arg(p)
 
@@ -629,7 +632,7 @@ def _reader_parsers(sub) -> None:
     p.add_argument("--text-maxlength", type=int, default=200, help="tokens per question+passage (default 200)")
     p.add_argument("--answer-maxlength", type=int, default=32, help="generated tokens at most (default 32)")
     p.add_argument("--beams", type=int, default=1, help="beam size; 1 is greedy (default 1)")
-    p.add_argument("--decoding", choices=["spans", "free"], default="spans",
+    p.add_argument("--decoding", choices=DECODING, default="spans",
                    help="spans: the answer is a span of an input passage; free: any tokens (default spans)")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.set_defaults(func=cmd_read)

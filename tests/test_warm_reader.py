@@ -254,3 +254,11 @@ def test_span_loss_is_a_softmax_over_what_span_decoding_may_choose(b2b):
                 target = labels[b, t].item()
             terms.append(-torch.log_softmax(row, -1)[target])
     assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-5)
+
+
+def test_an_unknown_decoding_is_refused_before_training(b2b, data, tmp_path):
+    reader, loop = _args(b2b, data, tmp_path / "bad", max_steps=3)
+    reader.decoding = "beam-me-up"
+    with pytest.raises(InputError, match="--decoding"):
+        train_reader(reader, loop)
+    assert not (tmp_path / "bad").exists()
