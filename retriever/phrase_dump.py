@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from common.corpus import PassageStore, corpus_info
-from common.io import InputError, atomic_path, write_json
+from common.io import InputError, atomic_path, read_json, write_json
 from retriever.phrase_data import encode_passages, passage_title
 from retriever.phrase_model import DensePhraseModel, kept_tokens, load_tokenizer, phrase_encoder_hash
 
@@ -116,3 +116,42 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
              summary["vectors_per_passage"])
     return summary
 
+
+
+DUMP_FIELDS = ("start", "end", "passage_row", "token", "char_start", "char_end", "filter")
+
+
+def dump_shards(dump_dir: str | os.PathLike) -> tuple[list[Path], dict]:
+    """The complete shards of a dump, and the summary they share; a missing, unfinished or mismatched
+    shard is refused."""
+    dump_dir = Path(dump_dir)
+    shards = sorted(p for p in dump_dir.glob("shard-*-of-*") if p.is_dir())
+    if not shards:
+        raise InputError(f"{dump_dir}: no phrase dump shards (run `odqa dump-phrases` first)")
+    summaries = []
+    for s in shards:
+        if not (s / "done.json").exists():
+            raise InputError(f"{s} is not complete: run its `odqa dump-phrases --shard` again to finish it")
+        summaries.append(read_json(s / "done.json"))
+    n = {tuple(x["shard"])[1] for x in summaries}
+    keys = {(x["encoder_hash"], x["fingerprint"], x["dim"], x["max_span_len"]) for x in summaries}
+    if len(n) != 1 or len(shards) != n.pop() or len(keys) != 1:
+        raise InputError(f"{dump_dir}: shards are missing or were made with different encoders or corpora")
+    return shards, summaries[0]
+
+
+def read_dump(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+    """Every shard's chunks merged, passages in corpus order and tokens in order within a passage (so a
+    passage's vectors are one contiguous range), and the dump's summary."""
+    shards, summary = dump_shards(dump_dir)
+    if summary["fingerprint"] != corpus_info(corpus_dir)["fingerprint"]:
+        raise InputError(f"{dump_dir} was dumped from another version of {corpus_dir}")
+    chunks = [c for s in shards for c in sorted(s.glob("chunk-*.npz"))]
+    arrays = {k: [] for k in DUMP_FIELDS}
+    for c in tqdm(chunks, desc="read dump", disable=None):
+        z = np.load(c)
+        for k in arrays:
+            arrays[k].append(z[k])
+    merged = {k: np.concatenate(v) for k, v in arrays.items()}
+    order = np.lexsort((merged["token"], merged["passage_row"]))
+    return {k: v[order] for k, v in merged.items()}, summary

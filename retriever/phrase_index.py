@@ -16,6 +16,7 @@ give each passage's slice. The directory is written under a temporary name and r
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -25,47 +26,41 @@ from tqdm import tqdm
 
 from common.corpus import corpus_info
 from common.io import InputError, atomic_path, read_json, write_json
+from retriever.phrase_dump import read_dump
+from retriever.phrase_filter import keep_mask
 
 log = logging.getLogger(__name__)
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 
-def _load_shards(dump_dir: Path) -> tuple[list[Path], dict]:
-    shards = sorted(p for p in dump_dir.glob("shard-*-of-*") if p.is_dir())
-    if not shards:
-        raise InputError(f"{dump_dir}: no phrase dump shards (run `odqa dump-phrases` first)")
-    summaries = []
-    for s in shards:
-        if not (s / "done.json").exists():
-            raise InputError(f"{s} is not complete: run its `odqa dump-phrases --shard` again to finish it")
-        summaries.append(read_json(s / "done.json"))
-    n = {tuple(x["shard"])[1] for x in summaries}
-    keys = {(x["encoder_hash"], x["fingerprint"], x["dim"], x["max_span_len"]) for x in summaries}
-    if len(n) != 1 or len(shards) != n.pop() or len(keys) != 1:
-        raise InputError(f"{dump_dir}: shards are missing or were made with different encoders or corpora")
-    return shards, summaries[0]
+DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
+
+
+def default_factory(n_vectors: int, dim: int) -> str:
+    """IVF-PQ sized to the index: about sqrt(n)/2 coarse lists (a power of two, 16 to 65,536), few enough
+    that their centroids stay a small part of the bytes, and 8-bit PQ over sub-vectors of about 12
+    dimensions (16 bytes for a 192-d vector). Below 4,096 vectors there is too little to train the
+    quantisers on, and an exact scan costs nothing: Flat."""
+    if n_vectors < 4096:
+        return "Flat"
+    nlist = int(min(65536, max(16, 2 ** round(math.log2(math.sqrt(n_vectors) / 2)))))
+    m = max(d for d in range(1, max(1, dim // 12) + 1) if dim % d == 0)
+    return f"IVF{nlist},PQ{m}"
 
 
 def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
-                factory: str = "Flat", train_size: int = 200_000, add_chunk: int = 100_000, seed: int = 0) -> dict:
+                factory: str | None = "Flat", keep: float = 1.0, filter_path: str | os.PathLike | None = None,
+                train_size: int = 200_000, add_chunk: int = 100_000, seed: int = 0) -> dict:
+    """`keep` < 1 indexes only that share of the dump's tokens, those the phrase filter
+    (`odqa train-filter`, by default DUMP/filter) scores highest; `factory` None: `default_factory`."""
     dump_dir, out_dir = Path(dump_dir), Path(out_dir)
-    shards, first = _load_shards(dump_dir)
-    info = corpus_info(corpus_dir)
-    if first["fingerprint"] != info["fingerprint"]:
-        raise InputError(f"{dump_dir} was dumped from another version of {corpus_dir}")
-    chunks = [c for s in shards for c in sorted(s.glob("chunk-*.npz"))]
-    arrays = {k: [] for k in ("start", "end", "passage_row", "token", "char_start", "char_end")}
-    for c in tqdm(chunks, desc="merge dump", disable=None):
-        z = np.load(c)
-        for k in arrays:
-            arrays[k].append(z[k])
-    merged = {k: np.concatenate(v) for k, v in arrays.items()}
-    order = np.lexsort((merged["token"], merged["passage_row"]))  # passages in corpus order, tokens in order
-    merged = {k: v[order] for k, v in merged.items()}
+    merged, first = read_dump(dump_dir, corpus_dir)
+    mask, threshold = keep_mask(dump_dir, merged, keep, filter_path)
+    merged = {k: v[mask] for k, v in merged.items()}
     n_vec, dim = merged["start"].shape
-    n_pass = info["passages"]
-    counts = np.bincount(merged["passage_row"], minlength=n_pass).astype(np.int64)
-    first_idx = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    factory = factory or default_factory(n_vec, dim)
+    n_pass = corpus_info(corpus_dir)["passages"]
+    counts = np.bincount(merged["passage_row"], minlength=n_pass)
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
@@ -76,19 +71,135 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
                 sample = merged[side][rng.choice(n_vec, min(train_size, n_vec), replace=False)].astype(np.float32)
                 log.info("training %s index (%s) on %d vectors", side, factory, len(sample))
                 index.train(sample)
-            for a in range(0, n_vec, add_chunk):
+            for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
                 index.add(merged[side][a:a + add_chunk].astype(np.float32))
             faiss.write_index(index, str(tmp / f"{side}.faiss"))
         with open(tmp / "meta.npz", "wb") as f:
-            np.savez(f, passage_first=first_idx, passage_count=counts,
-                     **{k: v for k, v in merged.items() if k not in ("start", "end")})
+            # Rows follow from the counts (vectors run in passage order); offsets fit 16 bits for passages
+            # under 64k characters, tokens 8 bits under 256 tokens.
+            np.savez_compressed(f, passage_count=counts.astype(np.int32), token=_narrow(merged["token"]),
+                                char_start=_narrow(merged["char_start"]), char_end=_narrow(merged["char_end"]))
         manifest = {"version": MANIFEST_VERSION, "encoder_hash": first["encoder_hash"], "factory": factory,
-                    "vectors": int(n_vec), "passages": int(n_pass), "dim": int(dim),
-                    "max_span_len": first["max_span_len"], "fingerprint": info["fingerprint"],
+                    "keep": keep, "filter_threshold": threshold, "vectors": int(n_vec), "passages": int(n_pass),
+                    "dim": int(dim), "max_span_len": first["max_span_len"], "fingerprint": first["fingerprint"],
                     "vectors_per_passage": n_vec / max(n_pass, 1)}
         write_json(tmp / "manifest.json", manifest)
     sizes = {p.name: p.stat().st_size for p in out_dir.iterdir()}
     manifest["bytes"] = sizes
+    manifest["bytes_per_passage"] = sum(sizes.values()) / max(n_pass, 1)
     write_json(out_dir / "manifest.json", manifest)
-    log.info("phrase index %s: %d vectors (%.1f per passage), %s", out_dir, n_vec, manifest["vectors_per_passage"], sizes)
+    log.info("phrase index %s: %d vectors (%.1f per passage), %.0f bytes per passage", out_dir, n_vec,
+             manifest["vectors_per_passage"], manifest["bytes_per_passage"])
     return manifest
+
+
+def _narrow(a: np.ndarray) -> np.ndarray:
+    for t in (np.uint8, np.uint16, np.uint32):
+        if a.size == 0 or (a.min() >= 0 and a.max() <= np.iinfo(t).max):
+            return a.astype(t)
+    return a.astype(np.int64)
+
+
+class PhraseIndex:
+    """The files of `odqa build-index`, checked against their manifest."""
+
+    def __init__(self, index_dir: str | os.PathLike, nprobe: int = 64, gpu: bool | None = None):
+        self.dir = Path(index_dir)
+        manifest_path = self.dir / "manifest.json"
+        if not manifest_path.exists():
+            raise InputError(f"{self.dir} is not a phrase index (no manifest.json)")
+        self.manifest = read_json(manifest_path)
+        try:
+            self.start_index = faiss.read_index(str(self.dir / "start.faiss"))
+            self.end_index = faiss.read_index(str(self.dir / "end.faiss"))
+            self.meta = _read_meta(self.dir / "meta.npz")
+        except (RuntimeError, OSError, ValueError) as e:
+            raise InputError(f"{self.dir}: corrupt phrase index ({e})") from None
+        n, dim = self.manifest["vectors"], self.manifest["dim"]
+        if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start_index.d != dim \
+                or self.end_index.d != dim or any(len(self.meta[k]) != n for k in ("passage_row", "token", "char_start", "char_end")):
+            raise InputError(f"{self.dir}: corrupt phrase index (its files disagree with manifest.json)")
+        self._codes = {}
+        for side, idx in (("start", self.start_index), ("end", self.end_index)):
+            ivf = faiss.try_extract_index_ivf(idx)
+            if ivf is not None:
+                ivf.nprobe = nprobe
+                self._codes[side] = IVFPQCodes.of(idx, n)
+                if self._codes[side] is None:
+                    ivf.make_direct_map()  # vector id -> code, so hits can be read back
+        self._cpu = {"start": self.start_index, "end": self.end_index}  # read-back stays on the CPU copy
+        if gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
+            res = faiss.StandardGpuResources()
+            self.start_index = faiss.index_cpu_to_gpu(res, 0, self.start_index)
+            self.end_index = faiss.index_cpu_to_gpu(res, 0, self.end_index)
+        self.max_span_len = self.manifest["max_span_len"]
+
+    def vectors(self, side: str, ids) -> np.ndarray:
+        """Vectors as the index holds them: exact for Flat, decoded from the codes for SQ/PQ, so scores and
+        query-side fine-tuning see what search sees (quantisation-aware)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(ids):
+            return np.zeros((0, self.manifest["dim"]), np.float32)
+        codes = self._codes.get(side)
+        return codes.vectors(ids) if codes is not None else self._cpu[side].reconstruct_batch(ids)
+
+    def scores(self, side: str, ids, q: np.ndarray) -> np.ndarray:
+        """q . vector for each id, as `vectors(ids) @ q` but, for IVF-PQ, from the codes through lookup
+        tables (asymmetric distance computation) without decoding a vector."""
+        codes = self._codes.get(side)
+        if codes is None or not len(ids):
+            return self.vectors(side, ids) @ q
+        return codes.scores(np.asarray(ids, dtype=np.int64), q)
+
+
+class IVFPQCodes:
+    """The codes of a plain IVF-PQ index (8-bit codes of residuals to the coarse centroids) in vector-id
+    order, for scoring and decoding vectors by id: x = c[list(x)] + concat_m C_m[code_m(x)]."""
+
+    def __init__(self, centroids: np.ndarray, pq_centroids: np.ndarray, codes: np.ndarray, list_of: np.ndarray):
+        self.centroids, self.pq_centroids, self.codes, self.list_of = centroids, pq_centroids, codes, list_of
+        self._m = np.arange(codes.shape[1])
+
+    @classmethod
+    def of(cls, index: faiss.Index, n: int) -> "IVFPQCodes | None":
+        """The codes of `index` when it is a plain IVF-PQ (no pre-transform, 8-bit, by residual), else None."""
+        index = faiss.downcast_index(index)
+        if not isinstance(index, faiss.IndexIVFPQ) or type(index) is not faiss.IndexIVFPQ \
+                or index.pq.nbits != 8 or not index.by_residual:
+            return None
+        m, dsub = index.pq.M, index.pq.dsub
+        codes, list_of = np.zeros((n, m), np.uint8), np.zeros(n, np.int32)
+        inv = index.invlists
+        for lst in range(index.nlist):
+            size = inv.list_size(lst)
+            if size:
+                ids = faiss.rev_swig_ptr(inv.get_ids(lst), size)
+                codes[ids] = faiss.rev_swig_ptr(inv.get_codes(lst), size * m).reshape(size, m)
+                list_of[ids] = lst
+        centroids = index.quantizer.reconstruct_n(0, index.nlist)
+        pq_centroids = faiss.vector_to_array(index.pq.centroids).reshape(m, 256, dsub)
+        return cls(centroids, pq_centroids, codes, list_of)
+
+    def vectors(self, ids: np.ndarray) -> np.ndarray:
+        parts = self.pq_centroids[self._m, self.codes[ids]]            # (n, M, dsub)
+        return self.centroids[self.list_of[ids]] + parts.reshape(len(ids), -1)
+
+    def scores(self, ids: np.ndarray, q: np.ndarray) -> np.ndarray:
+        m, dsub = self.pq_centroids.shape[0], self.pq_centroids.shape[2]
+        table = np.einsum("mkd,md->mk", self.pq_centroids, q.reshape(m, dsub))   # (M, 256) partial products
+        lists = self.list_of[ids]
+        coarse = (self.centroids @ q)[lists] if len(self.centroids) <= len(ids) else self.centroids[lists] @ q
+        return coarse + table[self._m, self.codes[ids]].sum(1)
+
+
+def _read_meta(path: Path) -> dict[str, np.ndarray]:
+    """meta.npz as search uses it: passage_row, passage_first, passage_count, token, char_start, char_end."""
+    with np.load(path) as z:
+        meta = {k: z[k] for k in z.files}
+    if "passage_row" not in meta:   # version 2 stores counts only
+        count = meta["passage_count"].astype(np.int64)
+        meta["passage_row"] = np.repeat(np.arange(len(count)), count)
+        meta["passage_first"] = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    for k in ("token", "char_start", "char_end"):
+        meta[k] = meta[k].astype(np.int32)   # narrow unsigned types would wrap in the window arithmetic
+    return meta

@@ -18,16 +18,17 @@ from __future__ import annotations
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import faiss
 import numpy as np
 import torch
 
-from common.corpus import PassageStore, corpus_info
-from common.io import InputError, read_json
+from common.corpus import DocumentTable, PassageStore, corpus_info
+from common.io import InputError
 from retriever.phrase_data import encode_questions
+from retriever.phrase_index import PhraseIndex
 from retriever.phrase_model import DensePhraseModel, load_tokenizer, phrase_encoder_hash
 from retriever.rerank import Candidates, combined, doc_z_of, rerank_order
 
@@ -45,43 +46,23 @@ class Phrase:
     char_end: int
 
 
-class PhraseIndex:
-    """The files of `odqa build-index`, checked against their manifest."""
+class Phrases(Sequence):
+    """One question's phrases, best first, held as arrays; a `Phrase` is made only when one is read."""
 
-    def __init__(self, index_dir: str | os.PathLike, nprobe: int = 64, gpu: bool | None = None):
-        self.dir = Path(index_dir)
-        manifest_path = self.dir / "manifest.json"
-        if not manifest_path.exists():
-            raise InputError(f"{self.dir} is not a phrase index (no manifest.json)")
-        self.manifest = read_json(manifest_path)
-        try:
-            self.start_index = faiss.read_index(str(self.dir / "start.faiss"))
-            self.end_index = faiss.read_index(str(self.dir / "end.faiss"))
-            meta = np.load(self.dir / "meta.npz")
-            self.meta = {k: meta[k] for k in meta.files}
-        except (RuntimeError, OSError, ValueError) as e:
-            raise InputError(f"{self.dir}: corrupt phrase index ({e})") from None
-        n, dim = self.manifest["vectors"], self.manifest["dim"]
-        if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start_index.d != dim \
-                or self.end_index.d != dim or len(self.meta["passage_row"]) != n:
-            raise InputError(f"{self.dir}: corrupt phrase index (its files disagree with manifest.json)")
-        for idx in (self.start_index, self.end_index):
-            ivf = faiss.try_extract_index_ivf(idx)
-            if ivf is not None:
-                ivf.nprobe = nprobe
-                ivf.make_direct_map()  # vector id -> code, so hits can be read back
-        self._cpu = {"start": self.start_index, "end": self.end_index}  # read-back stays on the CPU copy
-        if gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
-            res = faiss.StandardGpuResources()
-            self.start_index = faiss.index_cpu_to_gpu(res, 0, self.start_index)
-            self.end_index = faiss.index_cpu_to_gpu(res, 0, self.end_index)
-        self.max_span_len = self.manifest["max_span_len"]
+    def __init__(self, score, start_vec, end_vec, row, char_start, char_end):
+        self.score, self.start_vec, self.end_vec = score, start_vec, end_vec
+        self.row, self.char_start, self.char_end = row, char_start, char_end
 
-    def vectors(self, side: str, ids) -> np.ndarray:
-        """Vectors as the index holds them: exact for Flat, decoded from the codes for SQ/PQ, so scores and
-        query-side fine-tuning see what search sees (quantisation-aware)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        return self._cpu[side].reconstruct_batch(ids) if len(ids) else np.zeros((0, self.manifest["dim"]), np.float32)
+    def __len__(self) -> int:
+        return len(self.score)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Phrases(*(a[i] for a in self._arrays()))
+        return Phrase(float(self.score[i]), *(int(a[i]) for a in self._arrays()[1:]))
+
+    def _arrays(self) -> tuple:
+        return self.score, self.start_vec, self.end_vec, self.row, self.char_start, self.char_end
 
 
 class Searcher:
@@ -100,7 +81,7 @@ class Searcher:
         self.tokenizer = load_tokenizer(model_dir)
         self.store = PassageStore(corpus_dir)
         self.batch_size = batch_size
-        self._doc_of_row: list[str] | None = None
+        self.corpus_dir, self._table = corpus_dir, None
         self.prefilter, self.top_docs, self.rerank_pool = prefilter, top_docs, rerank_pool
         self.lam = 0.0
         if prefilter is not None:
@@ -129,7 +110,7 @@ class Searcher:
         return np.concatenate(out_s), np.concatenate(out_e)
 
     def search_phrases(self, q_start: np.ndarray, q_end: np.ndarray, k: int,
-                       selectors: list | None = None) -> list[list[Phrase]]:
+                       selectors: list | None = None) -> list[Phrases]:
         """Top phrases per question, best first, from k start hits and k end hits: one batched search,
         or with `selectors` (one faiss IDSelector a question) one search a question, over the CPU index
         copies (selection is a CPU feature), questions spread over threads (faiss releases the GIL)."""
@@ -142,7 +123,7 @@ class Searcher:
             _, end_hits = ix.end_index.search(q_end, k)
             return [self._phrases_of(q_start[i], q_end[i], start_hits[i], end_hits[i]) for i in range(len(q_start))]
 
-        def one(i: int) -> list[Phrase]:
+        def one(i: int) -> Phrases:
             hits = []
             for side, q in (("start", q_start), ("end", q_end)):
                 index = ix._cpu[side]
@@ -162,7 +143,7 @@ class Searcher:
                              [np.zeros(0, np.int64)]).astype(np.int64)
         return faiss.IDSelectorBatch(ids), len(ids)
 
-    def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> list[Phrase]:
+    def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> Phrases:
         meta, L, n_vec = self.index.meta, self.index.max_span_len, self.index.manifest["vectors"]
         rows, tokens = meta["passage_row"], meta["token"]
         start_hits, end_hits = start_hits[start_hits >= 0], end_hits[end_hits >= 0]
@@ -177,8 +158,8 @@ class Searcher:
             & (tokens[bwd] <= tokens[end_hits][:, None])
         start_ids = np.unique(np.concatenate([start_hits, bwd.ravel()]))
         end_ids = np.unique(np.concatenate([end_hits, fwd.ravel()]))
-        start_scores = self.index.vectors("start", start_ids) @ qs   # each needed vector read once
-        end_scores = self.index.vectors("end", end_ids) @ qe
+        start_scores = self.index.scores("start", start_ids, qs)   # each needed vector scored once
+        end_scores = self.index.scores("end", end_ids, qe)
         s_of = lambda ids: start_scores[np.searchsorted(start_ids, ids)]  # noqa: E731
         e_of = lambda ids: end_scores[np.searchsorted(end_ids, ids)]  # noqa: E731
 
@@ -196,25 +177,25 @@ class Searcher:
             pairs_e.append(end_hits)
             scores.append(starts[np.arange(len(i)), i] + e_of(end_hits))
         if not scores:
-            return []
+            empty = np.zeros(0, np.int64)
+            return Phrases(np.zeros(0, np.float32), *(empty,) * 5)
         ps, pe, sc = np.concatenate(pairs_s), np.concatenate(pairs_e), np.concatenate(scores)
         order = np.argsort(-sc, kind="stable")
         _, first = np.unique((ps * n_vec + pe)[order], return_index=True)   # duplicates: keep the best
         keep = order[np.sort(first)]
-        return [Phrase(float(sc[t]), int(ps[t]), int(pe[t]), int(rows[ps[t]]), int(meta["char_start"][ps[t]]),
-                       int(meta["char_end"][pe[t]])) for t in keep]
+        ps, pe = ps[keep], pe[keep]
+        return Phrases(sc[keep], ps, pe, rows[ps], meta["char_start"][ps], meta["char_end"][pe])
 
-    def rows_of_doc(self, doc_id: str) -> list[int]:
-        if not hasattr(self, "_rows_by_doc"):
-            self._rows_by_doc: dict[str, list[int]] = {}
-            for row, doc in enumerate(self._doc_ids()):
-                self._rows_by_doc.setdefault(doc, []).append(row)
-        return self._rows_by_doc.get(doc_id, [])
+    @property
+    def table(self) -> DocumentTable:
+        """The corpus's documents and their passage rows (the pre-filter's, when there is one)."""
+        if self._table is None:
+            self._table = self.prefilter.table if self.prefilter is not None else DocumentTable(self.corpus_dir)
+        return self._table
 
-    def _doc_ids(self) -> list[str]:
-        if self._doc_of_row is None:
-            self._doc_of_row = [p["doc_id"] for p in self.store]
-        return self._doc_of_row
+    def rows_of_doc(self, doc_id: str) -> range:
+        d = self.table.row_of.get(doc_id)
+        return range(0) if d is None else self.table.passage_rows(d)
 
     def search(self, questions: list[str], k: int = 10, unit: str = "passage",
                max_phrases: int | None = None) -> list[dict]:
@@ -242,7 +223,7 @@ class Searcher:
             again = []
             for qi, ph in zip(todo, phrases):
                 groups = self._group(ph, unit)
-                if unit == "phrase" or len(groups) >= pool or kk >= min(cap, caps[qi]):
+                if unit == "phrase" or len(groups[0]) >= pool or kk >= min(cap, caps[qi]):
                     doc_info = None if docs is None else (docs[0][qi], docs[1][qi])
                     results[qi] = self._result(ph, groups, k, unit, pool, doc_info)
                 else:
@@ -250,48 +231,50 @@ class Searcher:
             todo, kk = np.asarray(again, dtype=np.int64), kk * 2
         return results
 
-    def _group(self, phrases: list[Phrase], unit: str) -> dict:
-        """Best phrase per passage (Eq. 3: the passage's score is its best phrase's) or per document."""
+    def _group(self, phrases: Phrases, unit: str) -> tuple[np.ndarray, np.ndarray]:
+        """Passage rows (document rows) in order of their best phrase, and the index of that phrase: Eq. 3,
+        a passage's score is its best phrase's."""
         if unit == "phrase":
-            return {}
-        key = (lambda p: p.row) if unit == "passage" else (lambda p: self._doc_ids()[p.row])
-        groups: dict = {}
-        for p in phrases:  # best first, so the first phrase of each group is its max
-            groups.setdefault(key(p), p)
-        return groups
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        keys = phrases.row if unit == "passage" else self.table.doc_of_passage[phrases.row]
+        _, best = np.unique(keys, return_index=True)   # phrases run best first: the first of a key is its max
+        best = np.sort(best)
+        return keys[best], best
 
-    def _phrase_json(self, p: Phrase, passage: dict | None = None) -> dict:
-        passage = passage or self.store[p.row]
+    @staticmethod
+    def _phrase_json(p: Phrase, passage: dict) -> dict:
         return {"text": passage["text"][p.char_start:p.char_end], "passage_id": passage["id"], "row": p.row,
                 "char_start": p.char_start, "char_end": p.char_end, "score": p.score}
 
-    def _result(self, phrases: list[Phrase], groups: dict, k: int, unit: str, pool: int,
+    def _result(self, phrases: Phrases, groups: tuple[np.ndarray, np.ndarray], k: int, unit: str, pool: int,
                 doc_info: tuple[np.ndarray, np.ndarray] | None) -> dict:
-        result = {"phrases": [self._phrase_json(p) for p in phrases[:k]]}
+        read: dict[int, dict] = {}   # the passages of this result, each read once
+        passage = lambda row: read[row] if row in read else read.setdefault(row, self.store[row])  # noqa: E731
+        result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases[:k]]}
         if unit == "phrase":
             return result
-        items = list(groups.items())[:pool]
-        scores = [p.score for _, p in items]
-        extra = [{} for _ in items]
-        if doc_info is not None and items:
-            table = self.prefilter.table
-            docs = [table.doc_of_passage[key] if unit == "passage" else table.row_of[key] for key, _ in items]
-            c = Candidates(np.array(scores), doc_z_of(*doc_info, np.array(docs)))
+        keys, best = groups[0][:pool], groups[1][:pool]
+        scores = phrases.score[best].astype(np.float64)
+        extra = [{} for _ in keys]
+        if doc_info is not None and len(keys):
+            docs = self.table.doc_of_passage[keys] if unit == "passage" else keys
+            c = Candidates(scores, doc_z_of(*doc_info, docs))
             if self.lam:
                 order, final = rerank_order(c, self.lam), combined(c, self.lam)
-                items, scores = [items[i] for i in order], [float(final[i]) for i in order]
+                keys, best, scores = keys[order], best[order], final[order]
                 c = Candidates(c.passage_scores[order], c.doc_z[order])
             extra = [{"passage_score": float(ps), "doc_z": float(dz)} for ps, dz in zip(c.passage_scores, c.doc_z)]
-        items, scores, extra = items[:k], scores[:k], extra[:k]
+        keys, best, scores, extra = keys[:k], best[:k], scores[:k], extra[:k]
         if unit == "passage":
             result["passages"] = []
-            for (row, p), score, x in zip(items, scores, extra):
-                passage = self.store[row]
-                result["passages"].append({"id": passage["id"], "row": row, "title": passage["title"], "text": passage["text"],
-                                           "score": score, **x, "phrase": self._phrase_json(p, passage)})
+            for row, i, score, x in zip(keys.tolist(), best, scores.tolist(), extra):
+                p = passage(row)
+                result["passages"].append({"id": p["id"], "row": row, "title": p["title"], "text": p["text"],
+                                           "score": score, **x, "phrase": self._phrase_json(phrases[i], p)})
         else:
-            result["documents"] = [{"id": doc, "score": score, **x, "phrase": self._phrase_json(p)}
-                                   for (doc, p), score, x in zip(items, scores, extra)]
+            result["documents"] = [{"id": self.table.docs[d]["id"], "score": score, **x,
+                                    "phrase": self._phrase_json(phrases[i], passage(int(phrases.row[i])))}
+                                   for d, i, score, x in zip(keys.tolist(), best, scores.tolist(), extra)]
         return result
 
     def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

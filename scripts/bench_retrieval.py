@@ -1,57 +1,72 @@
-"""Query throughput of phrase retrieval next to the single-vector dense retriever, in one run.
+"""Questions/s of phrase retrieval next to the dense and BM25 retrievers, in one run, each timed as a
+whole `odqa retrieve` command (start, load, encode, search, write the DPR file), as a user runs it.
 
-Both encode the questions and search the same corpus (phrase: start/end MIPS + the windowed best
-partner + Eq. 3 aggregation; dense: one mean-pooled vector, faiss Flat), batches of 64 questions,
-k passages each. Prints questions/s for each and the ratio.
+    python scripts/bench_retrieval.py [--questions nq-test] [--n 1000] [--k 100] [--index I --model M]
 
-    python scripts/bench_retrieval.py --model RUN/best --index RUN/index [--questions nq-test] [--n 640]
+Phrase retrieval searches the default pipeline's index (`odqa demo`) unless --index/--model name
+others, once over every phrase and once behind the default pipeline's document pre-filter.
+The commands run one after another, so they share the machine's load; --repeat N takes each one's best.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
-
-import torch
-
-from common.paths import default_corpus, default_encoder
-from common.questions import load_questions
-from retriever.dense import DenseIndex
-from retriever.searcher import Searcher
+from pathlib import Path
 
 
-def throughput(search, questions: list[str], batch: int) -> float:
-    search(questions[:batch])  # warm-up: first-call allocations, lazy loads
-    start = time.perf_counter()
-    for a in range(0, len(questions), batch):
-        search(questions[a:a + batch])
-    return len(questions) / (time.perf_counter() - start)
+def timed(cmd: list[str], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--index", required=True)
-    p.add_argument("--corpus", default=str(default_corpus()))
-    p.add_argument("--dense-encoder", default=str(default_encoder()))
     p.add_argument("--questions", default="nq-test")
-    p.add_argument("--n", type=int, default=640)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--n", type=int, default=1000, help="first N questions (default 1000)")
+    p.add_argument("--k", type=int, default=100, help="passages per question (default 100)")
+    p.add_argument("--index", default=None, help="phrase index (default: the default pipeline's)")
+    p.add_argument("--model", default=None, help="phrase model (default: the default pipeline's)")
+    p.add_argument("--repeat", type=int, default=1)
     args = p.parse_args()
-    questions = [q.question for q in load_questions(args.questions, limit=args.n)]
-    phrase = Searcher(args.index, args.model, args.corpus)
-    dense = DenseIndex.open(args.corpus, args.dense_encoder)
-    qps_phrase = throughput(lambda qs: phrase.search(qs, args.k, unit="passage"), questions, args.batch)
-    qps_dense = throughput(lambda qs: dense.search_passages(qs, args.k), questions, args.batch)
-    m = phrase.index.manifest
-    print(f"{len(questions)} questions of {args.questions}, batch {args.batch}, top-{args.k} passages, "
-          f"{torch.get_num_threads()} threads; phrase index {m['factory']}, {m['vectors']} vectors")
-    print("| retriever | questions/s |")
-    print("|---|---:|")
-    print(f"| phrase (passages by best phrase) | {qps_phrase:.1f} |")
-    print(f"| single-vector dense (MiniLM mean-pooled, Flat) | {qps_dense:.1f} |")
-    print(f"phrase / dense throughput: {qps_phrase / qps_dense:.2f}x")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = [sys.executable, "-m", "system.cli", "-q", "retrieve", "--questions", args.questions,
+                "--limit", str(args.n), "--k", str(args.k)]
+        phrase = base + ["--retriever", "phrase"] + (["--index", args.index] if args.index else []) \
+            + (["--model", args.model] if args.model else [])
+        runs = {
+            "dense (MiniLM mean-pooled, Flat)": base + ["--retriever", "dense"],
+            "BM25": base + ["--retriever", "bm25"],
+            "phrase, every phrase": phrase + ["--no-prefilter"],
+            "phrase, behind the document pre-filter": phrase,
+        }
+        seconds = {}
+        for name, cmd in runs.items():
+            seconds[name] = timed(cmd + ["--out", str(Path(tmp) / "run.json")], args.repeat)
+            print(f"{name}: {seconds[name]:.1f} s", file=sys.stderr, flush=True)
+        manifest = None
+        if args.index or not args.model:
+            from common.defaults import default_pipeline
+            index = Path(args.index) if args.index else default_pipeline().get("phrase_index")
+            manifest = json.loads((index / "manifest.json").read_text()) if index else None
+    dense = seconds["dense (MiniLM mean-pooled, Flat)"]
+    print(f"{args.n} questions of {args.questions}, top-{args.k} passages each, whole `odqa retrieve` commands")
+    if manifest:
+        print(f"phrase index: {manifest['factory']}, keep {manifest.get('keep', 1.0)}, {manifest['vectors']:,} vectors, "
+              f"{manifest.get('bytes_per_passage', 0):,.0f} bytes per passage")
+    print("| retriever | seconds | questions/s | / dense |")
+    print("|---|---:|---:|---:|")
+    for name, s in seconds.items():
+        print(f"| {name} | {s:.1f} | {args.n / s:.1f} | {dense / s:.2f}x |")
     return 0
 
 

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import uvicorn
 
-from common.paths import default_corpus
+from common.defaults import fill_defaults
 from common.questions import load_questions
 from system.cli import _phrase_searcher
 from system.pipeline import Pipeline
@@ -73,22 +73,24 @@ async def fire(url: str, questions: list[str], concurrency: int, k: int) -> tupl
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--index", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--reader", required=True)
+    p.add_argument("--index", default=None, help="default: the default pipeline's (`odqa demo`)")
+    p.add_argument("--model", default=None)
+    p.add_argument("--reader", default=None)
     p.add_argument("--doc-index", default=None)
     p.add_argument("--doc-model", default=None)
+    p.add_argument("--no-prefilter", action="store_true")
     p.add_argument("--top-docs", type=int, default=100)
     p.add_argument("--lam", type=float, default=None)
     p.add_argument("--nprobe", type=int, default=64)
-    p.add_argument("--corpus", default=str(default_corpus()))
+    p.add_argument("--corpus", default=None)
     p.add_argument("--questions", default="nq-test")
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--k", type=int, default=10)
     args = p.parse_args()
-    pipeline = Pipeline.load(_phrase_searcher(args, args.corpus), args.reader)
+    fill_defaults(args, reader=True)
+    pipeline = Pipeline.load(_phrase_searcher(args), args.reader)
     questions = [q.question for q in load_questions(args.questions, limit=args.requests)]
     print(f"{len(questions)} requests of {args.questions}, {args.concurrency} concurrent, k = {args.k}, loopback")
     print("| server | requests/s | p50 ms | p95 ms | p99 ms | failed |")

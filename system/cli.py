@@ -57,13 +57,14 @@ def cmd_retrieve(args) -> None:
     from common.retrieval_file import write_results
     from retriever.bm25 import BM25Index, BM25Params
     from retriever.retrieve import retrieve, retrieve_phrases
+    if args.retriever == "phrase":
+        from common.defaults import fill_defaults
+        fill_defaults(args)
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
     store = PassageStore(corpus)
     if args.retriever == "phrase":
-        if not (args.index and args.model):
-            raise InputError("--retriever phrase needs --index (from `odqa build-index`) and --model")
-        entries = retrieve_phrases(_phrase_searcher(args, corpus), store, questions, args.k, args.batch_size)
+        entries = retrieve_phrases(_phrase_searcher(args), store, questions, args.k, args.batch_size)
     else:
         if args.retriever == "bm25":
             index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
@@ -76,9 +77,14 @@ def cmd_retrieve(args) -> None:
     print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
 
 
-def _phrase_searcher(args, corpus, lam=None):
-    """The phrase Searcher of --index/--model, behind the document pre-filter when --doc-index is given."""
+def _phrase_searcher(args, lam=None):
+    """The phrase Searcher of --index/--model, behind the document pre-filter when --doc-index is given;
+    paths no flag names come from the default pipeline (`odqa demo`)."""
+    from common.defaults import fill_defaults
+    from common.paths import default_corpus
     from retriever.searcher import Searcher
+    fill_defaults(args)
+    corpus = args.corpus or default_corpus()
     prefilter = None
     if args.doc_index:
         if not args.doc_model:
@@ -96,15 +102,17 @@ def _prefilter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-docs", type=int, default=100, help="K: documents kept by the pre-filter (default 100)")
     p.add_argument("--lam", type=float, default=None, help="rerank weight of the document score (default: the "
                                                           "value tune-lambda stored with the document index, else 0)")
+    p.add_argument("--no-prefilter", action="store_true", help="search every phrase, without the default "
+                                                                "pipeline's document pre-filter")
 
 
 def cmd_tune_lambda(args) -> None:
-    from common.paths import default_corpus
     from common.questions import load_questions
     from retriever.rerank import tune_searcher_lambda
-    if not args.doc_index:
-        raise InputError("tune-lambda needs --doc-index and --doc-model: lambda weighs the document score")
-    searcher = _phrase_searcher(args, args.corpus or default_corpus(), lam=0.0)
+    searcher = _phrase_searcher(args, lam=0.0)
+    if searcher.prefilter is None:
+        raise InputError("tune-lambda needs a document pre-filter (--doc-index and --doc-model, or the default "
+                         "pipeline's): lambda weighs the document score")
     result = tune_searcher_lambda(searcher, load_questions(args.questions), args.metric_k, args.limit,
                                   info={"questions_file": str(args.questions)})
     for g in result["grid"]:
@@ -114,10 +122,10 @@ def cmd_tune_lambda(args) -> None:
 
 
 def _pipeline(args):
-    from common.paths import default_corpus
+    from common.defaults import fill_defaults
     from system.pipeline import Pipeline, ReaderSettings
-    corpus = args.corpus or default_corpus()
-    return Pipeline.load(_phrase_searcher(args, corpus), args.reader,
+    fill_defaults(args, reader=True)
+    return Pipeline.load(_phrase_searcher(args), args.reader,
                          ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams,
                                         decoding=args.decoding))
 
@@ -140,22 +148,25 @@ def cmd_serve(args) -> None:
     import uvicorn
 
     from system.serve import create_app
-    app = create_app(_pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+    pipeline = _pipeline(args)
+    app = create_app(pipeline, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      info={"index": str(args.index), "reader": str(args.reader),
                            "prefilter": str(args.doc_index) if args.doc_index else None})
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 
 
 def _phrase_index_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index", type=Path, required=True, help="phrase index directory")
-    p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint")
+    p.add_argument("--index", type=Path, default=None, help="phrase index directory (default: the default "
+                                                            "pipeline's, from `odqa demo`)")
+    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default pipeline's)")
     p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
     _prefilter_args(p)
 
 
 def _system_args(p: argparse.ArgumentParser) -> None:
     _phrase_index_args(p)
-    p.add_argument("--reader", type=Path, required=True, help="FiD reader checkpoint (train-reader OUT_DIR/best)")
+    p.add_argument("--reader", type=Path, default=None, help="FiD reader checkpoint (train-reader OUT_DIR/best; "
+                                                             "default: the default pipeline's)")
     p.add_argument("--text-maxlength", type=int, default=200, help="reader tokens per passage (default 200)")
     p.add_argument("--num-beams", type=int, default=1, help="beam size for generation (default 1: greedy)")
     p.add_argument("--decoding", choices=DECODING, default="spans",
@@ -241,10 +252,24 @@ def cmd_dump_phrases(args) -> None:
 def cmd_build_index(args) -> None:
     from common.paths import default_corpus
     from retriever.phrase_index import build_index
-    m = build_index(args.dump, args.out, args.corpus or default_corpus(), factory=args.factory,
-                    train_size=args.train_size)
-    print(f"{args.factory} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
-          f"{sum(m['bytes'].values()) / 2**20:.0f} MiB -> {args.out}")
+    m = build_index(args.dump, args.out, args.corpus or default_corpus(), factory=args.factory, keep=args.keep,
+                    filter_path=args.filter, train_size=args.train_size)
+    print(f"{m['factory']} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
+          f"{sum(m['bytes'].values()) / 2**20:.1f} MiB, {m['bytes_per_passage']:,.0f} bytes per passage -> {args.out}")
+
+
+def cmd_train_filter(args) -> None:
+    from common.paths import default_corpus
+    from retriever.phrase_filter import filter_dir, train_filter
+    info = train_filter(args.dump, args.train_file, args.validation_file, args.corpus or default_corpus(),
+                        hidden=args.hidden, epochs=args.epochs, out=args.out)
+    print(f"{info['train_tokens']:,} training tokens; answer phrases kept on {info['validation_answerable']} "
+          f"validation passages:")
+    print("| tokens kept | score threshold | answer phrases kept |")
+    print("|---:|---:|---:|")
+    for row in info["calibration"]:
+        print(f"| {100 * row['keep']:.0f}% | {row['threshold']:.3f} | {100 * row['answer_recall']:.1f}% |")
+    print(f"phrase filter -> {args.out or filter_dir(args.dump)}")
 
 
 def cmd_train_doc(args) -> None:
@@ -396,8 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retriever", choices=["bm25", "dense", "phrase"], default="bm25",
                    help="bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
                         "phrase: passages ranked by their best phrase (default bm25)")
-    p.add_argument("--index", type=Path, default=None, help="phrase index directory (--retriever phrase)")
-    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint, or the dense encoder")
+    p.add_argument("--index", type=Path, default=None, help="phrase index directory (--retriever phrase; default: "
+                                                            "the default pipeline's, from `odqa demo`)")
+    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default "
+                                                            "pipeline's), or the dense encoder (default: the MiniLM)")
     p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
     p.add_argument("--questions", required=True, help="question set name (e.g. nq-test) or JSONL path")
     p.add_argument("--k", type=int, default=100, help="passages per question (default 100)")
@@ -462,11 +489,31 @@ def build_parser() -> argparse.ArgumentParser:
                        description="One start and one end index from a faiss index_factory string, with a manifest.")
     p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
     p.add_argument("--out", type=Path, required=True, help="index directory")
-    p.add_argument("--factory", default="Flat", help="faiss index_factory string: Flat, IVF4096,SQ4, "
-                                                     "OPQ96,IVF4096,PQ96 ... (default Flat)")
+    p.add_argument("--factory", default=None, help="faiss index_factory string: Flat, IVF4096,SQ4, IVF256,PQ16 ... "
+                                                   "(default: IVF-PQ sized to the index, e.g. IVF256,PQ16 for 200k "
+                                                   "192-d vectors)")
+    p.add_argument("--keep", type=float, default=0.2, help="share of the dump's tokens to index, those the phrase "
+                                                            "filter (`odqa train-filter`) scores highest; 1: every "
+                                                            "token, no filter (default 0.2)")
+    p.add_argument("--filter", type=Path, default=None, help="phrase filter for --keep (default: DUMP/filter, "
+                                                             "from `odqa train-filter`)")
     p.add_argument("--train-size", type=int, default=200_000, help="vectors sampled to train IVF/PQ (default 200000)")
     _corpus_arg(p)
     p.set_defaults(func=cmd_build_index)
+
+    p = sub.add_parser("train-filter", help="fit the phrase filter that decides which dumped tokens build-index keeps",
+                       description="An MLP over each token's dumped start/end vectors, trained to find answer "
+                                   "boundaries in supervision passages; prints tokens kept against answer phrases kept.")
+    p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
+    p.add_argument("--train-file", type=Path, default=sup / "train.jsonl", help="supervision examples (default: "
+                                                                             "CORPUS/supervision/train.jsonl)")
+    p.add_argument("--validation-file", type=Path, default=sup / "validation.jsonl",
+                   help="supervision examples for the calibration table (default: CORPUS/supervision/validation.jsonl)")
+    p.add_argument("--hidden", type=int, default=256, help="MLP hidden size (default 256)")
+    p.add_argument("--epochs", type=int, default=8, help="passes over the training tokens (default 8)")
+    p.add_argument("--out", type=Path, default=None, help="filter directory (default: DUMP/filter)")
+    _corpus_arg(p)
+    p.set_defaults(func=cmd_train_filter)
 
     from retriever.query_train import QueryTrainArgs
     p = sub.add_parser("train-query", help="query-side fine-tuning against a fixed phrase index",

@@ -31,6 +31,7 @@ from typing import Callable
 
 from common import datapack
 from common.corpus import PassageStore, build_corpus, corpus_info
+from common.defaults import record_pipeline
 from common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from common.paths import default_corpus, default_documents, default_encoder, odqa_home
 from common.questions import load_questions, question_set_name
@@ -53,7 +54,8 @@ class DemoConfig:
     phrase_epochs: int = 1
     phrase_batch: int = 16
     max_passage_tokens: int = 160
-    index_factory: str = "Flat"
+    index_factory: str | None = None        # faiss index_factory string; None: IVF-PQ sized to the index
+    index_keep: float = 0.2                 # share of tokens indexed, by the phrase filter (1: all, no filter)
     # document pre-filter
     doc_examples: int | None = 512
     doc_batch: int = 32
@@ -102,7 +104,7 @@ PRESETS = {
 # `machine_speed` measures, so the ratio of the two scales every other figure to this machine.
 REFERENCE = dict(
     encode_s=0.034,           # one passage through the MiniLM at <= 128 tokens, batch 32 (`machine_speed`)
-    data_s=60, supervise_q_s=0.0015, index_s=20, reader_init_s=40, deepspeed_start_s=30, doc_start_s=40,
+    data_s=60, supervise_q_s=0.0015, index_s=20, filter_s=50, reader_init_s=40, deepspeed_start_s=30, doc_start_s=40,
     run_start_s=30,           # loading the searcher, the reader and the baselines
     phrase_step_s=4.8,        # batch 16 at 192 passage tokens
     phrase_encode_s=0.035,    # a passage through the phrase encoder (dump, validation)
@@ -164,9 +166,12 @@ class Demo:
                   {k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
                                               "max_passage_tokens", "validation_questions")},
                   [p["phrase"] / "best"], [p["phrase"]]),
-            Stage("index", f"dump the phrase vectors of {n_pass:,} passages, {c.index_factory} index",
-                  n_pass * ref["phrase_encode_s"] * min(1.0, c.max_passage_tokens / 160) + ref["index_s"],
-                  self.build_phrase_index, {"factory": c.index_factory}, [p["phrase-index"]],
+            Stage("index", f"dump the phrase vectors of {n_pass:,} passages, "
+                           + (f"fit the phrase filter, keep {c.index_keep:.0%}, " if c.index_keep < 1 else "")
+                           + f"{c.index_factory or 'IVF-PQ'} index",
+                  n_pass * ref["phrase_encode_s"] * min(1.0, c.max_passage_tokens / 160) + ref["index_s"]
+                  + (ref["filter_s"] if c.index_keep < 1 else 0),
+                  self.build_phrase_index, {"factory": c.index_factory, "keep": c.index_keep}, [p["phrase-index"]],
                   [p["phrase-dump"], p["phrase-index"]]),
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
                   ref["doc_start_s"] + doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
@@ -263,9 +268,20 @@ class Demo:
     def build_phrase_index(self, resume: bool) -> dict:
         from retriever.phrase_dump import dump_phrases
         from retriever.phrase_index import build_index
+        c, sup = self.cfg, self.p["supervision"]
         d = dump_phrases(self.p["phrase"] / "best", self.corpus, self.p["phrase-dump"])
-        m = build_index(self.p["phrase-dump"], self.p["phrase-index"], self.corpus, factory=self.cfg.index_factory)
-        return {"vectors": m["vectors"], "vectors_per_passage": round(d["vectors_per_passage"], 1)}
+        result = {"dumped_per_passage": round(d["vectors_per_passage"], 1)}
+        if c.index_keep < 1:
+            from retriever.phrase_filter import train_filter
+            table = train_filter(self.p["phrase-dump"], sup / "train.jsonl", sup / "validation.jsonl", self.corpus)
+            kept = [row["answer_recall"] for row in table["calibration"] if row["keep"] == c.index_keep]
+            if kept:
+                result["answer_phrases_kept"] = round(100 * kept[0], 1)
+        m = build_index(self.p["phrase-dump"], self.p["phrase-index"], self.corpus, factory=c.index_factory,
+                        keep=c.index_keep)
+        return {**result, "factory": m["factory"], "vectors": m["vectors"],
+                "vectors_per_passage": round(m["vectors_per_passage"], 1),
+                "bytes_per_passage": round(m["bytes_per_passage"])}
 
     def train_doc(self, resume: bool) -> dict:
         from retriever.doc_index import build_doc_index
@@ -381,8 +397,8 @@ class Demo:
     def run(self, resume: bool) -> dict:
         from system.run import RunArgs, run
         c = self.cfg
-        rows = run(RunArgs(str(self.p["phrase-index"]), str(self.p["phrase"] / "best"), str(self.p["reader"] / "best"),
-                           str(self.p["run"]), questions=c.test_questions, k=c.run_k, limit=c.run_limit,
+        rows = run(RunArgs(str(self.p["run"]), index=str(self.p["phrase-index"]), model=str(self.p["phrase"] / "best"),
+                           reader=str(self.p["reader"] / "best"), questions=c.test_questions, k=c.run_k, limit=c.run_limit,
                            doc_index=str(self.p["doc-index"]), doc_model=str(self.doc_model()), top_docs=c.top_docs,
                            corpus=str(self.corpus), baselines=c.baselines, text_maxlength=c.text_maxlength))
         return {"rows": len(rows), "examples": self.pick_examples()}
@@ -441,9 +457,17 @@ class Demo:
                 spent, estimated = spent + took, estimated + s.estimate_s
                 self.speed = (calibrated * PRIOR_S + spent) / (PRIOR_S + estimated)
             _say(f"[{i + 1}/{len(stages)}] {name} done in {_minutes(took)}: {json.dumps(result)}")
+            self.record()
         if todo:
             _say(f"all stages done in {_minutes(time.perf_counter() - t_all)}")
+        self.record()
         return self.summary()
+
+    def record(self) -> None:
+        """Make what is built so far the default pipeline, for `odqa ask`, `serve`, `run` and `retrieve`."""
+        built = {"corpus": self.corpus, "phrase_model": self.p["phrase"] / "best", "phrase_index": self.p["phrase-index"],
+                 "doc_model": self.doc_model(), "doc_index": self.p["doc-index"], "reader": self.p["reader"] / "best"}
+        record_pipeline({k: v for k, v in built.items() if Path(v).exists()}, by=f"odqa demo -> {self.out}")
 
     def _done(self, s: Stage, key: dict) -> bool:
         marker = self.stages_dir / f"{s.name}.json"

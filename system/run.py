@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from common.corpus import PassageStore
+from common.defaults import fill_defaults
 from common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from common.metrics.answers import answer_em
 from common.paths import default_corpus, default_encoder
@@ -37,10 +38,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunArgs:
-    index: str                             # phrase index directory
-    model: str                             # phrase model checkpoint
-    reader: str                            # FiD reader checkpoint
     out_dir: str
+    index: str | None = None               # phrase index directory (default: the default pipeline's)
+    model: str | None = None               # phrase model checkpoint (default: the default pipeline's)
+    reader: str | None = None              # FiD reader checkpoint (default: the default pipeline's)
     questions: list[str] = field(default_factory=lambda: ["nq-test", "tqa-test"])
     k: list[int] = field(default_factory=lambda: [5, 10, 25, 50])
     limit: int | None = None               # first N questions of each set
@@ -84,6 +85,7 @@ def _fingerprint(path: str | None) -> str | None:
 
 
 def run(args: RunArgs) -> list[dict]:
+    fill_defaults(args, reader=True)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not args.k or min(args.k) < 1:

@@ -99,3 +99,33 @@ def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
     calls.append("skip the interruption")
     demo._run_stage(stage, key)
     assert calls[1:] == [(False, False)]  # the other run's output was cleared, no resume
+
+
+def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_run, tmp_path, capsys):
+    import json
+
+    from common.defaults import default_pipeline
+    from system.cli import main
+    run_demo(world["root"] / "out", cfg=world["cfg"])   # every stage reused; records the pipeline in this $ODQA_HOME
+    out = world["root"] / "out"
+    pipeline = default_pipeline()
+    assert pipeline["phrase_index"] == (out / "phrase-index").resolve()
+    assert pipeline["reader"] == (out / "reader" / "best").resolve()
+    assert pipeline["doc_index"] == (out / "doc-index").resolve()
+    capsys.readouterr()
+    run = tmp_path / "r.json"
+    assert main(["-q", "retrieve", "--retriever", "phrase", "--questions", str(world["root"] / "questions.jsonl"),
+                 "--k", "3", "--out", str(run)]) == 0
+    entries = json.loads(run.read_text())
+    assert len(entries) == len(NAMES) and all(e["ctxs"] and "prediction" in e for e in entries)
+    assert main(["-q", "ask", "where was alice born", "--k", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "extractive:" in said and "generated:" in said
+    assert main(["-q", "ask", "where was alice born", "--index", str(tmp_path / "nowhere")]) == 2  # a flag wins
+    assert "not a phrase index" in capsys.readouterr().err
+
+
+def test_without_a_default_pipeline_a_command_says_what_makes_one(capsys):
+    from system.cli import main
+    assert main(["-q", "ask", "who directed jaws"]) == 2
+    assert "run `odqa demo`" in capsys.readouterr().err

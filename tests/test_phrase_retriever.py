@@ -182,7 +182,7 @@ def test_sharded_dumps_equal_an_unsharded_one(world, index):
     build_index(root / "dump3", root / "index3", world["corpus"])
     a, b = np.load(index / "meta.npz"), np.load(root / "index3" / "meta.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
-    ids = np.arange(a["passage_row"].shape[0])
+    ids = np.arange(a["token"].shape[0])
     v1 = Searcher(index, world["model"], world["corpus"]).index.vectors("end", ids)
     v3 = Searcher(root / "index3", world["model"], world["corpus"]).index.vectors("end", ids)
     assert np.array_equal(v1, v3)
@@ -223,7 +223,7 @@ def test_corrupt_or_mismatched_index_is_refused(world, index, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(index, broken)
     meta = dict(np.load(broken / "meta.npz"))
-    meta["passage_row"] = meta["passage_row"][:-1]
+    meta["token"] = meta["token"][:-1]
     np.savez(broken / "meta.npz", **meta)
     with pytest.raises(InputError, match="corrupt phrase index"):
         Searcher(broken, world["model"], world["corpus"])
@@ -287,9 +287,15 @@ def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
     for k in ("1/2", "2/2"):
         assert main(["-q", "dump-phrases", "--model", str(world["model"]), "--out", str(tmp_path / "dump"),
                      "--shard", k, "--corpus", corpus, "--threshold", "-100"]) == 0
-    assert main(["-q", "build-index", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "index"),
-                 "--corpus", corpus]) == 0
-    assert "Flat index of" in capsys.readouterr().out
+    build = ["-q", "build-index", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "index"), "--corpus", corpus]
+    assert main(build) == 2     # the default keeps 20% of tokens: it needs the phrase filter
+    assert "run `odqa train-filter --dump DUMP` first" in capsys.readouterr().err
+    assert main(["-q", "train-filter", "--dump", str(tmp_path / "dump"), "--train-file", str(root / "sup" / "train.jsonl"),
+                 "--validation-file", str(root / "sup" / "validation.jsonl"), "--epochs", "300", "--corpus", corpus]) == 0
+    assert "| 20% |" in capsys.readouterr().out
+    assert main(build) == 0
+    assert "Flat index of" in capsys.readouterr().out   # tiny: too few vectors for IVF-PQ
+    assert json.loads((tmp_path / "index" / "manifest.json").read_text())["keep"] == 0.2
     run = tmp_path / "run.json"
     assert main(["-q", "retrieve", "--retriever", "phrase", "--index", str(tmp_path / "index"), "--model",
                  str(world["model"]), "--questions", str(root / "questions.jsonl"), "--corpus", corpus,
@@ -410,3 +416,59 @@ def test_filter_report_keeps_less_and_recalls_less_as_the_threshold_rises(world)
     assert high["share_kept"] == high["answer_recall"] == high["em"] == 0.0
     for a, b in zip([low, *mid], [*mid, high]):
         assert a["share_kept"] >= b["share_kept"] and a["answer_recall"] >= b["answer_recall"]
+
+
+def test_the_phrase_filter_keeps_answer_tokens_and_build_index_keeps_its_share(world, index, tmp_path):
+    from retriever.phrase_filter import train_filter
+    root = world["root"]
+    sup = root / "sup"
+    info = train_filter(root / "dump", sup / "train.jsonl", sup / "validation.jsonl", world["corpus"], epochs=300,
+                        out=tmp_path / "filter")
+    table = {row["keep"]: row for row in info["calibration"]}
+    recalls = [row["answer_recall"] for row in info["calibration"]]
+    assert recalls == sorted(recalls) and table[1.0]["answer_recall"] == 1.0
+    assert table[0.2]["answer_recall"] == 1.0     # the planted cities are what a filter should keep
+    m = build_index(root / "dump", tmp_path / "kept", world["corpus"], keep=0.2, filter_path=tmp_path / "filter")
+    full = json.loads((index / "manifest.json").read_text())
+    assert m["vectors"] == pytest.approx(0.2 * full["vectors"], abs=2)
+    assert m["bytes_per_passage"] < full["bytes_per_passage"] / 3
+
+    def gold_passage_answers(index_dir) -> int:
+        """Questions whose own passage's best phrase is the planted city."""
+        searcher = Searcher(index_dir, world["model"], world["corpus"])
+        results = searcher.search([f"where was {n} born" for n in NAMES], k=len(NAMES), unit="passage")
+        return sum(p["phrase"]["text"] == world["born"][n] for r, n in zip(results, NAMES)
+                   for p in r["passages"] if p["title"] == n)
+    assert gold_passage_answers(tmp_path / "kept") >= gold_passage_answers(index) - 1 >= 9
+    with pytest.raises(InputError, match="no phrase filter"):
+        build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.2, filter_path=tmp_path / "none")
+    with pytest.raises(InputError, match="--keep"):
+        build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.0)
+
+
+def test_ivf_pq_scores_from_codes_equal_decoded_vectors():
+    import faiss
+
+    from retriever.phrase_index import IVFPQCodes, default_factory
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6000, 48)).astype(np.float32)
+    index = faiss.index_factory(48, default_factory(len(x), 48), faiss.METRIC_INNER_PRODUCT)
+    assert isinstance(faiss.downcast_index(index), faiss.IndexIVFPQ)
+    index.train(x)
+    index.add(x)
+    codes = IVFPQCodes.of(index, len(x))
+    ids = rng.choice(len(x), 500)
+    q = rng.standard_normal(48).astype(np.float32)
+    faiss.extract_index_ivf(index).make_direct_map()
+    decoded = index.reconstruct_batch(ids)
+    assert np.allclose(codes.vectors(ids), decoded, atol=1e-5)
+    assert np.allclose(codes.scores(ids, q), decoded @ q, atol=1e-4)
+    assert IVFPQCodes.of(faiss.index_factory(48, "IVF4,SQ8", faiss.METRIC_INNER_PRODUCT), 0) is None
+
+
+def test_default_factory_is_ivf_pq_at_about_a_kilobyte_a_passage():
+    from retriever.phrase_index import default_factory
+    assert default_factory(1000, 192) == "Flat"
+    assert default_factory(201_946, 192) == "IVF256,PQ16"       # the demo's: 16 bytes a vector
+    assert default_factory(340_000_000, 192) == "IVF8192,PQ16"  # 21M passages at 16 vectors each
+    assert default_factory(50_000, 384) == "IVF128,PQ32"

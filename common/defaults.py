@@ -1,0 +1,81 @@
+"""The default pipeline: the models and indexes `odqa demo` built last, so that later commands
+(`retrieve --retriever phrase`, `ask`, `serve`, `run`, `tune-lambda`) need no paths.
+
+    $ODQA_HOME/pipeline.json   {"corpus", "phrase_model", "phrase_index", "doc_model", "doc_index",
+                                "reader", "recorded_by", "updated"}
+
+A flag that names a path always wins. A default that is needed but missing is refused with one line
+that says which command makes it.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from common.io import InputError, read_json, write_json
+from common.paths import odqa_home
+
+# artifact -> (the flag that overrides it, what it is)
+ARTIFACTS = {
+    "corpus": ("--corpus", "corpus"),
+    "phrase_model": ("--model", "phrase model"),
+    "phrase_index": ("--index", "phrase index"),
+    "doc_model": ("--doc-model", "document encoder"),
+    "doc_index": ("--doc-index", "document index"),
+    "reader": ("--reader", "FiD reader"),
+}
+
+
+def pipeline_file() -> Path:
+    return odqa_home() / "pipeline.json"
+
+
+def default_pipeline() -> dict[str, Path]:
+    """The recorded artifacts that still exist on disk."""
+    path = pipeline_file()
+    if not path.exists():
+        return {}
+    recorded = read_json(path)
+    return {k: Path(v) for k, v in recorded.items() if k in ARTIFACTS and v and Path(v).exists()}
+
+
+def default_path(name: str) -> Path:
+    flag, what = ARTIFACTS[name]
+    path = default_pipeline().get(name)
+    if path is None:
+        raise InputError(f"no {what} given and no default one: pass {flag}, or run `odqa demo` to build the "
+                         f"default pipeline ({pipeline_file()})")
+    return path
+
+
+def record_pipeline(paths: dict[str, str | Path], by: str) -> None:
+    """Record (or update) artifacts of the default pipeline; the file is replaced atomically."""
+    unknown = set(paths) - set(ARTIFACTS)
+    if unknown:
+        raise ValueError(f"not pipeline artifacts: {sorted(unknown)}")
+    path = pipeline_file()
+    recorded = read_json(path) if path.exists() else {}
+    recorded.update({k: str(Path(v).resolve()) for k, v in paths.items()})
+    recorded.update(recorded_by=by, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, recorded)
+
+
+def fill_defaults(args, reader: bool = False) -> None:
+    """Set the unset paths of `args` (attributes index, model, doc_index, doc_model, corpus, and with
+    `reader` also reader) from the default pipeline. The pre-filter and the corpus come along only with
+    the default phrase index: a phrase index named by a flag is searched as named, and `no_prefilter`
+    (when `args` has it) leaves the pre-filter out."""
+    pipeline = default_pipeline()
+    own_index = args.index is None
+    if own_index:
+        args.index = str(default_path("phrase_index"))
+    if args.model is None:
+        args.model = str(default_path("phrase_model"))
+    if own_index and args.doc_index is None and not getattr(args, "no_prefilter", False) \
+            and {"doc_index", "doc_model"} <= set(pipeline):
+        args.doc_index, args.doc_model = str(pipeline["doc_index"]), str(pipeline["doc_model"])
+    if own_index and args.corpus is None and "corpus" in pipeline:
+        args.corpus = str(pipeline["corpus"])
+    if reader and args.reader is None:
+        args.reader = str(default_path("reader"))

@@ -1,0 +1,169 @@
+"""`odqa train-filter`: which dumped tokens may bound an answer phrase, learned on the dump itself.
+
+A phrase index is as large as the tokens it keeps. DensePhrases keeps only the tokens a filter passes.
+The phrase model's own filter head is trained jointly with a small weight, on one gold passage per
+step; at this repository's budgets it barely separates (the demo's keeps 49% of tokens and 58% of
+answer phrases at logit 0). This filter is fitted afterwards, on the frozen vectors the dump holds:
+an MLP over a token's [start; end] vectors, trained with class-weighted binary cross-entropy to say
+whether the token starts or ends an answer occurrence in a supervision passage. It needs no encoder
+pass and fits in about a minute on a CPU.
+
+    DUMP/filter/filter.pt      the MLP's weights
+    DUMP/filter/filter.json    its shape, what it was fitted on, and the calibration table: for each
+                               share of the dump's tokens kept, the score threshold and the share of
+                               validation answer phrases whose start and end tokens both survive
+
+`odqa build-index --keep S` keeps the share S of the dump's tokens with the highest scores.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from common.corpus import PassageStore
+from common.io import InputError, atomic_path, read_json, write_json
+from retriever.phrase_dump import dump_shards, read_dump
+from retriever.phrase_train import load_examples
+
+log = logging.getLogger(__name__)
+SHARES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 1.0)
+
+
+class PhraseFilter(nn.Module):
+    def __init__(self, dim: int, hidden: int = 256):
+        super().__init__()
+        self.dim, self.hidden = dim, hidden
+        self.mlp = nn.Sequential(nn.Linear(2 * dim, hidden), nn.GELU(), nn.Linear(hidden, 2))
+
+    def forward(self, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """(N, 2) logits: can start, can end."""
+        return self.mlp(torch.cat([start, end], -1).float())
+
+    @torch.no_grad()
+    def score(self, start: np.ndarray, end: np.ndarray, batch: int = 200_000) -> np.ndarray:
+        """max(can start, can end) for each token: what `--keep` ranks."""
+        out = [self(torch.from_numpy(start[a:a + batch]), torch.from_numpy(end[a:a + batch])).max(-1).values.numpy()
+               for a in range(0, len(start), batch)]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def filter_dir(dump_dir: str | os.PathLike) -> Path:
+    return Path(dump_dir) / "filter"
+
+
+def load_filter(path: str | os.PathLike) -> tuple[PhraseFilter, dict]:
+    path = Path(path)
+    if not (path / "filter.json").exists():
+        raise InputError(f"{path}: no phrase filter (run `odqa train-filter --dump DUMP` first)")
+    info = read_json(path / "filter.json")
+    model = PhraseFilter(info["dim"], info["hidden"])
+    try:
+        model.load_state_dict(torch.load(path / "filter.pt", map_location="cpu"))
+    except (RuntimeError, OSError, KeyError) as e:
+        raise InputError(f"{path}/filter.pt: not a phrase filter of dim {info['dim']} ({e})") from None
+    return model.eval(), info
+
+
+def answer_labels(arrays: dict, examples: list[dict], corpus_dir) -> tuple[np.ndarray, np.ndarray, list]:
+    """Vector ids of the examples' passages, (N, 2) start/end labels, and for each example the list of
+    its answer occurrences as (start id, end id) pairs that the dump can represent."""
+    store = PassageStore(corpus_dir)
+    row_of = {p["id"]: i for i, p in enumerate(store)}
+    store.close()
+    rows = arrays["passage_row"]
+    first = np.searchsorted(rows, np.arange(len(row_of)))
+    last = np.searchsorted(rows, np.arange(len(row_of)), side="right")
+    ids, labels, spans = [], [], []
+    for ex in examples:
+        row = row_of.get(ex.get("passage_id"))
+        if row is None:
+            raise InputError(f"supervision passage {ex.get('passage_id')!r} is not in the corpus {corpus_dir}")
+        vid = np.arange(first[row], last[row])
+        cs, ce = arrays["char_start"][vid], arrays["char_end"][vid]
+        lab = np.zeros((len(vid), 2), np.float32)
+        own = []
+        for a, b in ex["answer_char_spans"]:
+            s, e = np.flatnonzero(cs == a), np.flatnonzero(ce == b)
+            lab[s, 0], lab[e, 1] = 1, 1
+            if len(s) and len(e):
+                own.append((int(vid[s[0]]), int(vid[e[0]])))
+        ids.append(vid)
+        labels.append(lab)
+        spans.append(own)
+    return np.concatenate(ids), np.concatenate(labels), spans
+
+
+def answer_recall(keep: np.ndarray, spans: list) -> float:
+    """Share of examples (with a representable answer) that keep both tokens of some answer occurrence."""
+    answerable = [own for own in spans if own]
+    return sum(any(keep[s] and keep[e] for s, e in own) for own in answerable) / max(len(answerable), 1)
+
+
+def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, validation_file: str | os.PathLike,
+                 corpus_dir: str | os.PathLike, hidden: int = 256, epochs: int = 8, batch_size: int = 4096,
+                 lr: float = 1e-3, seed: int = 0, out: str | os.PathLike | None = None) -> dict:
+    out = Path(out) if out else filter_dir(dump_dir)
+    arrays, summary = read_dump(dump_dir, corpus_dir)
+    start, end = arrays["start"], arrays["end"]
+    train_ids, train_y, _ = answer_labels(arrays, load_examples(str(train_file)), corpus_dir)
+    _, _, val_spans = answer_labels(arrays, load_examples(str(validation_file)), corpus_dir)
+    if not train_y.any():
+        raise InputError(f"{train_file}: no answer occurrence falls on the dump's token boundaries")
+    torch.manual_seed(seed)
+    model = PhraseFilter(start.shape[1], hidden)
+    opt = torch.optim.Adam(model.parameters(), lr)
+    y = torch.from_numpy(train_y)
+    rate = y.mean(0).clamp_min(1e-6)
+    pos_weight = ((1 - rate) / rate).sqrt()   # half-way to balanced: positives are ~1.5% of tokens
+    g = torch.Generator().manual_seed(seed)
+    steps = epochs * -(-len(train_ids) // batch_size)
+    bar = tqdm(total=steps, desc="train-filter", disable=None)
+    for _ in range(epochs):
+        for b in torch.randperm(len(train_ids), generator=g).split(batch_size):
+            ids = train_ids[b.numpy()]
+            logits = model(torch.from_numpy(start[ids]), torch.from_numpy(end[ids]))
+            loss = nn.functional.binary_cross_entropy_with_logits(logits, y[b], pos_weight=pos_weight)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+    bar.close()
+    model.eval()
+    scores = model.score(start, end)
+    table = []
+    for share in SHARES:
+        threshold = float(np.quantile(scores, 1 - share)) if share < 1 else float("-inf")
+        table.append({"keep": share, "threshold": threshold,
+                      "answer_recall": answer_recall(scores >= threshold, val_spans)})
+    info = {"dim": model.dim, "hidden": hidden, "encoder_hash": summary["encoder_hash"],
+            "fingerprint": summary["fingerprint"], "train_file": str(train_file),
+            "validation_file": str(validation_file), "train_tokens": len(train_ids),
+            "validation_answerable": sum(bool(s) for s in val_spans), "epochs": epochs, "calibration": table}
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        torch.save(model.state_dict(), tmp / "filter.pt")
+        write_json(tmp / "filter.json", info)
+    return info
+
+
+def keep_mask(dump_dir: str | os.PathLike, arrays: dict, keep: float,
+              path: str | os.PathLike | None = None) -> tuple[np.ndarray, float]:
+    """Which of the dump's vectors `--keep` keeps, and the score threshold that does it."""
+    if not 0 < keep <= 1:
+        raise InputError(f"--keep is a share of tokens in (0, 1], not {keep}")
+    if keep == 1:
+        return np.ones(len(arrays["start"]), bool), float("-inf")
+    model, info = load_filter(path or filter_dir(dump_dir))
+    _, summary = dump_shards(dump_dir)
+    if info["encoder_hash"] != summary["encoder_hash"]:
+        raise InputError(f"{path or filter_dir(dump_dir)} was fitted on another encoder's dump than {dump_dir}")
+    scores = model.score(arrays["start"], arrays["end"])
+    threshold = float(np.quantile(scores, 1 - keep))
+    return scores >= threshold, threshold
