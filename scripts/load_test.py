@@ -1,28 +1,28 @@
-"""Load test of `odqa serve` on loopback: the same requests against a server that batches (up to
---max-batch) and one that answers one request at a time, in one run. Prints throughput, p50/p95/p99
-latency and the failed-request count of each.
+"""Load test of `odqa serve` on loopback: one server process, closed-loop clients at 1, 8, 32 and 128
+concurrent. For each level: throughput, p50/p99 latency of the accepted requests, the 429s (shed
+load: the client waits the Retry-After, at most a second, and goes on), other failures, and the
+server's RSS before and after.
 
-    python scripts/load_test.py --index RUN/index --model RUN/best --reader READER/best \\
-        [--doc-index DHR/doc-index --doc-model DHR/doc/best] [--requests 256] [--concurrency 32] [--k 10]
+    python scripts/load_test.py [--levels 1 8 32 128] [--seconds 30] [--k 10] [serve flags: --max-batch ...]
+
+The server is `odqa serve` on the default pipeline (`odqa demo`) unless --index/--model/--reader name
+others; it is stopped with SIGTERM at the end, as a service manager would.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import socket
+import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import numpy as np
-import uvicorn
 
-from common.defaults import fill_defaults
 from common.questions import load_questions
-from system.cli import _phrase_searcher
-from system.pipeline import Pipeline
-from system.serve import create_app
 
 
 def free_port() -> int:
@@ -31,75 +31,96 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServerThread:
-    def __init__(self, app):
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join()
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
-async def fire(url: str, questions: list[str], concurrency: int, k: int) -> tuple[list[float], int, float]:
-    limit = asyncio.Semaphore(concurrency)
-    latencies, failed = [], 0
+async def level(url: str, questions: list[str], clients: int, seconds: float, k: int) -> dict:
+    """`clients` closed-loop clients for `seconds`: each sends its next question when it has an answer."""
+    latencies, shed, failed, done = [], 0, 0, 0
+    stop = time.perf_counter() + seconds
 
-    async def one(client: httpx.AsyncClient, q: str) -> None:
-        nonlocal failed
-        async with limit:
+    async def client(i: int, http: httpx.AsyncClient) -> None:
+        nonlocal shed, failed, done
+        n = i
+        while time.perf_counter() < stop:
+            q = questions[n % len(questions)]
+            n += clients
             start = time.perf_counter()
             try:
-                r = await client.post(f"{url}/answer", json={"question": q, "k": k})
-                ok = r.status_code == 200
+                r = await http.post(f"{url}/answer", json={"question": q, "k": k})
             except httpx.HTTPError:
-                ok = False
-            latencies.append(time.perf_counter() - start)
-            failed += not ok
+                failed += 1
+                continue
+            if r.status_code == 200:
+                latencies.append(time.perf_counter() - start)
+                done += 1
+            elif r.status_code == 429:
+                shed += 1
+                await asyncio.sleep(min(1.0, float(r.headers.get("retry-after", 1))))
+            else:
+                failed += 1
 
-    async with httpx.AsyncClient(timeout=600) as client:
-        await client.post(f"{url}/answer", json={"question": questions[0], "k": k})  # warm-up
-        start = time.perf_counter()
-        await asyncio.gather(*(one(client, q) for q in questions))
-        return latencies, failed, time.perf_counter() - start
+    start = time.perf_counter()
+    limits = httpx.Limits(max_connections=clients + 8)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        await asyncio.gather(*(client(i, http) for i in range(clients)))
+    took = time.perf_counter() - start
+    p50, p99 = (1000 * float(np.percentile(latencies, q)) if latencies else float("nan") for q in (50, 99))
+    return {"clients": clients, "answered": done, "per_s": done / took, "p50": p50, "p99": p99, "shed": shed,
+            "failed": failed}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--index", default=None, help="default: the default pipeline's (`odqa demo`)")
-    p.add_argument("--model", default=None)
-    p.add_argument("--reader", default=None)
-    p.add_argument("--doc-index", default=None)
-    p.add_argument("--doc-model", default=None)
-    p.add_argument("--no-prefilter", action="store_true")
-    p.add_argument("--top-docs", type=int, default=100)
-    p.add_argument("--lam", type=float, default=None)
-    p.add_argument("--nprobe", type=int, default=64)
-    p.add_argument("--corpus", default=None)
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--seconds", type=float, default=30.0, help="each level's duration (default 30)")
     p.add_argument("--questions", default="nq-test")
-    p.add_argument("--requests", type=int, default=256)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--k", type=int, default=10)
+    p.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
+                   help="the rest goes to `odqa serve` (e.g. --max-batch 16 --max-queue 32 --index ...)")
     args = p.parse_args()
-    fill_defaults(args, reader=True)
-    pipeline = Pipeline.load(_phrase_searcher(args), args.reader)
-    questions = [q.question for q in load_questions(args.questions, limit=args.requests)]
-    print(f"{len(questions)} requests of {args.questions}, {args.concurrency} concurrent, k = {args.k}, loopback")
-    print("| server | requests/s | p50 ms | p95 ms | p99 ms | failed |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for label, max_batch in ((f"batched (up to {args.max_batch})", args.max_batch), ("one at a time", 1)):
-        with ServerThread(create_app(pipeline, max_batch=max_batch, max_wait_ms=10)) as url:
-            latencies, failed, seconds = asyncio.run(fire(url, questions, args.concurrency, args.k))
-        p50, p95, p99 = (1000 * np.percentile(latencies, q) for q in (50, 95, 99))
-        print(f"| {label} | {len(questions) / seconds:.2f} | {p50:.0f} | {p95:.0f} | {p99:.0f} | {failed} |", flush=True)
+    questions = [q.question for q in load_questions(args.questions, limit=2000)]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "system.cli", "-q", "serve", "--port", str(port), *args.serve_args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while True:
+            if server.poll() is not None:
+                sys.exit(f"odqa serve exited: {server.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        httpx.post(f"{url}/answer", json={"question": questions[0], "k": args.k}, timeout=120)  # warm-up
+        health = httpx.get(f"{url}/health").json()
+        before = rss_mb(server.pid)
+        rows = []
+        for clients in args.levels:
+            rows.append(asyncio.run(level(url, questions, clients, args.seconds, args.k)))
+            print(f"{clients} clients: {rows[-1]}", file=sys.stderr, flush=True)
+        after = rss_mb(server.pid)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(60)
+    print(f"`odqa serve` on loopback, k = {args.k}, max_batch {health['max_batch']}, max_queue {health['max_queue']}, "
+          f"timeout {health['timeout_s']:g} s; {args.seconds:g} s a level, {os.cpu_count()} CPUs shared with the clients")
+    print("| clients | answered/s | p50 ms | p99 ms | 429 | failed |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['clients']} | {r['per_s']:.2f} | {r['p50']:.0f} | {r['p99']:.0f} | {r['shed']} | {r['failed']} |")
+    peak = max(rows, key=lambda r: r["per_s"])
+    worst = max(r["p99"] for r in rows if r["clients"] >= peak["clients"])
+    print(f"throughput peaks at {peak['clients']} clients (p99 {peak['p99']:.0f} ms); the worst p99 at or beyond it "
+          f"is {worst / peak['p99']:.2f}x that; failed other than 429: {sum(r['failed'] for r in rows)}")
+    print(f"server RSS {before:.0f} MB before, {after:.0f} MB after; exit code on SIGTERM: {code}")
     return 0
 
 

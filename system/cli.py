@@ -147,12 +147,14 @@ def cmd_ask(args) -> None:
 def cmd_serve(args) -> None:
     import uvicorn
 
+    from common.defaults import fill_defaults
     from system.serve import create_app
-    pipeline = _pipeline(args)
-    app = create_app(pipeline, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+    fill_defaults(args, reader=True)     # a missing default is refused now, not after the server is up
+    app = create_app(load=lambda: _pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                     max_queue=args.max_queue, timeout_s=args.timeout_s,
                      info={"index": str(args.index), "reader": str(args.reader),
                            "prefilter": str(args.doc_index) if args.doc_index else None})
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=args.graceful_s)
 
 
 def _phrase_index_args(p: argparse.ArgumentParser) -> None:
@@ -548,13 +550,19 @@ def _system_parsers(sub) -> None:
     _system_args(p)
     p.set_defaults(func=cmd_ask)
 
-    p = sub.add_parser("serve", help="serve answers over HTTP (POST /answer, GET /health, docs at /docs)",
+    p = sub.add_parser("serve", help="serve answers over HTTP (POST /answer, GET /health, /metrics, docs at /docs)",
                        description="FastAPI service; concurrent requests are batched for the question encoders and FiD.")
     _system_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-batch", type=int, default=16, help="requests answered together at most (default 16)")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait for more requests after the first (default 10)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more are answered 429 with "
+                                                             "Retry-After (default 64)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="a request not answered in this time gets 503 "
+                                                                 "(default 30)")
+    p.add_argument("--graceful-s", type=float, default=60.0, help="on shutdown, how long requests in flight may "
+                                                                  "take to finish (default 60)")
     p.set_defaults(func=cmd_serve)
 
 

@@ -1,29 +1,44 @@
 """`odqa serve`: the pipeline over HTTP (FastAPI; OpenAPI docs at /docs).
 
     POST /answer {"question": str, "k": int = 10} -> {"extractive", "generated", "passages", "timings"}
-    GET  /health -> {"status": "ok", ...}
+    GET  /health   200 {"status": "ready", ...}; 503 {"status": "loading"} while the models load
+    GET  /metrics  Prometheus text: requests by status, queue depth, batch sizes, stage latencies
+    GET  /         a page to ask questions on (system/static/index.html; ?q=...&k=... asks at once)
 
-Models and indexes load once, at start-up. Concurrent requests are batched: a worker takes up to
-`max_batch` waiting requests (waiting at most `max_wait_ms` for more after the first), groups them by
-k, and runs each group as one pipeline call (one question-encoder batch, one FiD batch), in a thread
-so the event loop keeps accepting requests. Bad input is a 422 with pydantic's message; an error
-inside the pipeline is a 500 for the requests of that batch only, and the service keeps serving.
+The server starts at once and loads the models in a thread, so /health can say it is loading.
+Concurrent requests are batched: a worker takes up to `max_batch` waiting requests (waiting at most
+`max_wait_ms` for more after the first), groups them by k, and runs each group as one pipeline call
+(one question-encoder batch, one FiD batch) in a thread, so the event loop keeps accepting requests.
+
+Under load it sheds rather than queues without end: beyond `max_queue` waiting requests a request is
+answered 429 at once, with Retry-After; one not answered within `timeout_s` gets 503 and is dropped
+from its batch if the batch has not started (a started batch goes on for the others). Bad input is a
+422 with pydantic's message; an error inside the pipeline is a 500 for the requests of that batch
+only. On shutdown, requests in flight are answered before the worker stops.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
 
 from system.pipeline import MAX_K
 
 log = logging.getLogger(__name__)
 MAX_QUESTION_CHARS = 500
+STATIC = Path(__file__).parent / "static"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class AnswerRequest(BaseModel):
@@ -41,25 +56,60 @@ class AnswerRequest(BaseModel):
         return v
 
 
+class Metrics:
+    """The service's Prometheus metrics, in a registry of its own (one per app)."""
+
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("odqa_requests", "POST /answer requests by HTTP status", ["status"], registry=r)
+        self.queue_depth = Gauge("odqa_queue_depth", "requests waiting for a batch", registry=r)
+        self.ready = Gauge("odqa_ready", "1 once the models are loaded", registry=r)
+        self.batch_size = Histogram("odqa_batch_size", "questions answered together", registry=r,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        self.stage = Histogram("odqa_stage_seconds", "seconds a batch spends in each stage", ["stage"], registry=r,
+                               buckets=LATENCY_BUCKETS)
+        self.latency = Histogram("odqa_request_seconds", "seconds from arrival to answer, answered requests",
+                                 registry=r, buckets=LATENCY_BUCKETS)
+
+
+class Overloaded(Exception):
+    def __init__(self, retry_after: int):
+        self.retry_after = retry_after
+
+
 @dataclass
 class _Pending:
     request: AnswerRequest
     future: asyncio.Future
     arrived: float = field(default_factory=time.perf_counter)
+    abandoned: bool = False      # timed out before its batch started
 
 
 class Batcher:
     """Collects requests and answers them in batches of up to `max_batch`."""
 
-    def __init__(self, pipeline, max_batch: int = 16, max_wait_ms: float = 10.0):
-        self.pipeline, self.max_batch, self.max_wait = pipeline, max_batch, max_wait_ms / 1000
+    def __init__(self, metrics: Metrics, max_batch: int = 16, max_wait_ms: float = 10.0, max_queue: int = 64,
+                 timeout_s: float = 30.0):
+        self.metrics, self.max_batch, self.max_wait = metrics, max_batch, max_wait_ms / 1000
+        self.max_queue, self.timeout_s = max_queue, timeout_s
+        self.pipeline = None
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self.batches = 0
+        self.batches, self.batch_s = 0, 1.0     # batch_s: a running mean of a batch's seconds, for Retry-After
+
+    def retry_after(self) -> int:
+        return max(1, math.ceil(self.queue.qsize() / self.max_batch * self.batch_s))
 
     async def submit(self, request: AnswerRequest) -> dict:
+        if self.queue.qsize() >= self.max_queue:
+            raise Overloaded(self.retry_after())
         pending = _Pending(request, asyncio.get_running_loop().create_future())
-        await self.queue.put(pending)
-        return await pending.future
+        self.queue.put_nowait(pending)
+        self.metrics.queue_depth.set(self.queue.qsize())
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.future), self.timeout_s)
+        except asyncio.TimeoutError:
+            pending.abandoned = True
+            raise
 
     async def run(self) -> None:
         while True:
@@ -73,14 +123,21 @@ class Batcher:
                     batch.append(await asyncio.wait_for(self.queue.get(), left))
                 except asyncio.TimeoutError:
                     break
+            self.metrics.queue_depth.set(self.queue.qsize())
             by_k: dict[int, list[_Pending]] = {}
             for p in batch:
-                by_k.setdefault(p.request.k, []).append(p)
+                if not p.abandoned:
+                    by_k.setdefault(p.request.k, []).append(p)
             for k, group in by_k.items():
                 await self._answer(k, group)
 
     async def _answer(self, k: int, group: list[_Pending]) -> None:
+        group = [p for p in group if not p.abandoned]
+        if not group:
+            return
         self.batches += 1
+        self.metrics.batch_size.observe(len(group))
+        start = time.perf_counter()
         try:
             answers = await asyncio.to_thread(self.pipeline.answer, [p.request.question for p in group], k)
         except Exception as e:  # noqa: BLE001 -- one failed batch must not stop the worker
@@ -90,33 +147,91 @@ class Batcher:
                     p.future.set_exception(e)
             return
         now = time.perf_counter()
+        self.batch_s = 0.8 * self.batch_s + 0.2 * (now - start)
+        t = answers[0]["timings"] if answers else {}
+        for stage in ("retrieve", "read"):
+            if f"{stage}_ms" in t:
+                self.metrics.stage.labels(stage).observe(t[f"{stage}_ms"] / 1000)
         for p, a in zip(group, answers):
             a["timings"] = {**a["timings"], "total_ms": 1000 * (now - p.arrived)}
             if not p.future.done():
                 p.future.set_result(a)
+                self.metrics.latency.observe(now - p.arrived)
 
 
-def create_app(pipeline, max_batch: int = 16, max_wait_ms: float = 10.0, info: dict | None = None) -> FastAPI:
-    batcher = Batcher(pipeline, max_batch, max_wait_ms)
+def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, max_queue: int = 64,
+               timeout_s: float = 30.0, info: dict | None = None, load: Callable[[], object] | None = None) -> FastAPI:
+    """The service over `pipeline`, or over what `load()` returns: then the app answers /health with
+    "loading" until `load` (run in a thread at start-up) is done."""
+    if (pipeline is None) == (load is None):
+        raise ValueError("give a pipeline or a function that loads one")
+    metrics = Metrics()
+    batcher = Batcher(metrics, max_batch, max_wait_ms, max_queue, timeout_s)
+    state = {"status": "loading", "error": None}
+
+    def set_ready(p) -> None:
+        batcher.pipeline = p
+        state["status"] = "ready"
+        metrics.ready.set(1)
+
+    def load_in_thread() -> None:
+        try:
+            set_ready(load())
+        except Exception as e:  # noqa: BLE001 -- reported by /health; the process stays up to say so
+            log.exception("loading the pipeline failed")
+            state.update(status="failed", error=f"{type(e).__name__}: {e}")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if load is None:
+            set_ready(pipeline)
+        else:
+            threading.Thread(target=load_in_thread, name="odqa-load", daemon=True).start()
         worker = asyncio.create_task(batcher.run())
         yield
+        # The server has stopped taking requests and waited for those in flight; nothing is left to batch.
         worker.cancel()
 
     app = FastAPI(title="odqa", description="Open-domain QA: an extractive answer (the top phrase) and a "
                                             "generated one (FiD over the top-k passages).", lifespan=lifespan)
-    app.state.batcher = batcher
+    app.state.batcher, app.state.metrics = batcher, metrics
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        if request.url.path == "/answer":
+            metrics.requests.labels(str(response.status_code)).inc()
+        return response
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "batches": batcher.batches, "max_batch": max_batch, **(info or {})}
+    async def health():
+        body = {"status": state["status"], "batches": batcher.batches, "queue": batcher.queue.qsize(),
+                "max_batch": max_batch, "max_queue": max_queue, "timeout_s": timeout_s, **(info or {})}
+        if state["error"]:
+            body["error"] = state["error"]
+        return JSONResponse(body, status_code=200 if state["status"] == "ready" else 503)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/answer")
     async def answer(request: AnswerRequest) -> dict:
+        if state["status"] != "ready":
+            raise HTTPException(status_code=503, detail=f"the service is {state['status']}",
+                                headers={"Retry-After": "5"})
         try:
             result = await batcher.submit(request)
+        except Overloaded as e:
+            raise HTTPException(status_code=429, detail=f"{max_queue} requests are already waiting",
+                                headers={"Retry-After": str(e.retry_after)}) from None
+        except asyncio.TimeoutError:
+            raise HTTPException(status_code=503, detail=f"not answered within {timeout_s:g} s",
+                                headers={"Retry-After": str(batcher.retry_after())}) from None
         except Exception as e:  # noqa: BLE001
             raise HTTPException(status_code=500, detail=f"internal error: {type(e).__name__}: {e}") from None
         return {key: result[key] for key in ("question", "extractive", "generated", "passages", "timings")}

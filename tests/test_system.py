@@ -1,5 +1,6 @@
 """The system on a tiny corpus with tiny untrained models: the pipeline returns both kinds of answer;
-the server answers, refuses bad input with 4xx, and survives a reader error."""
+the server answers, refuses bad input with 4xx, survives a reader error, sheds load with 429 and 503,
+says when it is loading, exports Prometheus metrics and finishes requests in flight on shutdown."""
 import pytest
 from fastapi.testclient import TestClient
 
@@ -46,7 +47,7 @@ def test_pipeline_returns_both_answers_and_the_passages(system):
 
 def test_server_answers_and_validates(system):
     with TestClient(create_app(system["pipeline"], max_batch=4, max_wait_ms=5)) as client:
-        assert client.get("/health").json()["status"] == "ok"
+        assert client.get("/health").json()["status"] == "ready"
         r = client.post("/answer", json={"question": "  who won the first nobel prize in physics ", "k": 3})
         assert r.status_code == 200, r.text
         body = r.json()
@@ -141,3 +142,132 @@ def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_pa
     for name, stamp in stamps.items():
         assert (out / name).stat().st_mtime_ns == stamp, name
     assert (out / "pred-tiny-q-k2.jsonl").exists()
+
+
+class SlowPipeline:
+    """A pipeline whose batches take `seconds`; it records the questions it was asked."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.asked = seconds, []
+
+    def answer(self, questions, k=10):
+        import time
+        time.sleep(self.seconds)
+        self.asked += questions
+        return [{"question": q, "extractive": None, "generated": "x", "passages": [],
+                 "timings": {"retrieve_ms": 1.0, "read_ms": 2.0, "questions_in_batch": len(questions)}} for q in questions]
+
+
+def test_overload_is_answered_429_with_retry_after_and_a_slow_request_503():
+    import concurrent.futures
+    slow = SlowPipeline(0.5)
+    with TestClient(create_app(slow, max_batch=1, max_wait_ms=1, max_queue=2, timeout_s=30)) as client:
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            rs = list(pool.map(lambda i: client.post("/answer", json={"question": f"q{i}"}), range(12)))
+        codes = sorted(r.status_code for r in rs)
+        assert set(codes) == {200, 429} and codes.count(200) >= 3, codes
+        assert all(int(r.headers["retry-after"]) >= 1 for r in rs if r.status_code == 429)
+    slow = SlowPipeline(1.0)
+    with TestClient(create_app(slow, max_batch=1, max_wait_ms=1, timeout_s=0.3)) as client:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            rs = list(pool.map(lambda i: client.post("/answer", json={"question": f"t{i}"}), range(3)))
+        assert [r.status_code for r in rs] == [503] * 3 and "not answered within" in rs[0].json()["detail"]
+        import time
+        time.sleep(1.2)
+        assert len(slow.asked) == 1      # the two that timed out before their batch started were dropped
+
+
+def test_metrics_count_requests_by_status_and_time_the_stages():
+    with TestClient(create_app(SlowPipeline(0.01), max_batch=4)) as client:
+        assert client.post("/answer", json={"question": "q"}).status_code == 200
+        assert client.post("/answer", json={"question": ""}).status_code == 422
+        text = client.get("/metrics").text
+    assert 'odqa_requests_total{status="200"} 1.0' in text and 'odqa_requests_total{status="422"} 1.0' in text
+    assert 'odqa_stage_seconds_count{stage="read"} 1.0' in text and "odqa_batch_size_count 1.0" in text
+    assert "odqa_queue_depth 0.0" in text and "odqa_ready 1.0" in text
+
+
+def test_health_says_loading_until_the_models_are_loaded():
+    import threading
+    loaded = threading.Event()
+
+    def load():
+        loaded.wait(10)
+        return SlowPipeline(0.0)
+    with TestClient(create_app(load=load)) as client:
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert client.post("/answer", json={"question": "q"}).status_code == 503
+        loaded.set()
+        for _ in range(100):
+            if client.get("/health").status_code == 200:
+                break
+            threading.Event().wait(0.05)
+        assert client.get("/health").json()["status"] == "ready"
+        assert client.post("/answer", json={"question": "q"}).status_code == 200
+
+
+def test_shutdown_finishes_the_requests_in_flight():
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(SlowPipeline(1.0)), host="127.0.0.1", port=port,
+                                           log_level="warning", timeout_graceful_shutdown=10))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    result = {}
+    asker = threading.Thread(target=lambda: result.update(r=httpx.post(f"http://127.0.0.1:{port}/answer",
+                                                                       json={"question": "q"}, timeout=10)))
+    asker.start()
+    time.sleep(0.3)                   # the request is in its batch
+    server.should_exit = True         # what SIGTERM does
+    asker.join()
+    thread.join(10)
+    assert result["r"].status_code == 200 and result["r"].json()["generated"] == "x"
+
+
+def test_the_page_asks_and_shows_both_answers_in_headless_chromium(system):
+    """The page at / asks the question of its ?q= link and shows both answers and the marked passages."""
+    import re
+    import shutil
+    import socket
+    import subprocess
+    import threading
+    import time
+
+    import uvicorn
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no headless browser: `apt-get install chromium` (Debian) to run this test")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(system["pipeline"]), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                              "--virtual-time-budget=30000", "--dump-dom",
+                              f"http://127.0.0.1:{port}/?q=how+tall+is+mount+everest&k=2"],
+                             capture_output=True, text=True, timeout=120).stdout
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    answer = system["pipeline"].answer(["how tall is mount everest"], k=2)[0]
+    shown = lambda id_: re.search(rf'id="{id_}"[^>]*>([^<]*)<', dom).group(1)  # noqa: E731
+    assert shown("extractive") == answer["extractive"]["text"]
+    assert shown("generated") == (answer["generated"] or "-")
+    assert "retrieve " in shown("status") and "total " in shown("status")
+    marks = re.findall(r"<mark>([^<]*)</mark>", dom)
+    assert marks == [p["phrase"]["text"] for p in answer["passages"]]
