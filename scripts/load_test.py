@@ -111,7 +111,7 @@ def main() -> int:
         server.send_signal(signal.SIGTERM)
         code = server.wait(60)
     print(f"`odqa serve` on loopback, k = {args.k}, max_batch {health['max_batch']}, max_queue {health['max_queue']}, "
-          f"timeout {health['timeout_s']:g} s; {args.seconds:g} s a level, {os.cpu_count()} CPUs shared with the clients")
+          f"max_queue_s {health.get('max_queue_s')}, timeout {health['timeout_s']:g} s; {args.seconds:g} s a level, {os.cpu_count()} CPUs shared with the clients")
     print("| clients | answered/s | p50 ms | p99 ms | 429 | failed |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:

@@ -10,11 +10,14 @@ Concurrent requests are batched: a worker takes up to `max_batch` waiting reques
 `max_wait_ms` for more after the first), groups them by k, and runs each group as one pipeline call
 (one question-encoder batch, one FiD batch) in a thread, so the event loop keeps accepting requests.
 
-Under load it sheds rather than queues without end: beyond `max_queue` waiting requests a request is
-answered 429 at once, with Retry-After; one not answered within `timeout_s` gets 503 and is dropped
-from its batch if the batch has not started (a started batch goes on for the others). Bad input is a
-422 with pydantic's message; an error inside the pipeline is a 500 for the requests of that batch
-only. On shutdown, requests in flight are answered before the worker stops.
+Under load it sheds rather than queues without end: a request is answered 429 at once, with
+Retry-After, when `max_queue` requests are waiting, or when the work ahead of it (requests waiting and
+in flight, times the measured seconds a request) exceeds `max_queue_s`. One not answered within
+`timeout_s` gets 503 and is dropped from its batch if the batch has not started (a started batch goes
+on for the others). Bad input is a 422 with pydantic's message, repeating at most 100 characters of
+the input; a body over 16 KB is a 413. An error inside the pipeline is a 500 for the bad request only:
+a batch that raises is answered again one request at a time. On shutdown, requests in flight are
+answered before the worker stops.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
@@ -37,6 +41,8 @@ from system.pipeline import MAX_K
 
 log = logging.getLogger(__name__)
 MAX_QUESTION_CHARS = 500
+MAX_BODY_BYTES = 16_384          # a question of 500 characters is at most 2 KB of JSON
+ECHO_CHARS = 100                 # how much of a refused input a 422 repeats
 STATIC = Path(__file__).parent / "static"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -53,6 +59,12 @@ class AnswerRequest(BaseModel):
             raise ValueError("question is empty")
         if len(v) > MAX_QUESTION_CHARS:
             raise ValueError(f"question is longer than {MAX_QUESTION_CHARS} characters")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("question is not valid text (it holds a lone surrogate)") from None
+        if not any(ch.isprintable() and not ch.isspace() for ch in v):
+            raise ValueError("question has no visible characters")
         return v
 
 
@@ -89,18 +101,25 @@ class Batcher:
     """Collects requests and answers them in batches of up to `max_batch`."""
 
     def __init__(self, metrics: Metrics, max_batch: int = 16, max_wait_ms: float = 10.0, max_queue: int = 64,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, max_queue_s: float | None = None):
         self.metrics, self.max_batch, self.max_wait = metrics, max_batch, max_wait_ms / 1000
-        self.max_queue, self.timeout_s = max_queue, timeout_s
+        self.max_queue, self.timeout_s, self.max_queue_s = max_queue, timeout_s, max_queue_s
         self.pipeline = None
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self.batches, self.batch_s = 0, 1.0     # batch_s: a running mean of a batch's seconds, for Retry-After
+        self.batches, self.in_flight = 0, 0
+        self.request_s: float | None = None     # running mean of a batch's seconds per request
+
+    def work_ahead_s(self) -> float:
+        """Expected seconds before a request arriving now starts: the requests ahead of it times the
+        measured seconds a request (CPU: batching barely helps; GPU: the mean falls with batch size)."""
+        return (self.queue.qsize() + self.in_flight) * (self.request_s or 0.0)
 
     def retry_after(self) -> int:
-        return max(1, math.ceil(self.queue.qsize() / self.max_batch * self.batch_s))
+        return max(1, math.ceil(self.work_ahead_s()))
 
     async def submit(self, request: AnswerRequest) -> dict:
-        if self.queue.qsize() >= self.max_queue:
+        if self.queue.qsize() >= self.max_queue or (
+                self.max_queue_s is not None and self.work_ahead_s() > self.max_queue_s):
             raise Overloaded(self.retry_after())
         pending = _Pending(request, asyncio.get_running_loop().create_future())
         self.queue.put_nowait(pending)
@@ -138,16 +157,26 @@ class Batcher:
         self.batches += 1
         self.metrics.batch_size.observe(len(group))
         start = time.perf_counter()
+        self.in_flight = len(group)
         try:
             answers = await asyncio.to_thread(self.pipeline.answer, [p.request.question for p in group], k)
         except Exception as e:  # noqa: BLE001 -- one failed batch must not stop the worker
-            log.exception("pipeline failed on a batch of %d", len(group))
-            for p in group:
-                if not p.future.done():
-                    p.future.set_exception(e)
+            self.in_flight = 0
+            if len(group) > 1:
+                # Isolate the failure: answer each request alone, so only a bad one fails.
+                log.warning("a batch of %d failed (%s: %s); answering its requests one at a time",
+                            len(group), type(e).__name__, e)
+                for p in group:
+                    await self._answer(k, [p])
+                return
+            log.exception("pipeline failed on a request")
+            if not group[0].future.done():
+                group[0].future.set_exception(e)
             return
         now = time.perf_counter()
-        self.batch_s = 0.8 * self.batch_s + 0.2 * (now - start)
+        self.in_flight = 0
+        per = (now - start) / len(group)
+        self.request_s = per if self.request_s is None else 0.8 * self.request_s + 0.2 * per
         t = answers[0]["timings"] if answers else {}
         for stage in ("retrieve", "read"):
             if f"{stage}_ms" in t:
@@ -160,13 +189,14 @@ class Batcher:
 
 
 def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, max_queue: int = 64,
-               timeout_s: float = 30.0, info: dict | None = None, load: Callable[[], object] | None = None) -> FastAPI:
+               timeout_s: float = 30.0, max_queue_s: float | None = None, info: dict | None = None,
+               load: Callable[[], object] | None = None) -> FastAPI:
     """The service over `pipeline`, or over what `load()` returns: then the app answers /health with
     "loading" until `load` (run in a thread at start-up) is done."""
     if (pipeline is None) == (load is None):
         raise ValueError("give a pipeline or a function that loads one")
     metrics = Metrics()
-    batcher = Batcher(metrics, max_batch, max_wait_ms, max_queue, timeout_s)
+    batcher = Batcher(metrics, max_batch, max_wait_ms, max_queue, timeout_s, max_queue_s)
     state = {"status": "loading", "error": None}
 
     def set_ready(p) -> None:
@@ -196,8 +226,31 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
                                             "generated one (FiD over the top-k passages).", lifespan=lifespan)
     app.state.batcher, app.state.metrics = batcher, metrics
 
+    @app.exception_handler(RequestValidationError)
+    async def refused(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = []
+        for err in exc.errors():
+            err = {k: v for k, v in err.items() if k != "ctx"}
+            if "input" in err:
+                shown = err["input"] if isinstance(err["input"], (str, int, float, bool, type(None))) else str(err["input"])
+                if isinstance(shown, str):
+                    # Never echo megabytes back, nor text that cannot be encoded (a lone surrogate).
+                    cut = shown[:ECHO_CHARS] + ("..." if len(shown) > ECHO_CHARS else "")
+                    shown = cut.encode("utf-8", "backslashreplace").decode("utf-8")
+                err["input"] = shown
+            errors.append(err)
+        return JSONResponse({"detail": errors}, status_code=422)
+
     @app.middleware("http")
     async def count(request: Request, call_next):
+        if request.method == "POST":
+            size = request.headers.get("content-length")
+            if size is None or not size.isdigit() or int(size) > MAX_BODY_BYTES:
+                response = JSONResponse({"detail": f"a request body is at most {MAX_BODY_BYTES} bytes, with its "
+                                                   "Content-Length"}, status_code=413 if size else 411)
+                if request.url.path == "/answer":
+                    metrics.requests.labels(str(response.status_code)).inc()
+                return response
         response = await call_next(request)
         if request.url.path == "/answer":
             metrics.requests.labels(str(response.status_code)).inc()
@@ -206,7 +259,8 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
     @app.get("/health")
     async def health():
         body = {"status": state["status"], "batches": batcher.batches, "queue": batcher.queue.qsize(),
-                "max_batch": max_batch, "max_queue": max_queue, "timeout_s": timeout_s, **(info or {})}
+                "max_batch": max_batch, "max_queue": max_queue, "max_queue_s": max_queue_s, "timeout_s": timeout_s,
+                **(info or {})}
         if state["error"]:
             body["error"] = state["error"]
         return JSONResponse(body, status_code=200 if state["status"] == "ready" else 503)
@@ -227,7 +281,7 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
         try:
             result = await batcher.submit(request)
         except Overloaded as e:
-            raise HTTPException(status_code=429, detail=f"{max_queue} requests are already waiting",
+            raise HTTPException(status_code=429, detail="too many requests are waiting",
                                 headers={"Retry-After": str(e.retry_after)}) from None
         except asyncio.TimeoutError:
             raise HTTPException(status_code=503, detail=f"not answered within {timeout_s:g} s",

@@ -175,6 +175,16 @@ def test_overload_is_answered_429_with_retry_after_and_a_slow_request_503():
         import time
         time.sleep(1.2)
         assert len(slow.asked) == 1      # the two that timed out before their batch started were dropped
+        slow.seconds = 0.01
+        assert client.post("/answer", json={"question": "after"}).status_code == 200   # still answering
+    slow = SlowPipeline(0.3)
+    with TestClient(create_app(slow, max_batch=1, max_wait_ms=1, max_queue=100, max_queue_s=0.5)) as client:
+        assert client.post("/answer", json={"question": "measure"}).status_code == 200   # 0.3 s a request
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            rs = list(pool.map(lambda i: client.post("/answer", json={"question": f"w{i}"}), range(8)))
+        answered = [r for r in rs if r.status_code == 200]
+        assert {r.status_code for r in rs} == {200, 429} and len(answered) <= 4
+        assert max(r.json()["timings"]["total_ms"] for r in answered) < 2000   # nobody waited behind 7 others
 
 
 def test_metrics_count_requests_by_status_and_time_the_stages():
@@ -182,6 +192,9 @@ def test_metrics_count_requests_by_status_and_time_the_stages():
         assert client.post("/answer", json={"question": "q"}).status_code == 200
         assert client.post("/answer", json={"question": ""}).status_code == 422
         text = client.get("/metrics").text
+    from prometheus_client.parser import text_string_to_metric_families
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {"odqa_requests", "odqa_queue_depth", "odqa_batch_size", "odqa_stage_seconds", "odqa_ready"} <= set(families)
     assert 'odqa_requests_total{status="200"} 1.0' in text and 'odqa_requests_total{status="422"} 1.0' in text
     assert 'odqa_stage_seconds_count{stage="read"} 1.0' in text and "odqa_batch_size_count 1.0" in text
     assert "odqa_queue_depth 0.0" in text and "odqa_ready 1.0" in text
@@ -271,3 +284,63 @@ def test_the_page_asks_and_shows_both_answers_in_headless_chromium(system):
     assert "retrieve " in shown("status") and "total " in shown("status")
     marks = re.findall(r"<mark>([^<]*)</mark>", dom)
     assert marks == [p["phrase"]["text"] for p in answer["passages"]]
+
+
+class FussyPipeline(SlowPipeline):
+    """Raises for a whole batch when any question in it contains "boom", as a tokenizer does on bad text."""
+
+    def answer(self, questions, k=10):
+        if any("boom" in q for q in questions):
+            raise ValueError("cannot encode this question")
+        return super().answer(questions, k)
+
+
+def test_a_bad_request_batched_with_good_ones_fails_alone_and_input_is_checked_at_the_edge():
+    import concurrent.futures
+    fussy = FussyPipeline(0.2)
+    with TestClient(create_app(fussy, max_batch=8, max_wait_ms=300)) as client:
+        questions = ["good one", "boom here", "good two", "good three"]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            rs = list(pool.map(lambda q: client.post("/answer", json={"question": q}), questions))
+        assert [r.status_code for r in rs] == [200, 500, 200, 200]
+        assert "cannot encode" in rs[1].json()["detail"]
+        for bad in ("who \\ud800 x", "\\u200b\\u200b", "\\u00a0 \\t"):      # a lone surrogate; only invisible
+            r = client.post("/answer", content=('{"question": "' + bad + '"}').encode(),
+                            headers={"content-type": "application/json"})
+            assert r.status_code == 422, (bad, r.text)
+        r = client.post("/answer", json={"question": "x" * 10_000})
+        assert r.status_code == 422 and len(r.content) < 1000        # the input is not echoed whole
+        r = client.post("/answer", content=b'{"question": "' + b"x" * 20_000 + b'"}',
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 413
+    assert fussy.asked.count("boom here") == 0 and sorted(fussy.asked) == sorted(q for q in questions if "boom" not in q)
+
+
+def test_health_names_no_absolute_paths(tmp_path, monkeypatch):
+    from common.paths import odqa_home
+    from system.cli import _shown
+    inside = odqa_home() / "runs" / "demo" / "phrase-index"
+    assert _shown(inside) == "runs/demo/phrase-index"
+    assert _shown(tmp_path / "elsewhere" / "reader") == "reader"
+
+
+def test_serve_with_no_flags_serves_the_default_pipeline(system, monkeypatch):
+    from common.defaults import record_pipeline
+    from system.cli import main
+    root = system["root"]
+    record_pipeline({"corpus": system["corpus"], "phrase_model": root / "phrase", "phrase_index": root / "index",
+                     "reader": root / "t5"}, by="test")
+    served = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: served.update(app=app, **kw))
+    assert main(["-q", "serve"]) == 0
+    assert served["host"] == "127.0.0.1"
+    with TestClient(served["app"]) as client:
+        for _ in range(200):
+            if client.get("/health").status_code == 200:
+                break
+            import time
+            time.sleep(0.05)
+        health = client.get("/health").json()
+        assert health["status"] == "ready" and health["index"] == "index" and health["prefilter"] is None
+        r = client.post("/answer", json={"question": "how tall is mount everest", "k": 2})
+        assert r.status_code == 200 and len(r.json()["passages"]) == 2
