@@ -151,7 +151,7 @@ def cmd_serve(args) -> None:
     from system.serve import create_app
     fill_defaults(args, reader=True)     # a missing default is refused now, not after the server is up
     app = create_app(load=lambda: _pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     max_queue=args.max_queue, max_queue_s=args.max_queue_s or None, timeout_s=args.timeout_s,
+                     max_queue=args.max_queue, max_queue_s=None if args.max_queue_s < 0 else args.max_queue_s, timeout_s=args.timeout_s,
                      info={"index": _shown(args.index), "reader": _shown(args.reader),
                            "prefilter": _shown(args.doc_index) if args.doc_index else None})
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=args.graceful_s)
@@ -571,8 +571,8 @@ def _system_parsers(sub) -> None:
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more are answered 429 with "
                                                              "Retry-After (default 64)")
     p.add_argument("--max-queue-s", type=float, default=1.0, help="refuse (429) a request with more than this many "
-                                                                   "seconds of work ahead of it, as measured; 0: no "
-                                                                   "such limit (default 1)")
+                                                                   "seconds of work ahead of it, as measured (0: only "
+                                                                   "when idle; negative: no such limit; default 1)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="a request not answered in this time gets 503 "
                                                                  "(default 30)")
     p.add_argument("--graceful-s", type=float, default=60.0, help="on shutdown, how long requests in flight may "

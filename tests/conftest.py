@@ -10,6 +10,15 @@ from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
 USER_HOME = odqa_home()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_session_home(tmp_path_factory):
+    """$ODQA_HOME for module- and session-scoped fixtures too (they are set up before any function's
+    fixture): a demo run in a fixture must not record its pipeline in the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ODQA_HOME", str(tmp_path_factory.mktemp("odqa_home")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     """Every test gets its own $ODQA_HOME, so none touches the user's cache."""

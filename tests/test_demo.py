@@ -129,3 +129,12 @@ def test_without_a_default_pipeline_a_command_says_what_makes_one(capsys):
     from system.cli import main
     assert main(["-q", "ask", "who directed jaws"]) == 2
     assert "run `odqa demo`" in capsys.readouterr().err
+
+
+def test_no_fixture_touched_the_users_cache(world, first_run):
+    from conftest import USER_HOME
+    from common.defaults import pipeline_file
+    user_record = USER_HOME / "pipeline.json"
+    assert pipeline_file() != user_record
+    if user_record.exists():
+        assert str(world["root"]) not in user_record.read_text()
