@@ -60,7 +60,6 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
     settings_path = out / "settings.json"
     if settings_path.exists() and json.loads(settings_path.read_text()) != settings:
         raise InputError(f"{out} holds a dump made with other settings, encoder or corpus: remove it or use another --out")
-    write_json(settings_path, settings)
 
     rows = shard_rows(len(store), k, n)
     # Sorting by length makes batches of similar lengths (little padding); the order is deterministic,
@@ -72,6 +71,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
     model = DensePhraseModel.from_pretrained(model_dir).to(device).eval()
     tokenizer = load_tokenizer(model_dir)
     cfg = model.config
+    write_json(settings_path, settings)   # only once the model loads: a failed start leaves no claim on `out`
     done = sum((out / f"chunk-{i:05d}.npz").exists() for i in range(len(chunks)))
     if done:
         log.info("%s: %d of %d chunks already dumped; resuming", out, done, len(chunks))

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from common.corpus import corpus_info
 from common.io import InputError, atomic_path, read_json, write_json
-from retriever.phrase_dump import read_dump
+from retriever.phrase_dump import dump_shards, read_dump
 from retriever.phrase_filter import keep_mask
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,14 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
     """`keep` < 1 indexes only that share of the dump's tokens, those the phrase filter
     (`odqa train-filter`, by default DUMP/filter) scores highest; `factory` None: `default_factory`."""
     dump_dir, out_dir = Path(dump_dir), Path(out_dir)
+    _, summary = dump_shards(dump_dir)
+    if not 0 < keep <= 1:
+        raise InputError(f"--keep is a share of tokens in (0, 1], not {keep}")
+    if factory is not None:   # a bad factory string is refused before the dump is read, not after
+        try:
+            faiss.index_factory(summary["dim"], factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as e:
+            raise InputError(f"--factory {factory!r}: faiss cannot make this index ({str(e).strip().splitlines()[-1]})") from None
     merged, first = read_dump(dump_dir, corpus_dir)
     mask, threshold = keep_mask(dump_dir, merged, keep, filter_path)
     merged = {k: v[mask] for k, v in merged.items()}

@@ -210,6 +210,18 @@ def cmd_eval_retrieval(args) -> None:
         write_json(args.json, rows)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (k, --limit, batch sizes), so 0 or -3 is refused
+    up front rather than giving an empty or silent result."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def add_dataclass_args(p: argparse.ArgumentParser, cls, overrides: dict, helps: dict) -> None:
     """One flag per dataclass field (--field-name), so the dataclass holds each setting and its default."""
     import dataclasses
@@ -440,10 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "pipeline's), or the dense encoder (default: the MiniLM)")
     p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
     p.add_argument("--questions", required=True, help="question set name (e.g. nq-test) or JSONL path")
-    p.add_argument("--k", type=int, default=100, help="passages per question (default 100)")
+    p.add_argument("--k", type=positive_int, default=100, help="passages per question (default 100)")
     p.add_argument("--out", type=Path, required=True, help="output JSON file")
-    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
-    p.add_argument("--batch-size", type=int, default=256, help="questions per search call (default 256)")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="questions per search call (default 256)")
     p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (default 1.5)")
     p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
     _prefilter_args(p)
@@ -454,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Metrics on all questions and on the answerable subset (an answer-bearing "
                                    "passage exists in the corpus).")
     p.add_argument("runs", nargs="+", type=Path, help="DPR-format retrieval files")
-    p.add_argument("--topk", type=int, nargs="+", default=[1, 5, 20, 100], help="k values (default 1 5 20 100)")
+    p.add_argument("--topk", type=positive_int, nargs="+", default=[1, 5, 20, 100], help="k values (default 1 5 20 100)")
     p.add_argument("--no-answerable", action="store_true", help="skip the answerable subset (no corpus pass)")
     p.add_argument("--json", type=Path, default=None, help="also write the metrics to this JSON file")
     _corpus_arg(p)
@@ -493,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="dump directory (shards go inside)")
     p.add_argument("--shard", default="1/1", help="k/n: this process's slice of the corpus (default 1/1)")
     p.add_argument("--threshold", type=float, default=None, help="filter logit a token needs (default: keep all)")
-    p.add_argument("--batch-size", type=int, default=32, help="passages per forward pass (default 32)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="passages per forward pass (default 32)")
     p.add_argument("--chunk-passages", type=int, default=1024, help="passages per chunk file (default 1024)")
     _corpus_arg(p)
     p.set_defaults(func=cmd_dump_phrases)
@@ -557,7 +569,7 @@ def _system_parsers(sub) -> None:
 
     p = sub.add_parser("ask", help="answer one question: the extractive and the generated answer, and the passages")
     p.add_argument("question")
-    p.add_argument("--k", type=int, default=10, help="passages retrieved and read (default 10)")
+    p.add_argument("--k", type=positive_int, default=10, help="passages retrieved and read (default 10)")
     _system_args(p)
     p.set_defaults(func=cmd_ask)
 

@@ -472,3 +472,31 @@ def test_default_factory_is_ivf_pq_at_about_a_kilobyte_a_passage():
     assert default_factory(201_946, 192) == "IVF256,PQ16"       # the demo's: 16 bytes a vector
     assert default_factory(340_000_000, 192) == "IVF8192,PQ16"  # 21M passages at 16 vectors each
     assert default_factory(50_000, 384) == "IVF128,PQ32"
+
+
+def test_bad_numbers_and_factories_are_refused_up_front(world, index, tmp_path, capsys):
+    from system.cli import main
+    root, corpus = world["root"], str(world["corpus"])
+    q = str(root / "questions.jsonl")
+    for argv in (["retrieve", "--retriever", "bm25", "--questions", q, "--k", "0", "--out", str(tmp_path / "r.json")],
+                 ["retrieve", "--retriever", "bm25", "--questions", q, "--limit", "0", "--out", str(tmp_path / "r.json")],
+                 ["eval-retrieval", str(tmp_path / "r.json"), "--topk", "-3"]):
+        with pytest.raises(SystemExit) as e:
+            main(["-q", *argv, "--corpus", corpus])
+        assert e.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+    assert main(["-q", "build-index", "--dump", str(root / "dump"), "--out", str(tmp_path / "ix"), "--keep", "1",
+                 "--factory", "Bogus", "--corpus", corpus]) == 2
+    assert "--factory 'Bogus': faiss cannot make this index" in capsys.readouterr().err
+    assert not (tmp_path / "ix").exists()
+
+
+def test_a_dump_that_fails_to_start_leaves_its_directory_usable(world, tmp_path):
+    out = tmp_path / "dump"
+    broken = tmp_path / "broken-model"
+    shutil.copytree(world["model"], broken)
+    (broken / "phrase_heads.pt").write_bytes(b"truncated")     # hashes fine, fails to load
+    with pytest.raises(Exception):
+        dump_phrases(broken, world["corpus"], out)
+    dump_phrases(world["model"], world["corpus"], out, chunk_passages=5)   # the right model, same directory
+    assert (out / "shard-001-of-001" / "done.json").exists()
