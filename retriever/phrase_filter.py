@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from common.corpus import PassageStore
 from common.io import InputError, atomic_path, read_json, write_json
-from retriever.phrase_dump import dump_shards, read_dump
+from retriever.phrase_dump import read_dump
 from retriever.phrase_train import load_examples
 
 log = logging.getLogger(__name__)
@@ -153,17 +153,14 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     return info
 
 
-def keep_mask(dump_dir: str | os.PathLike, arrays: dict, keep: float,
-              path: str | os.PathLike | None = None) -> tuple[np.ndarray, float]:
-    """Which of the dump's vectors `--keep` keeps, and the score threshold that does it."""
-    if not 0 < keep <= 1:
-        raise InputError(f"--keep is a share of tokens in (0, 1], not {keep}")
+def keep_mask(arrays: dict, keep: float, path: str | os.PathLike, encoder_hash: str) -> tuple[np.ndarray, float]:
+    """Which of the dump's vectors a share `keep` in (0, 1] keeps, and the score threshold that does it;
+    the filter at `path` must have been fitted on this encoder's dump."""
     if keep == 1:
         return np.ones(len(arrays["start"]), bool), float("-inf")
-    model, info = load_filter(path or filter_dir(dump_dir))
-    _, summary = dump_shards(dump_dir)
-    if info["encoder_hash"] != summary["encoder_hash"]:
-        raise InputError(f"{path or filter_dir(dump_dir)} was fitted on another encoder's dump than {dump_dir}")
+    model, info = load_filter(path)
+    if info["encoder_hash"] != encoder_hash:
+        raise InputError(f"{path} was fitted on another phrase encoder's dump")
     scores = model.score(arrays["start"], arrays["end"])
     threshold = float(np.quantile(scores, 1 - keep))
     return scores >= threshold, threshold

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from common.corpus import corpus_info
 from common.io import InputError, atomic_path, read_json, write_json
 from retriever.phrase_dump import dump_shards, read_dump
-from retriever.phrase_filter import keep_mask
+from retriever.phrase_filter import filter_dir, keep_mask
 
 log = logging.getLogger(__name__)
 MANIFEST_VERSION = 2
@@ -63,7 +63,7 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
         except RuntimeError as e:
             raise InputError(f"--factory {factory!r}: faiss cannot make this index ({str(e).strip().splitlines()[-1]})") from None
     merged, first = read_dump(dump_dir, corpus_dir)
-    mask, threshold = keep_mask(dump_dir, merged, keep, filter_path)
+    mask, threshold = keep_mask(merged, keep, filter_path or filter_dir(dump_dir), first["encoder_hash"])
     merged = {k: v[mask] for k, v in merged.items()}
     n_vec, dim = merged["start"].shape
     factory = factory or default_factory(n_vec, dim)
