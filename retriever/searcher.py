@@ -286,3 +286,18 @@ class Searcher:
             for j, p in enumerate(r["passages"]):
                 rows[i, j], scores[i, j] = p["row"], p["score"]
         return rows, scores
+
+
+def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: str | os.PathLike,
+                  doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
+                  top_docs: int = 100, lam: float | None = None, nprobe: int = 64) -> Searcher:
+    """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
+    `doc_index` is given (with the `doc_model` it was built with). The CLI, `odqa run`, the demo, the
+    server and the scripts all make theirs here."""
+    prefilter = None
+    if doc_index:
+        if not doc_model:
+            raise InputError("--doc-index needs --doc-model (the document encoder it was built with)")
+        from retriever.doc_index import DocRetriever
+        prefilter = DocRetriever(doc_index, doc_model, corpus)
+    return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam)

@@ -78,21 +78,14 @@ def cmd_retrieve(args) -> None:
 
 
 def _phrase_searcher(args, lam=None):
-    """The phrase Searcher of --index/--model, behind the document pre-filter when --doc-index is given;
-    paths no flag names come from the default pipeline (`odqa demo`)."""
+    """The searcher of --index/--model, behind the document pre-filter when --doc-index is given; paths
+    no flag names come from the default pipeline (`odqa demo`)."""
     from common.defaults import fill_defaults
     from common.paths import default_corpus
-    from retriever.searcher import Searcher
+    from retriever.searcher import open_searcher
     fill_defaults(args)
-    corpus = args.corpus or default_corpus()
-    prefilter = None
-    if args.doc_index:
-        if not args.doc_model:
-            raise InputError("--doc-index needs --doc-model (the document encoder it was built with)")
-        from retriever.doc_index import DocRetriever
-        prefilter = DocRetriever(args.doc_index, args.doc_model, corpus)
-    return Searcher(args.index, args.model, corpus, nprobe=args.nprobe, prefilter=prefilter, top_docs=args.top_docs,
-                    lam=args.lam if lam is None else lam)
+    return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
+                         args.top_docs, args.lam if lam is None else lam, args.nprobe)
 
 
 def _prefilter_args(p: argparse.ArgumentParser) -> None:

@@ -307,11 +307,9 @@ class Demo:
         return (self.p["doc-r2"] if self.cfg.doc_rounds > 1 else self.p["doc-r1"]) / "best"
 
     def searcher(self):
-        from retriever.doc_index import DocRetriever
-        from retriever.searcher import Searcher
-        return Searcher(self.p["phrase-index"], self.p["phrase"] / "best", self.corpus,
-                        prefilter=DocRetriever(self.p["doc-index"], self.doc_model(), self.corpus),
-                        top_docs=self.cfg.top_docs)
+        from retriever.searcher import open_searcher
+        return open_searcher(self.p["phrase-index"], self.p["phrase"] / "best", self.corpus, self.p["doc-index"],
+                             self.doc_model(), self.cfg.top_docs)
 
     def train_reader(self, resume: bool) -> dict:
         from reader.fid_train import ReaderArgs, train_reader

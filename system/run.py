@@ -118,11 +118,9 @@ def run(args: RunArgs) -> list[dict]:
         def make_retrieval():
             nonlocal searcher, store
             if searcher is None:
-                from retriever.doc_index import DocRetriever
-                from retriever.searcher import Searcher
-                prefilter = DocRetriever(args.doc_index, args.doc_model, corpus) if args.doc_index else None
-                searcher = Searcher(args.index, args.model, corpus, nprobe=args.nprobe, prefilter=prefilter,
-                                    top_docs=args.top_docs, lam=args.lam)
+                from retriever.searcher import open_searcher
+                searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
+                                         args.top_docs, args.lam, args.nprobe)
                 store = PassageStore(corpus)
             write_results(retrieval, retrieve_phrases(searcher, store, questions, max_k))
         r_key = cached(retrieval, r_key, make_retrieval, depth=max_k)
