@@ -30,6 +30,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     only when the block finishes, so readers see either the old output or the complete new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(path)
     tmp = _tmp_name(path)
     _remove(tmp)
     try:
@@ -50,6 +51,35 @@ def publish(tmp: Path, path: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)
+
+
+def remove_orphans(path: Path) -> list[Path]:
+    """Remove the temporaries (`.NAME.tmp-PID`, `.NAME.old-PID`) that killed writers of `path` left: a
+    killed `build-index` leaves a gigabyte-sized one. A temporary whose process still runs is kept."""
+    removed = []
+    for sibling in path.parent.glob(f".{glob_escape(path.name)}.*-*"):
+        kind, _, pid = sibling.name[len(path.name) + 2:].rpartition("-")
+        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        _remove(sibling)
+        removed.append(sibling)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True      # someone else's process
+    return True
 
 
 def _remove(path: Path) -> None:

@@ -68,6 +68,9 @@ def cached(path: Path, key: dict, make: Callable[[], None], depth: int | None = 
         if {k: v for k, v in saved.items() if k != "depth"} == key and (depth is None or saved.get("depth", 0) >= depth):
             log.info("reusing %s", path)
             return saved
+    # The key goes first and comes back last: a kill in between leaves a file with no key, which is made
+    # again, never a new file under an old key.
+    key_path.unlink(missing_ok=True)
     make()
     key = {**key, "depth": depth} if depth is not None else key
     write_json(key_path, key)

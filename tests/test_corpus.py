@@ -115,3 +115,22 @@ def test_atomic_path_replaces_a_directory_and_cleans_up_on_error(tmp_path):
         (tmp / "b").write_text("3")
     assert sorted(p.name for p in target.iterdir()) == ["b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
+
+
+def test_temporaries_of_killed_writers_are_removed_by_the_next_write(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from common.io import atomic_path
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()                                                # a pid whose process is gone
+    out = tmp_path / "index"
+    (tmp_path / f".index.tmp-{dead.pid}").mkdir()              # a killed build-index's half-written directory
+    (tmp_path / f".index.old-{dead.pid}").mkdir()
+    (tmp_path / f".index.tmp-{os.getppid()}").write_text("a running writer's")   # its process is alive
+    (tmp_path / f".index.b.tmp-{dead.pid}").write_text("another file's temporary, not ours to judge")
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["index", f".index.tmp-{os.getppid()}", f".index.b.tmp-{dead.pid}"])

@@ -344,3 +344,22 @@ def test_serve_with_no_flags_serves_the_default_pipeline(system, monkeypatch):
         assert health["status"] == "ready" and health["index"] == "index" and health["prefilter"] is None
         r = client.post("/answer", json={"question": "how tall is mount everest", "k": 2})
         assert r.status_code == 200 and len(r.json()["passages"]) == 2
+
+
+def test_a_kill_between_file_and_key_never_leaves_a_new_file_under_an_old_key(tmp_path):
+    from system.run import cached
+    path = tmp_path / "retrieval.json"
+    made = []
+
+    def make(text, crash=False):
+        def run():
+            path.write_text(text)
+            made.append(text)
+            if crash:
+                raise KeyboardInterrupt("killed after the file, before its key")
+        return run
+    cached(path, {"model": "a"}, make("from a"))
+    with pytest.raises(KeyboardInterrupt):
+        cached(path, {"model": "b"}, make("from b", crash=True))
+    cached(path, {"model": "a"}, make("from a again"))     # the file on disk is b's: it must not be reused as a's
+    assert made == ["from a", "from b", "from a again"] and path.read_text() == "from a again"
