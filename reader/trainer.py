@@ -55,6 +55,15 @@ class LoopArgs:
     gradient_checkpointing: bool = False
     resume: bool = False
 
+    def __post_init__(self):
+        # Refused here, before any model loads, rather than after a training step (eval_steps 0 is a
+        # modulo by zero) or inside DeepSpeed's scheduler (warmup_steps 0).
+        for name in ("epochs", "batch_size", "accumulation", "warmup_steps", "eval_steps", "save_steps", "log_steps"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise InputError(f"--max-steps must be at least 1, not {self.max_steps}")
+
 
 def setup_distributed() -> tuple[int, int, torch.device]:
     """(rank, world size, device). Fills the launcher's environment for a plain single process."""

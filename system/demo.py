@@ -357,7 +357,7 @@ class Demo:
             from reader.pretrain import PretrainArgs, pretrain_reader
             pretrain_reader(PretrainArgs(str(p["reader-init"]), str(self.corpus)),
                             LoopArgs(str(p["reader-pretrain"]), max_steps=c.pretrain_steps, batch_size=32,
-                                     lr=c.reader_lr, warmup_steps=c.pretrain_steps // 10,
+                                     lr=c.reader_lr, warmup_steps=max(c.pretrain_steps // 10, 1),
                                      eval_steps=max(c.pretrain_steps // 3, 1), save_steps=max(c.pretrain_steps // 3, 1),
                                      resume=resume))
             return str(p["reader-pretrain"] / "best")

@@ -59,9 +59,7 @@ def plot_em(rows: list[dict], path: str | os.PathLike) -> None:
     ax.set_xticks(sorted({r["k"] for r in rows}), labels=[str(k) for k in sorted({r["k"] for r in rows})])
     ax.legend(fontsize=7)
     ax.set_title("Exact match by k")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_topk(curves: dict[str, dict[str, list[list[bool]]]], path: str | os.PathLike, max_k: int) -> None:
@@ -75,16 +73,23 @@ def plot_topk(curves: dict[str, dict[str, list[list[bool]]]], path: str | os.Pat
         ax.set_xlabel("k")
         ax.set_ylabel("Top-k accuracy (%)")
         ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def _save(fig, path: str | os.PathLike) -> None:
+    from common.io import atomic_path
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")    # the temporary name has no .png to go by
     plt.close(fig)
 
 
 def write_report(records: list[dict], out_dir: Path, curves: dict | None = None, max_k: int = 100) -> list[dict]:
-    from common.io import write_json
+    from common.io import atomic_path, write_json
     rows = table_rows(records)
     write_json(out_dir / "report.json", {"rows": rows})
-    (out_dir / "report.md").write_text(markdown(rows) + "\n", encoding="utf-8")
+    with atomic_path(out_dir / "report.md") as tmp:
+        tmp.write_text(markdown(rows) + "\n", encoding="utf-8")
     plot_em(rows, out_dir / "em_by_k.png")
     if curves:
         plot_topk(curves, out_dir / "topk.png", max_k)

@@ -298,3 +298,22 @@ def test_cloze_refuses_a_corpus_it_cannot_draw_from(tmp_path, capsys):
     build_corpus([lower], tmp_path / "lower")
     assert main(["reader", "cloze", "--corpus", str(tmp_path / "lower"), "--out", str(out)]) == 2
     assert "no sentence held a name or number" in capsys.readouterr().err and not out.exists()
+
+
+def test_loop_settings_that_cannot_train_are_refused_before_any_model_loads(tmp_path):
+    from common.io import InputError
+    for bad in ({"eval_steps": 0}, {"warmup_steps": 0}, {"batch_size": 0}, {"max_steps": -1}, {"save_steps": -5}):
+        with pytest.raises(InputError, match="must be at least 1"):
+            LoopArgs(out_dir=str(tmp_path), **bad)
+
+
+def test_the_report_and_its_plots_are_written_atomically(tmp_path, monkeypatch):
+    from common import io
+    from system.report import write_report
+    records = [{"dataset": "d", "extractive_em": 1, "k": {"1": {"generated_em": 0, "hit": 1}}}]
+    published = []
+    real = io.publish
+    monkeypatch.setattr(io, "publish", lambda tmp, path: published.append(path.name) or real(tmp, path))
+    write_report(records, tmp_path, curves={"d": {"phrase": [[True]]}}, max_k=1)
+    assert {"report.json", "report.md", "em_by_k.png", "topk.png"} <= set(published)
+    assert (tmp_path / "em_by_k.png").read_bytes()[:4] == b"\x89PNG"
