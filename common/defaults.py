@@ -39,9 +39,10 @@ def default_pipeline() -> dict[str, Path]:
     return {k: Path(v) for k, v in recorded.items() if k in ARTIFACTS and v and Path(v).exists()}
 
 
-def default_path(name: str) -> Path:
+def default_path(name: str, pipeline: dict[str, Path] | None = None) -> Path:
+    """The default pipeline's `name` (from `pipeline`, when already read)."""
     flag, what = ARTIFACTS[name]
-    path = default_pipeline().get(name)
+    path = (default_pipeline() if pipeline is None else pipeline).get(name)
     if path is None:
         raise InputError(f"no {what} given and no default one: pass {flag}, or run `odqa demo` to build the "
                          f"default pipeline ({pipeline_file()})")
@@ -69,13 +70,13 @@ def fill_defaults(args, reader: bool = False) -> None:
     pipeline = default_pipeline()
     own_index = args.index is None
     if own_index:
-        args.index = str(default_path("phrase_index"))
+        args.index = str(default_path("phrase_index", pipeline))
     if args.model is None:
-        args.model = str(default_path("phrase_model"))
+        args.model = str(default_path("phrase_model", pipeline))
     if own_index and args.doc_index is None and not getattr(args, "no_prefilter", False) \
             and {"doc_index", "doc_model"} <= set(pipeline):
         args.doc_index, args.doc_model = str(pipeline["doc_index"]), str(pipeline["doc_model"])
     if own_index and args.corpus is None and "corpus" in pipeline:
         args.corpus = str(pipeline["corpus"])
     if reader and args.reader is None:
-        args.reader = str(default_path("reader"))
+        args.reader = str(default_path("reader", pipeline))

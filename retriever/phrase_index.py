@@ -10,7 +10,7 @@ SQ/PQ) to rescore hits and find the best end (start) within L tokens of a start 
 compressed index is all that is kept: no float copy of the vectors beside it.
     manifest.json            encoder hash, factory string, counts, corpus fingerprint
 
-Vectors of one passage are contiguous and in token order; `passage_first[row]`/`passage_count[row]`
+Vectors of one passage are contiguous and in token order; `passage_count[row]` (and its running sum)
 give each passage's slice. The directory is written under a temporary name and renamed when complete.
 """
 from __future__ import annotations
@@ -172,8 +172,7 @@ class IVFPQCodes:
     def of(cls, index: faiss.Index, n: int) -> "IVFPQCodes | None":
         """The codes of `index` when it is a plain IVF-PQ (no pre-transform, 8-bit, by residual), else None."""
         index = faiss.downcast_index(index)
-        if not isinstance(index, faiss.IndexIVFPQ) or type(index) is not faiss.IndexIVFPQ \
-                or index.pq.nbits != 8 or not index.by_residual:
+        if type(index) is not faiss.IndexIVFPQ or index.pq.nbits != 8 or not index.by_residual:
             return None
         m, dsub = index.pq.M, index.pq.dsub
         codes, list_of = np.zeros((n, m), np.uint8), np.zeros(n, np.int32)
@@ -201,13 +200,12 @@ class IVFPQCodes:
 
 
 def _read_meta(path: Path) -> dict[str, np.ndarray]:
-    """meta.npz as search uses it: passage_row, passage_first, passage_count, token, char_start, char_end."""
+    """meta.npz as search uses it: passage_row, passage_count, token, char_start, char_end."""
     with np.load(path) as z:
         meta = {k: z[k] for k in z.files}
     if "passage_row" not in meta:   # version 2 stores counts only
         count = meta["passage_count"].astype(np.int64)
         meta["passage_row"] = np.repeat(np.arange(len(count)), count)
-        meta["passage_first"] = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
     for k in ("token", "char_start", "char_end"):
         meta[k] = meta[k].astype(np.int32)   # narrow unsigned types would wrap in the window arithmetic
     return meta

@@ -248,8 +248,13 @@ class Searcher:
 
     def _result(self, phrases: Phrases, groups: tuple[np.ndarray, np.ndarray], k: int, unit: str, pool: int,
                 doc_info: tuple[np.ndarray, np.ndarray] | None) -> dict:
-        read: dict[int, dict] = {}   # the passages of this result, each read once
-        passage = lambda row: read[row] if row in read else read.setdefault(row, self.store[row])  # noqa: E731
+        read: dict[int, dict] = {}
+
+        def passage(row: int) -> dict:   # the passages of this result, each read once
+            if row not in read:
+                read[row] = self.store[row]
+            return read[row]
+
         result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases[:k]]}
         if unit == "phrase":
             return result
@@ -292,8 +297,8 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
                   doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
                   top_docs: int = 100, lam: float | None = None, nprobe: int = 64) -> Searcher:
     """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
-    `doc_index` is given (with the `doc_model` it was built with). The CLI, `odqa run`, the demo, the
-    server and the scripts all make theirs here."""
+    `doc_index` is given (with the `doc_model` it was built with). The CLI (and so the server),
+    `odqa run` and the demo make theirs here."""
     prefilter = None
     if doc_index:
         if not doc_model:

@@ -78,12 +78,10 @@ def cmd_retrieve(args) -> None:
 
 
 def _phrase_searcher(args, lam=None):
-    """The searcher of --index/--model, behind the document pre-filter when --doc-index is given; paths
-    no flag names come from the default pipeline (`odqa demo`)."""
-    from common.defaults import fill_defaults
+    """The searcher of --index/--model, behind the document pre-filter when --doc-index is given; the
+    command has filled the paths no flag names from the default pipeline (`fill_defaults`)."""
     from common.paths import default_corpus
     from retriever.searcher import open_searcher
-    fill_defaults(args)
     return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
                          args.top_docs, args.lam if lam is None else lam, args.nprobe)
 
@@ -100,8 +98,10 @@ def _prefilter_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_tune_lambda(args) -> None:
+    from common.defaults import fill_defaults
     from common.questions import load_questions
     from retriever.rerank import tune_searcher_lambda
+    fill_defaults(args)
     searcher = _phrase_searcher(args, lam=0.0)
     if searcher.prefilter is None:
         raise InputError("tune-lambda needs a document pre-filter (--doc-index and --doc-model, or the default "
@@ -144,7 +144,8 @@ def cmd_serve(args) -> None:
     from system.serve import create_app
     fill_defaults(args, reader=True)     # a missing default is refused now, not after the server is up
     app = create_app(load=lambda: _pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     max_queue=args.max_queue, max_queue_s=None if args.max_queue_s < 0 else args.max_queue_s, timeout_s=args.timeout_s,
+                     max_queue=args.max_queue, max_queue_s=None if args.max_queue_s < 0 else args.max_queue_s,
+                     timeout_s=args.timeout_s,
                      info={"index": _shown(args.index), "reader": _shown(args.reader),
                            "prefilter": _shown(args.doc_index) if args.doc_index else None})
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=args.graceful_s)
@@ -510,9 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--factory", default=None, help="faiss index_factory string: Flat, IVF4096,SQ4, IVF256,PQ16 ... "
                                                    "(default: IVF-PQ sized to the index, e.g. IVF256,PQ16 for 200k "
                                                    "192-d vectors)")
-    p.add_argument("--keep", type=float, default=0.2, help="share of the dump's tokens to index, those the phrase "
-                                                            "filter (`odqa train-filter`) scores highest; 1: every "
-                                                            "token, no filter (default 0.2)")
+    from retriever.phrase_index import DEFAULT_KEEP
+    p.add_argument("--keep", type=float, default=DEFAULT_KEEP, help="share of the dump's tokens to index, those the "
+                                                                     "phrase filter (`odqa train-filter`) scores highest; "
+                                                                     f"1: every token, no filter (default {DEFAULT_KEEP})")
     p.add_argument("--filter", type=Path, default=None, help="phrase filter for --keep (default: DUMP/filter, "
                                                              "from `odqa train-filter`)")
     p.add_argument("--train-size", type=int, default=200_000, help="vectors sampled to train IVF/PQ (default 200000)")

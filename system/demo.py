@@ -35,6 +35,7 @@ from common.defaults import record_pipeline
 from common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from common.paths import default_corpus, default_documents, default_encoder, odqa_home
 from common.questions import load_questions, question_set_name
+from retriever.phrase_index import DEFAULT_KEEP
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class DemoConfig:
     phrase_batch: int = 16
     max_passage_tokens: int = 160
     index_factory: str | None = None        # faiss index_factory string; None: IVF-PQ sized to the index
-    index_keep: float = 0.2                 # share of tokens indexed, by the phrase filter (1: all, no filter)
+    index_keep: float = DEFAULT_KEEP        # share of tokens indexed, by the phrase filter (1: all, no filter)
     # document pre-filter
     doc_examples: int | None = 512
     doc_batch: int = 32

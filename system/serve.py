@@ -145,8 +145,7 @@ class Batcher:
             self.metrics.queue_depth.set(self.queue.qsize())
             by_k: dict[int, list[_Pending]] = {}
             for p in batch:
-                if not p.abandoned:
-                    by_k.setdefault(p.request.k, []).append(p)
+                by_k.setdefault(p.request.k, []).append(p)
             for k, group in by_k.items():
                 await self._answer(k, group)
 
