@@ -34,7 +34,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from common.io import InputError, atomic_path, read_json, read_jsonl, require_file, write_json
+from common.io import InputError, atomic_path, read_json, read_jsonl, require_file, text_lines, write_json
 from common.splitter import split_passages
 
 log = logging.getLogger(__name__)
@@ -73,18 +73,17 @@ def detect_format(path: Path) -> str:
 # --- readers -----------------------------------------------------------------------------------
 
 def _read_dpr_tsv(path: Path) -> Iterator[tuple[str, str, str]]:
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, delimiter="\t")
-        header = next(reader, None)
-        if header != ["id", "text", "title"]:
-            raise InputError(f"{path}:1: expected the header 'id<TAB>text<TAB>title', got {header!r}")
-        for row in reader:
-            if len(row) != 3:
-                raise InputError(f"{path}:{reader.line_num}: expected 3 tab-separated fields, got {len(row)}")
-            pid, text, title = row
-            if not pid:
-                raise InputError(f"{path}:{reader.line_num}: empty passage id")
-            yield pid, title, text
+    reader = csv.reader((line for _, line in text_lines(path)), delimiter="\t")
+    header = next(reader, None)
+    if header != ["id", "text", "title"]:
+        raise InputError(f"{path}:1: expected the header 'id<TAB>text<TAB>title', got {header!r}")
+    for row in reader:
+        if len(row) != 3:
+            raise InputError(f"{path}:{reader.line_num}: expected 3 tab-separated fields, got {len(row)}")
+        pid, text, title = row
+        if not pid:
+            raise InputError(f"{path}:{reader.line_num}: empty passage id")
+        yield pid, title, text
 
 
 def _read_passages_jsonl(path: Path) -> Iterator[tuple[str, str, str]]:
@@ -191,6 +190,9 @@ def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fm
                                         "n_passages": len(passages), **doc.meta}, ensure_ascii=False) + "\n")
                 n_passages += len(passages)
                 n_docs += 1
+        if not n_passages:
+            # An empty corpus would index nothing and answer nothing, silently: refuse it before it replaces one.
+            raise InputError(f"{', '.join(map(str, inputs))}: no passage text in {n_docs} documents")
     info = {"passages": n_passages, "documents": n_docs, "max_words": max_words,
             "inputs": [str(Path(p).resolve()) for p in inputs], "fingerprint": fingerprint.hexdigest()[:16]}
     write_json(out_dir / "corpus.json", info)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -11,6 +12,20 @@ from typing import Any, Iterable, Iterator
 
 class InputError(ValueError):
     """Bad user input (a missing file, a malformed line, an empty question). The message names the input."""
+
+
+@contextlib.contextmanager
+def loading(path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Turn a failure inside the block into an InputError naming the path and what failed to load: a
+    truncated, malformed or mismatched checkpoint or index file is bad input, not a bug to trace."""
+    try:
+        yield
+    except (InputError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+        raise InputError(f"{path}: cannot load {what} ({detail})") from e
 
 
 def require_file(path: str | os.PathLike, what: str = "file") -> Path:
@@ -89,21 +104,62 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) for each non-blank line; a line that is not a JSON object raises
-    InputError naming the file and line."""
+def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """Yield (line number, line) of a UTF-8 text file. Bytes that are not UTF-8 (a gzip file, Latin-1
+    text) raise InputError naming the file, the line and the byte offset, not a UnicodeDecodeError."""
     path = require_file(path)
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            yield lineno, _decode(raw, path, offset, lineno)
+            offset += len(raw)
+
+
+def read_text(path: str | os.PathLike) -> str:
+    path = require_file(path)
+    return _decode(path.read_bytes(), path, 0, None)
+
+
+def _decode(raw: bytes, path: Path, offset: int, lineno: int | None) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = f"{path}:{lineno}" if lineno is not None else str(path)
+        raise InputError(f"{where}: not UTF-8 text (byte {offset + e.start} is {raw[e.start]:#04x}); "
+                         "give an uncompressed UTF-8 file") from None
+
+
+# A JSON escape of a lone UTF-16 surrogate ("\ud800") parses to a str that no UTF-8 writer or tokenizer
+# accepts; the pattern keeps the full check off lines that cannot hold one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def parse_json(text: str, where: str, whole_file: bool = False) -> Any:
+    """json.loads, with errors (bad JSON, a lone surrogate escape) as InputError naming `where` (and, for
+    a whole file, the line)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where}{f':{e.lineno}' if whole_file else ''}: not valid JSON ({e.msg})") from None
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"{where}: a lone surrogate escape ({e.object[e.start]!r}) is not text") from None
+    return obj
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) for each non-blank line; a line that is not UTF-8 or not a JSON
+    object raises InputError naming the file and line."""
+    path = require_file(path)
+    for lineno, line in text_lines(path):
+        if not line.strip():
+            continue
+        obj = parse_json(line, f"{path}:{lineno}")
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
@@ -124,11 +180,7 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Non
 
 def read_json(path: str | os.PathLike) -> Any:
     path = require_file(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    return parse_json(read_text(path), str(path), whole_file=True)
 
 
 def hash_files(root: str | os.PathLike, files) -> str:
@@ -143,3 +195,49 @@ def hash_files(root: str | os.PathLike, files) -> str:
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     h.update(block)
     return h.hexdigest()[:16]
+
+
+# Files up to this size are hashed each time their index is opened (10 MB takes a few ms); larger ones
+# have their sizes checked then, and their bytes by `odqa verify DIR`.
+VERIFY_ON_OPEN_BYTES = 256 << 20
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checksums(directory: str | os.PathLike) -> dict[str, dict]:
+    """{name: {"bytes", "sha256"}} of the files in an index directory, manifest.json aside: recorded in the
+    manifest, so that a file corrupted in place (same size, other bytes) is refused rather than searched."""
+    directory = Path(directory)
+    return {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+            for p in sorted(directory.iterdir()) if p.is_file() and p.name != "manifest.json"}
+
+
+def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
+                     hash_up_to: int | None = None) -> list[str]:
+    """Problems (an empty list when none) of the files against `recorded` checksums: a missing file, a
+    size or a sha256 that differs. Files over `hash_up_to` bytes have only their size checked."""
+    directory, problems = Path(directory), []
+    for name, want in recorded.items():
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif path.stat().st_size != want["bytes"]:
+            problems.append(f"{path}: {path.stat().st_size} bytes, the manifest says {want['bytes']}")
+        elif (hash_up_to is None or want["bytes"] <= hash_up_to) and file_sha256(path) != want["sha256"]:
+            problems.append(f"{path}: its sha256 differs from the manifest's (the file is corrupted)")
+    return problems
+
+
+def check_checksums(directory: str | os.PathLike, manifest: dict, what: str = "index") -> None:
+    """On opening an index: sizes of all its files and bytes of the smaller ones, as the manifest records."""
+    problems = verify_checksums(directory, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
+    if problems:
+        raise InputError(f"corrupt {what}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                         + "; rebuild it")

@@ -40,6 +40,11 @@ def read_results(path: str | os.PathLike) -> list[dict]:
         for j, ctx in enumerate(entry["ctxs"]):
             if not isinstance(ctx, dict) or "has_answer" not in ctx:
                 raise InputError(f"{path}: entry {i}, ctx {j} has no \"has_answer\"")
+        answers = entry.get("answers")
+        if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+            raise InputError(f"{path}: entry {i}: \"answers\" must be a list of strings")
+        if not isinstance(entry.get("prediction", ""), str):
+            raise InputError(f"{path}: entry {i}: \"prediction\" must be a string")
     return data
 
 

@@ -10,6 +10,7 @@ out. The target is `target` if given, else the first answer as the k passages wr
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -46,8 +47,10 @@ def _parse(obj: dict, where: str) -> FiDExample:
     for j, c in enumerate(ctxs):
         if not isinstance(c, dict) or not isinstance(c.get("text"), str):
             raise InputError(f"{where}: ctx {j} needs a \"text\"")
+        if "score" in c:
+            c["score"] = _score(c["score"], f"{where}: ctx {j}")
     if all("score" in c for c in ctxs):
-        ctxs = sorted(ctxs, key=lambda c: -float(c["score"]))
+        ctxs = sorted(ctxs, key=lambda c: -c["score"])
     target = obj.get("target")
     return FiDExample(id=str(obj.get("id", "")), question=question.strip(), answers=answers,
                       passages=[(c.get("title", ""), c["text"]) for c in ctxs],
@@ -56,13 +59,22 @@ def _parse(obj: dict, where: str) -> FiDExample:
                       else None)
 
 
+def _score(value, where: str) -> float:
+    """A ctx's retrieval score as a number; DPR's own files write it as a string."""
+    try:
+        score = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        score = math.nan
+    if math.isnan(score):
+        raise InputError(f"{where}: \"score\" is not a number: {str(value)[:40]!r}")
+    return score
+
+
 def load_fid_file(path: str | os.PathLike, limit: int | None = None) -> list[FiDExample]:
     path = require_file(path, "FiD file")
-    with open(path, encoding="utf-8") as f:
-        first = f.read(1)
-        while first.isspace():
-            first = f.read(1)
-    if first == "[":
+    with open(path, "rb") as f:
+        first = f.read(4096).lstrip()[:1]
+    if first == b"[":
         rows = ((i, obj) for i, obj in enumerate(read_json(path)))
     else:
         rows = read_jsonl(path)

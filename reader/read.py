@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-from common.io import InputError
+from common.io import InputError, loading
 from common.metrics.answers import answer_em
 from reader.fid import reader_class
 from reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
@@ -51,15 +51,14 @@ def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "c
     if cls is None:
         raise InputError(f"{name}: a {config.model_type!r} checkpoint; the reader needs a T5 or an encoder-decoder "
                          f"(`odqa reader init --from`) one")
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or name))
+    with loading(tokenizer_path or name, "the reader's tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or name))
     vocab, width = _vocab_and_width(config)
     if len(tokenizer) > vocab:
         raise InputError(f"{name}: the tokenizer has {len(tokenizer)} tokens but the model's vocabulary only "
                          f"{vocab}: checkpoint and tokenizer do not belong together")
-    try:
+    with loading(name, "the reader's weights"):   # truncated, or of a shape its config does not have
         model = cls.from_pretrained(name)
-    except (RuntimeError, ValueError) as e:   # a weight of the wrong shape
-        raise InputError(f"{name}: weights do not fit its config: {e}") from e
     emb = model.get_input_embeddings().weight.shape
     if emb[0] != vocab or emb[1] != width:
         raise InputError(f"{name}: embedding {tuple(emb)} does not fit the config ({vocab} x {width})")

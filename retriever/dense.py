@@ -18,7 +18,8 @@ from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from common.corpus import PassageStore, corpus_info
-from common.io import InputError, atomic_path, read_json, write_json
+from common.io import (VERIFY_ON_OPEN_BYTES, InputError, atomic_path, checksums, loading, read_json, verify_checksums,
+                       write_json)
 from retriever.pooling import mean_pool
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,11 @@ class DenseIndex:
         enc = MeanPoolEncoder(str(encoder))
         if (out / "manifest.json").exists():
             manifest = read_json(out / "manifest.json")
-            if manifest["fingerprint"] == fingerprint and manifest["encoder"] == str(encoder):
-                return cls(enc, faiss.read_index(str(out / "passages.faiss")))
-            log.info("%s is stale: rebuilding", out)
+            problems = verify_checksums(out, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
+            if manifest.get("fingerprint") == fingerprint and manifest.get("encoder") == str(encoder) and not problems:
+                with loading(out / "passages.faiss", "the dense index"):
+                    return cls(enc, faiss.read_index(str(out / "passages.faiss")))
+            log.info("%s is %s: rebuilding", out, problems[0] if problems else "stale")
         store = PassageStore(corpus_dir)
         passages = list(store)
         store.close()
@@ -77,7 +80,8 @@ class DenseIndex:
             tmp.mkdir()
             faiss.write_index(index, str(tmp / "passages.faiss"))
             write_json(tmp / "manifest.json", {"fingerprint": fingerprint, "encoder": str(encoder),
-                                               "passages": len(passages), "dim": int(vecs.shape[1])})
+                                               "passages": len(passages), "dim": int(vecs.shape[1]),
+                                               "files": checksums(tmp)})
         return cls(enc, index)
 
     def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

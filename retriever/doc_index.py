@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from common.corpus import DocumentTable, corpus_info
-from common.io import InputError, atomic_path, read_json, write_json
+from common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
 from retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions, load_doc_tokenizer
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ def build_doc_index(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
         faiss.write_index(index, str(tmp / "docs.faiss"))
+        manifest["files"] = checksums(tmp)
         write_json(tmp / "manifest.json", manifest)
     log.info("document index %s: %d documents (%s)", out_dir, len(table), factory)
     return manifest
@@ -61,10 +62,9 @@ class DocRetriever:
                              f"question encoder would not match the index; rebuild it with `odqa build-doc-index`")
         if corpus_info(corpus_dir)["fingerprint"] != self.manifest["fingerprint"]:
             raise InputError(f"{self.dir} was built from another version of the corpus {corpus_dir}")
-        try:
+        check_checksums(self.dir, self.manifest, "document index")
+        with loading(self.dir / "docs.faiss", "the document index"):
             self.index = faiss.read_index(str(self.dir / "docs.faiss"))
-        except RuntimeError as e:
-            raise InputError(f"{self.dir}: corrupt document index ({e})") from None
         if self.index.ntotal != self.manifest["documents"]:
             raise InputError(f"{self.dir}: corrupt document index (docs.faiss disagrees with manifest.json)")
         ivf = faiss.try_extract_index_ivf(self.index)

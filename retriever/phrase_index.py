@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from common.corpus import corpus_info
-from common.io import InputError, atomic_path, read_json, write_json
+from common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
 from retriever.phrase_dump import dump_shards, read_dump
 from retriever.phrase_filter import filter_dir, keep_mask
 
@@ -90,12 +90,12 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
         manifest = {"version": MANIFEST_VERSION, "encoder_hash": first["encoder_hash"], "factory": factory,
                     "keep": keep, "filter_threshold": threshold, "vectors": int(n_vec), "passages": int(n_pass),
                     "dim": int(dim), "max_span_len": first["max_span_len"], "fingerprint": first["fingerprint"],
-                    "vectors_per_passage": n_vec / max(n_pass, 1)}
+                    "vectors_per_passage": n_vec / max(n_pass, 1), "files": checksums(tmp)}
         write_json(tmp / "manifest.json", manifest)
-    sizes = {p.name: p.stat().st_size for p in out_dir.iterdir()}
-    manifest["bytes"] = sizes
-    manifest["bytes_per_passage"] = sum(sizes.values()) / max(n_pass, 1)
-    write_json(out_dir / "manifest.json", manifest)
+        sizes = {p.name: p.stat().st_size for p in tmp.iterdir()}
+        manifest["bytes"] = sizes
+        manifest["bytes_per_passage"] = sum(sizes.values()) / max(n_pass, 1)
+        write_json(tmp / "manifest.json", manifest)
     log.info("phrase index %s: %d vectors (%.1f per passage), %.0f bytes per passage", out_dir, n_vec,
              manifest["vectors_per_passage"], manifest["bytes_per_passage"])
     return manifest
@@ -117,12 +117,19 @@ class PhraseIndex:
         if not manifest_path.exists():
             raise InputError(f"{self.dir} is not a phrase index (no manifest.json)")
         self.manifest = read_json(manifest_path)
-        try:
-            self.start_index = faiss.read_index(str(self.dir / "start.faiss"))
-            self.end_index = faiss.read_index(str(self.dir / "end.faiss"))
+        missing = [k for k in ("vectors", "dim", "max_span_len", "encoder_hash", "fingerprint") if k not in self.manifest]
+        if missing:
+            raise InputError(f"{manifest_path}: not a phrase index manifest (no {', '.join(missing)})")
+        if "files" in self.manifest:
+            check_checksums(self.dir, self.manifest, "phrase index")
+        else:
+            log.warning("%s has no checksums (built before they were recorded): rebuild it to have its files "
+                        "checked on opening", self.dir)
+        for side in ("start", "end"):
+            with loading(self.dir / f"{side}.faiss", "a faiss index"):
+                setattr(self, f"{side}_index", faiss.read_index(str(self.dir / f"{side}.faiss")))
+        with loading(self.dir / "meta.npz", "the phrase metadata"):
             self.meta = _read_meta(self.dir / "meta.npz")
-        except (RuntimeError, OSError, ValueError) as e:
-            raise InputError(f"{self.dir}: corrupt phrase index ({e})") from None
         n, dim = self.manifest["vectors"], self.manifest["dim"]
         if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start_index.d != dim \
                 or self.end_index.d != dim or any(len(self.meta[k]) != n for k in ("passage_row", "token", "char_start", "char_end")):

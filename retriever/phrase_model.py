@@ -11,6 +11,7 @@ the phrase dump.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
-from common.io import InputError, atomic_path, hash_files
+from common.io import InputError, atomic_path, hash_files, loading, read_json
 
 
 @dataclass
@@ -44,7 +45,7 @@ class DensePhraseModel(nn.Module):
     def __init__(self, config: PhraseModelConfig, lms: dict[str, nn.Module] | None = None):
         super().__init__()
         self.config = config
-        load = lambda: AutoModel.from_pretrained(config.encoder)  # noqa: E731
+        load = lambda: encoder_only(AutoModel.from_pretrained(config.encoder), config.encoder)  # noqa: E731
         lms = lms or {}
         self.phrase_lm = lms.get("phrase_lm") or load()
         self.q_start_lm = lms.get("q_start_lm") or load()
@@ -117,18 +118,55 @@ class DensePhraseModel(nn.Module):
         cfg_path = path / "phrase_config.json"
         if not cfg_path.exists():
             raise InputError(f"{path} is not a phrase model checkpoint (no phrase_config.json)")
-        config = PhraseModelConfig(**json.loads(cfg_path.read_text()))
-        lms = {name: AutoModel.from_pretrained(path / name) for name in ("phrase_lm", "q_start_lm", "q_end_lm")
-               if (path / name).exists()}
-        model = cls(config, lms)
+        config = _read_config(cfg_path)
+        lms = {}
+        for name in ("phrase_lm", "q_start_lm", "q_end_lm"):
+            if (path / name).exists():
+                with loading(path / name, "a language model"):
+                    lms[name] = encoder_only(AutoModel.from_pretrained(path / name), path / name)
+        with loading(path, "the phrase model"):
+            model = cls(config, lms)
+        expected = model.state_dict()
         heads = {}
         for name in ("phrase_heads.pt", "question_heads.pt"):
-            heads.update(torch.load(path / name, map_location="cpu"))
+            with loading(path / name, "the heads"):
+                part = torch.load(path / name, map_location="cpu")
+            if not isinstance(part, dict):
+                raise InputError(f"{path / name}: expected a dict of tensors, got {type(part).__name__}")
+            for key, value in part.items():
+                if key in expected and getattr(value, "shape", None) != expected[key].shape:
+                    raise InputError(f"{path / name}: {key} has shape {tuple(getattr(value, 'shape', ()))}, "
+                                     f"but {cfg_path.name} makes it {tuple(expected[key].shape)}")
+            heads.update(part)
         missing, unexpected = model.load_state_dict(heads, strict=False)
         bad = [k for k in missing if not k.split(".")[0].endswith("_lm")] + unexpected
         if bad:
             raise InputError(f"{path}: the saved heads do not fit the configured model: {bad[:5]}")
         return model
+
+
+def encoder_only(lm: nn.Module, where) -> nn.Module:
+    """`lm`, if it is an encoder-only (BERT-family) model: token vectors come from its last hidden state,
+    which an encoder-decoder's forward does not give without decoder inputs."""
+    if getattr(lm.config, "is_encoder_decoder", False) or not hasattr(lm.config, "hidden_size"):
+        raise InputError(f"{where}: a {lm.config.model_type!r} model; the phrase and question encoders need an "
+                         "encoder-only (BERT-family) one")
+    return lm
+
+
+def _read_config(path: Path) -> PhraseModelConfig:
+    fields = {f.name for f in dataclasses.fields(PhraseModelConfig)}
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    problems = [f"no {key!r}" for key in ("encoder",) if key not in raw]
+    problems += [f"unknown key {key!r}" for key in sorted(set(raw) - fields)]
+    if problems:
+        raise InputError(f"{path}: {'; '.join(problems)}")
+    try:
+        return PhraseModelConfig(**raw)
+    except ValueError as e:
+        raise InputError(f"{path}: {e}") from None
 
 
 def kept_tokens(candidate: torch.Tensor, filter_logits: torch.Tensor, threshold: float | None) -> torch.Tensor:
@@ -139,7 +177,9 @@ def kept_tokens(candidate: torch.Tensor, filter_logits: torch.Tensor, threshold:
 
 def load_tokenizer(path_or_name: str | os.PathLike):
     path = Path(path_or_name)
-    return AutoTokenizer.from_pretrained(path / "tokenizer" if (path / "tokenizer").exists() else path_or_name)
+    source = path / "tokenizer" if (path / "tokenizer").exists() else path_or_name
+    with loading(source, "a tokenizer"):
+        return AutoTokenizer.from_pretrained(source)
 
 
 def phrase_encoder_hash(path: str | os.PathLike) -> str:

@@ -160,6 +160,10 @@ class Searcher:
         end_ids = np.unique(np.concatenate([end_hits, fwd.ravel()]))
         start_scores = self.index.scores("start", start_ids, qs)   # each needed vector scored once
         end_scores = self.index.scores("end", end_ids, qe)
+        if np.isnan(start_scores).any() or np.isnan(end_scores).any():
+            # A NaN ranks arbitrarily and would print as an answer's score: a corrupted index, refused.
+            raise InputError(f"{self.index.dir}: NaN phrase scores, the index is corrupted: check it with "
+                             f"`odqa verify {self.index.dir}`, and rebuild it")
         s_of = lambda ids: start_scores[np.searchsorted(start_ids, ids)]  # noqa: E731
         e_of = lambda ids: end_scores[np.searchsorted(end_ids, ids)]  # noqa: E731
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from common.io import InputError
@@ -90,7 +91,7 @@ def _prefilter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc-index", type=Path, default=None, help="document index (`odqa build-doc-index`): search "
                                                                "phrases only inside each question's top documents")
     p.add_argument("--doc-model", type=Path, default=None, help="the document encoder the document index was built with")
-    p.add_argument("--top-docs", type=int, default=100, help="K: documents kept by the pre-filter (default 100)")
+    p.add_argument("--top-docs", type=positive_int, default=100, help="K: documents kept by the pre-filter (default 100)")
     p.add_argument("--lam", type=float, default=None, help="rerank weight of the document score (default: the "
                                                           "value tune-lambda stored with the document index, else 0)")
     p.add_argument("--no-prefilter", action="store_true", help="search every phrase, without the default "
@@ -166,7 +167,7 @@ def _phrase_index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, default=None, help="phrase index directory (default: the default "
                                                             "pipeline's, from `odqa demo`)")
     p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default pipeline's)")
-    p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
+    p.add_argument("--nprobe", type=positive_int, default=64, help="IVF lists probed per search (default 64)")
     _prefilter_args(p)
 
 
@@ -174,8 +175,8 @@ def _system_args(p: argparse.ArgumentParser) -> None:
     _phrase_index_args(p)
     p.add_argument("--reader", type=Path, default=None, help="FiD reader checkpoint (train-reader OUT_DIR/best; "
                                                              "default: the default pipeline's)")
-    p.add_argument("--text-maxlength", type=int, default=200, help="reader tokens per passage (default 200)")
-    p.add_argument("--num-beams", type=int, default=1, help="beam size for generation (default 1: greedy)")
+    p.add_argument("--text-maxlength", type=positive_int, default=200, help="reader tokens per passage (default 200)")
+    p.add_argument("--num-beams", type=positive_int, default=1, help="beam size for generation (default 1: greedy)")
     p.add_argument("--decoding", choices=DECODING, default="spans",
                    help="spans: the generated answer is a span of a passage; free: any tokens (default spans)")
     _corpus_arg(p)
@@ -213,6 +214,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def percent(text: str) -> float:
+    """An argparse type: a share in percent, 0 to 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 100, not {value:g}")
     return value
 
 
@@ -379,6 +391,20 @@ def cmd_read(args) -> None:
           f"questions/s) -> {args.out}")
 
 
+def cmd_verify(args) -> None:
+    from common.io import read_json, require_file, verify_checksums
+    manifest = read_json(require_file(args.path / "manifest.json", "index manifest"))
+    files = manifest.get("files")
+    if not files:
+        raise InputError(f"{args.path}/manifest.json records no checksums (built before they were): rebuild the index")
+    for name, want in files.items():
+        problems = verify_checksums(args.path, {name: want})
+        print(f"{name}: {want['bytes']} bytes, {'ok' if not problems else 'BAD'}")
+        if problems:
+            raise InputError(problems[0] + "; rebuild the index")
+    print(f"{args.path}: every file matches manifest.json ({len(files)} checked)")
+
+
 def cmd_demo(args) -> None:
     from system.demo import run_demo
     print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, encoder=args.encoder,
@@ -388,6 +414,9 @@ def cmd_demo(args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="odqa", description="Open-domain question answering toolkit.")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    parser.add_argument("--debug", action="store_true", default=os.environ.get("ODQA_DEBUG", "") not in ("", "0"),
+                        help="on an input error, show the traceback as well as the one-line message "
+                             "(also ODQA_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("demo", help="run the whole system on the default data: train, index, evaluate, answer",
@@ -422,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="auto", choices=["auto", "dpr-tsv", "passages", "documents"],
                    help="input format (default: from the file)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: $ODQA_HOME/corpus/default)")
-    p.add_argument("--max-words", type=int, default=100, help="passage length bound in words (default 100)")
+    p.add_argument("--max-words", type=positive_int, default=100, help="passage length bound in words (default 100)")
     p.set_defaults(func=cmd_corpus_build)
 
     p = sub.add_parser("supervise", help="distant supervision: answer-bearing passages for training questions",
@@ -431,8 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--questions", nargs="+", default=["nq-dev", "tqa-dev"], help="question sets (names or JSONL paths)")
     _corpus_arg(p)
     p.add_argument("--out", type=Path, default=None, help="output directory (default: CORPUS/supervision)")
-    p.add_argument("--positives", type=int, default=1, help="examples per question: the best-ranked positives (default 1)")
-    p.add_argument("--validation-percent", type=float, default=10.0, help="share of questions for validation (default 10)")
+    p.add_argument("--positives", type=positive_int, default=1, help="examples per question: the best-ranked positives (default 1)")
+    p.add_argument("--validation-percent", type=percent, default=10.0, help="share of questions for validation (default 10)")
     p.set_defaults(func=cmd_supervise)
 
     p = sub.add_parser("retrieve", help="retrieve passages for a question set into a DPR-format file",
@@ -444,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "the default pipeline's, from `odqa demo`)")
     p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default "
                                                             "pipeline's), or the dense encoder (default: the MiniLM)")
-    p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed per search (default 64)")
+    p.add_argument("--nprobe", type=positive_int, default=64, help="IVF lists probed per search (default 64)")
     p.add_argument("--questions", required=True, help="question set name (e.g. nq-test) or JSONL path")
     p.add_argument("--k", type=positive_int, default=100, help="passages per question (default 100)")
     p.add_argument("--out", type=Path, required=True, help="output JSON file")
@@ -500,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", default="1/1", help="k/n: this process's slice of the corpus (default 1/1)")
     p.add_argument("--threshold", type=float, default=None, help="filter logit a token needs (default: keep all)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="passages per forward pass (default 32)")
-    p.add_argument("--chunk-passages", type=int, default=1024, help="passages per chunk file (default 1024)")
+    p.add_argument("--chunk-passages", type=positive_int, default=1024, help="passages per chunk file (default 1024)")
     _corpus_arg(p)
     p.set_defaults(func=cmd_dump_phrases)
 
@@ -517,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                      f"1: every token, no filter (default {DEFAULT_KEEP})")
     p.add_argument("--filter", type=Path, default=None, help="phrase filter for --keep (default: DUMP/filter, "
                                                              "from `odqa train-filter`)")
-    p.add_argument("--train-size", type=int, default=200_000, help="vectors sampled to train IVF/PQ (default 200000)")
+    p.add_argument("--train-size", type=positive_int, default=200_000, help="vectors sampled to train IVF/PQ (default 200000)")
     _corpus_arg(p)
     p.set_defaults(func=cmd_build_index)
 
@@ -529,8 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                              "CORPUS/supervision/train.jsonl)")
     p.add_argument("--validation-file", type=Path, default=sup / "validation.jsonl",
                    help="supervision examples for the calibration table (default: CORPUS/supervision/validation.jsonl)")
-    p.add_argument("--hidden", type=int, default=256, help="MLP hidden size (default 256)")
-    p.add_argument("--epochs", type=int, default=8, help="passes over the training tokens (default 8)")
+    p.add_argument("--hidden", type=positive_int, default=256, help="MLP hidden size (default 256)")
+    p.add_argument("--epochs", type=positive_int, default=8, help="passes over the training tokens (default 8)")
     p.add_argument("--out", type=Path, default=None, help="filter directory (default: DUMP/filter)")
     _corpus_arg(p)
     p.set_defaults(func=cmd_train_filter)
@@ -573,7 +602,7 @@ def _system_parsers(sub) -> None:
     _system_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--max-batch", type=int, default=16, help="requests answered together at most (default 16)")
+    p.add_argument("--max-batch", type=positive_int, default=16, help="requests answered together at most (default 16)")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait for more requests after the first (default 10)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more are answered 429 with "
                                                              "Retry-After (default 64)")
@@ -610,14 +639,21 @@ def _doc_parsers(sub) -> None:
     _corpus_arg(p)
     p.set_defaults(func=cmd_build_doc_index)
 
+    p = sub.add_parser("verify", help="check an index's files against the checksums in its manifest",
+                       description="Hash every file of a phrase or document index (or a dense index under a "
+                                   "corpus) and compare with manifest.json. Opening an index checks every size but "
+                                   "hashes only files up to 256 MB; this checks the large ones too.")
+    p.add_argument("path", type=Path, help="the index directory (holding manifest.json)")
+    p.set_defaults(func=cmd_verify)
+
     p = sub.add_parser("tune-lambda", help="grid-search the rerank weight of the document score on validation",
                        description="lambda in 0, 0.1, ..., 2 maximising validation Top-k of pre-filtered phrase "
                                    "retrieval reranked by z(passage) + lambda z(document); stored with the document index.")
     _phrase_index_args(p)
     p.add_argument("--questions", type=Path, default=default_corpus() / "supervision" / "validation.jsonl",
                    help="validation questions with answers (default: the supervision validation split)")
-    p.add_argument("--limit", type=int, default=500, help="first N questions (default 500)")
-    p.add_argument("--metric-k", type=int, default=20, help="k of the Top-k to maximise (default 20)")
+    p.add_argument("--limit", type=positive_int, default=500, help="first N questions (default 500)")
+    p.add_argument("--metric-k", type=positive_int, default=20, help="k of the Top-k to maximise (default 20)")
     _corpus_arg(p)
     p.set_defaults(func=cmd_tune_lambda)
 
@@ -637,7 +673,7 @@ def _reader_parsers(sub) -> None:
                                       "the preset's shape. Either is saved as an HF checkpoint.")
     p.add_argument("--from", dest="from_encoder", default=None, metavar="ENCODER_DIR",
                    help="BERT checkpoint to warm-start from, e.g. $ODQA_HOME/data/encoders/all-MiniLM-L6-v2")
-    p.add_argument("--decoder-layers", type=int, default=2, help="with --from: decoder depth (default 2)")
+    p.add_argument("--decoder-layers", type=positive_int, default=2, help="with --from: decoder depth (default 2)")
     p.add_argument("--dropout", type=float, default=0.0, help="with --from: dropout of encoder and decoder (default 0: "
                                                               "short CPU schedules underfit)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
@@ -645,7 +681,7 @@ def _reader_parsers(sub) -> None:
                         "(default tiny)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: $ODQA_HOME/readers/"
                                                           "bert2bert-init with --from, else t5-PRESET-init)")
-    p.add_argument("--vocab-size", type=int, default=None, help="vocabulary incl. sentinels (default: the preset's)")
+    p.add_argument("--vocab-size", type=positive_int, default=None, help="vocabulary incl. sentinels (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
     _corpus_arg(p)
     p.set_defaults(func=cmd_reader_init)
@@ -703,14 +739,14 @@ def _reader_parsers(sub) -> None:
     p.add_argument("--model", required=True, help="reader checkpoint (train-reader OUT_DIR/best) or T5 name")
     p.add_argument("--input", type=Path, required=True, help="retrieval file (DPR/FiD JSON or JSONL)")
     p.add_argument("--out", type=Path, required=True, help="predictions JSONL")
-    p.add_argument("--k", type=int, default=10, help="passages per question (default 10)")
-    p.add_argument("--batch-size", type=int, default=8, help="questions per generate() call (default 8)")
-    p.add_argument("--text-maxlength", type=int, default=200, help="tokens per question+passage (default 200)")
-    p.add_argument("--answer-maxlength", type=int, default=32, help="generated tokens at most (default 32)")
-    p.add_argument("--beams", type=int, default=1, help="beam size; 1 is greedy (default 1)")
+    p.add_argument("--k", type=positive_int, default=10, help="passages per question (default 10)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="questions per generate() call (default 8)")
+    p.add_argument("--text-maxlength", type=positive_int, default=200, help="tokens per question+passage (default 200)")
+    p.add_argument("--answer-maxlength", type=positive_int, default=32, help="generated tokens at most (default 32)")
+    p.add_argument("--beams", type=positive_int, default=1, help="beam size; 1 is greedy (default 1)")
     p.add_argument("--decoding", choices=DECODING, default="spans",
                    help="spans: the answer is a span of an input passage; free: any tokens (default spans)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")
     p.set_defaults(func=cmd_read)
 
 
@@ -722,6 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except InputError as e:
+        if args.debug:
+            traceback.print_exc()
         print(f"odqa: error: {e}", file=sys.stderr)
         return 2
     except FetchError as e:

@@ -1,0 +1,289 @@
+"""Bad input never ends in a traceback or a wrong answer: the 20 inputs of issue 23's probe table are each
+refused with one line naming them (exit 2), `--debug` shows the traceback behind it, corrupted indexes are
+refused by their checksums, and random bytes and JSON given to every input reader give a named InputError
+or a result, never another exception."""
+import gzip
+import json
+import shutil
+import string
+import tempfile
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from common.corpus import build_corpus
+from common.io import InputError
+from common.questions import load_questions
+from common.retrieval_eval import evaluate_results
+from common.retrieval_file import read_results
+from reader.fid_data import load_fid_file
+from retriever.phrase_dump import dump_phrases
+from retriever.phrase_index import PhraseIndex, build_index
+from retriever.phrase_model import DensePhraseModel, PhraseModelConfig, load_tokenizer
+from retriever.searcher import Searcher
+from system.cli import main
+from tiny_data import TINY_DOCS, TINY_QUESTIONS, code_world, write_jsonl
+from tiny_models import make_tiny_bert, make_tiny_t5
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    """A corpus, an (untrained) phrase model and its Flat index, a tiny T5 reader and a FiD file, each with
+    broken copies: the inputs of the probe table."""
+    root = tmp_path_factory.mktemp("bad_input")
+    docs = write_jsonl(root / "docs.jsonl", TINY_DOCS)
+    corpus = root / "corpus"
+    build_corpus([docs], corpus)
+    texts = [p for d in TINY_DOCS for s in d["sections"] for p in s["paragraphs"]] + \
+        [q["question"] for q in TINY_QUESTIONS]
+    bert = make_tiny_bert(root / "bert", texts)
+    model = root / "phrase"
+    DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(
+        model, tokenizer=load_tokenizer(bert))
+    dump_phrases(model, corpus, root / "dump")
+    build_index(root / "dump", root / "index", corpus)
+    k = {"root": root, "corpus": corpus, "model": model, "index": root / "index"}
+
+    (root / "gzip.jsonl").write_bytes(gzip.compress(b'{"id": "a", "title": "t", "text": "x"}\n'))
+    (root / "latin1.jsonl").write_bytes('{"id": "a", "title": "t", "text": "café"}\n'.encode("latin-1"))
+    (root / "surrogate.jsonl").write_text('{"id": "a", "title": "t", "text": "x \\ud800 y"}\n')
+    (root / "good.jsonl").write_text('{"id": "a", "title": "t", "text": "hello world"}\n')
+    (root / "binary.json").write_bytes(gzip.compress(json.dumps([{"question": "q", "ctxs": []}]).encode()))
+    (root / "binary-q.jsonl").write_bytes(gzip.compress(b'{"question": "q", "answers": ["a"]}\n'))
+    write_jsonl(root / "q.jsonl", TINY_QUESTIONS)
+
+    def broken_model(name, edit):
+        out = root / name
+        shutil.copytree(model, out)
+        edit(out)
+        return out
+    k["model_bad_json"] = broken_model("m_json", lambda d: (d / "phrase_config.json").write_text('{"encoder": '))
+    k["model_no_key"] = broken_model("m_key", lambda d: (d / "phrase_config.json").write_text(
+        json.dumps({k: v for k, v in json.loads((model / "phrase_config.json").read_text()).items() if k != "encoder"})))
+    k["model_bad_heads"] = broken_model("m_heads", lambda d: torch.save(
+        {key: torch.zeros(3, 5) for key in torch.load(d / "phrase_heads.pt")}, d / "phrase_heads.pt"))
+
+    def wrong_kind(d):
+        shutil.rmtree(d / "phrase_lm")
+        make_tiny_t5(d / "phrase_lm", texts, vocab_size=300)
+    k["model_wrong_lm"] = broken_model("m_kind", wrong_kind)
+
+    k["index_truncated"] = root / "index_truncated"
+    shutil.copytree(root / "index", k["index_truncated"])
+    meta = k["index_truncated"] / "meta.npz"
+    meta.write_bytes(meta.read_bytes()[:100])
+
+    reader = make_tiny_t5(root / "reader", texts, vocab_size=300)
+    k["reader"] = reader
+    k["reader_truncated"] = root / "reader_truncated"
+    shutil.copytree(reader, k["reader_truncated"])
+    weights = k["reader_truncated"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    rows = code_world(3, 2, 0)
+    write_jsonl(root / "fid.jsonl", rows)
+    rows[1]["ctxs"][0]["score"] = "abc"
+    write_jsonl(root / "fid-bad-score.jsonl", rows)
+    return k
+
+
+# The probe's table: (command, argv, what the one-line error says). `{name}` is a path of the kit.
+TABLE = [
+    ("corpus build, a gzip file", "corpus build --input {root}/gzip.jsonl --out {tmp}/c", "gzip.jsonl:1: not UTF-8 text (byte 1 is 0x8b)"),
+    ("corpus build, Latin-1", "corpus build --input {root}/latin1.jsonl --out {tmp}/c", "latin1.jsonl:1: not UTF-8 text (byte 38 is 0xe9)"),
+    ("corpus build, a lone surrogate", "corpus build --input {root}/surrogate.jsonl --out {tmp}/c", "surrogate.jsonl:1: a lone surrogate escape"),
+    ("corpus build --max-words 0", "corpus build --input {root}/good.jsonl --out {tmp}/c --max-words 0", "argument --max-words: must be at least 1, not 0"),
+    ("corpus build --max-words -1", "corpus build --input {root}/good.jsonl --out {tmp}/c --max-words -1", "argument --max-words: must be at least 1, not -1"),
+    ("dump-phrases --batch-size 0", "dump-phrases --model {model} --corpus {corpus} --out {tmp}/d --batch-size 0", "argument --batch-size: must be at least 1"),
+    ("dump-phrases --chunk-passages 0", "dump-phrases --model {model} --corpus {corpus} --out {tmp}/d --chunk-passages 0", "argument --chunk-passages: must be at least 1"),
+    ("dump-phrases, malformed config", "dump-phrases --model {model_bad_json} --corpus {corpus} --out {tmp}/d", "m_json/phrase_config.json:1: not valid JSON"),
+    ("dump-phrases, config missing a key", "dump-phrases --model {model_no_key} --corpus {corpus} --out {tmp}/d", "m_key/phrase_config.json: no 'encoder'"),
+    ("dump-phrases, heads of the wrong shape", "dump-phrases --model {model_bad_heads} --corpus {corpus} --out {tmp}/d", "m_heads/phrase_heads.pt: filter_head.weight has shape (3, 5)"),
+    ("dump-phrases, a T5 as the phrase LM", "dump-phrases --model {model_wrong_lm} --corpus {corpus} --out {tmp}/d", "m_kind/phrase_lm: a 't5' model; the phrase and question encoders need an encoder-only"),
+    ("eval-retrieval, a binary run file", "eval-retrieval {root}/binary.json --corpus {corpus}", "binary.json: not UTF-8 text (byte 1 is 0x8b)"),
+    ("retrieve, a binary question file", "retrieve --questions {root}/binary-q.jsonl --corpus {corpus} --out {tmp}/r.json", "binary-q.jsonl:1: not UTF-8 text"),
+    ("retrieve --batch-size 0", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --batch-size 0", "argument --batch-size: must be at least 1"),
+    ("retrieve --k -3", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --k -3", "argument --k: must be at least 1, not -3"),
+    ("a truncated meta.npz", "retrieve --retriever phrase --index {index_truncated} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
+     "index_truncated/meta.npz: "),
+    ("read --k 0", "read --model {reader} --input {root}/fid.jsonl --out {tmp}/p.jsonl --k 0", "argument --k: must be at least 1, not 0"),
+    ("read --k -2", "read --model {reader} --input {root}/fid.jsonl --out {tmp}/p.jsonl --k -2", "argument --k: must be at least 1, not -2"),
+    ("read, a score that is not a number", "read --model {reader} --input {root}/fid-bad-score.jsonl --out {tmp}/p.jsonl", "fid-bad-score.jsonl:2: ctx 0: \"score\" is not a number: 'abc'"),
+    ("read, truncated weights", "read --model {reader_truncated} --input {root}/fid.jsonl --out {tmp}/p.jsonl", "reader_truncated: cannot load the reader's weights (SafetensorError"),
+]
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:      # argparse refuses a flag by exiting
+        return e.code
+
+
+@pytest.mark.parametrize("argv, message", [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
+def test_each_probe_input_is_refused_with_one_named_line(kit, tmp_path, capsys, argv, message):
+    assert _run(["-q", *argv.format(tmp=tmp_path, **kit).split()]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("odqa") and "error: " in last and message in last, err
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]     # nothing written
+
+
+def test_debug_shows_the_traceback_behind_the_line(kit, tmp_path, capsys, monkeypatch):
+    argv = ["read", "--model", str(kit["reader_truncated"]), "--input", str(kit["root"] / "fid.jsonl"),
+            "--out", str(tmp_path / "p.jsonl")]
+    assert main(["-q", "--debug", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "SafetensorError" in err and err.strip().splitlines()[-1].startswith("odqa: error:")
+    monkeypatch.setenv("ODQA_DEBUG", "1")
+    assert main(["-q", *argv]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_an_internal_error_is_not_dressed_as_bad_input(monkeypatch):
+    import retriever.phrase_index
+    monkeypatch.setattr(retriever.phrase_index, "build_index", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        main(["-q", "build-index", "--dump", "x", "--out", "y"])
+
+
+def test_a_refused_corpus_leaves_the_built_one_as_it_was(kit, tmp_path, capsys):
+    out = tmp_path / "c"
+    build_corpus([kit["root"] / "good.jsonl"], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for bad in ("latin1.jsonl", "surrogate.jsonl", "gzip.jsonl"):
+        assert main(["-q", "corpus", "build", "--input", str(kit["root"] / bad), "--out", str(out)]) == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_corpus_of_empty_texts_is_refused(tmp_path, capsys):
+    empty = write_jsonl(tmp_path / "empty.jsonl", [{"id": "a", "title": "A", "text": "  "},
+                                                   {"id": "b", "title": "B", "text": ""}])
+    assert main(["-q", "corpus", "build", "--input", str(empty), "--out", str(tmp_path / "c")]) == 2
+    assert "no passage text in 2 documents" in capsys.readouterr().err
+    assert not (tmp_path / "c" / "passages.jsonl").exists()
+
+
+def test_a_refused_dump_leaves_its_directory_usable(kit, tmp_path, capsys):
+    out = tmp_path / "d"
+    assert main(["-q", "dump-phrases", "--model", str(kit["model_bad_heads"]), "--corpus", str(kit["corpus"]),
+                 "--out", str(out)]) == 2
+    assert main(["-q", "dump-phrases", "--model", str(kit["model"]), "--corpus", str(kit["corpus"]),
+                 "--out", str(out)]) == 0
+
+
+# --- checksummed indexes ---------------------------------------------------------------------
+
+def _flip_bytes(path: Path, at: int, n: int = 8) -> None:
+    data = bytearray(path.read_bytes())
+    data[at:at + n] = bytes(b ^ 0xFF for b in data[at:at + n])
+    path.write_bytes(bytes(data))
+
+
+def test_an_index_corrupted_in_place_is_refused_and_verify_names_the_file(kit, tmp_path, capsys):
+    assert main(["-q", "verify", str(kit["index"])]) == 0
+    out = capsys.readouterr().out
+    assert "start.faiss" in out and "every file matches manifest.json (3 checked)" in out
+    broken = tmp_path / "index"
+    shutil.copytree(kit["index"], broken)
+    _flip_bytes(broken / "start.faiss", (broken / "start.faiss").stat().st_size - 64)   # same size, other bytes
+    with pytest.raises(InputError, match="corrupt phrase index: .*start.faiss: its sha256 differs"):
+        PhraseIndex(broken)
+    assert main(["-q", "verify", str(broken)]) == 2
+    assert "start.faiss: its sha256 differs" in capsys.readouterr().err
+    assert main(["-q", "verify", str(tmp_path)]) == 2
+    assert "index manifest not found" in capsys.readouterr().err
+
+
+def test_nan_scores_are_refused(kit, tmp_path):
+    """An index without checksums (built before they were recorded) whose vectors hold NaN: search refuses."""
+    broken = tmp_path / "index"
+    shutil.copytree(kit["index"], broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    del manifest["files"]
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    start = faiss.read_index(str(broken / "start.faiss"))      # Flat: its vectors, in place
+    faiss.rev_swig_ptr(faiss.downcast_index(start).get_xb(), start.ntotal * start.d)[:] = np.nan
+    faiss.write_index(start, str(broken / "start.faiss"))
+    searcher = Searcher(broken, kit["model"], kit["corpus"])
+    with pytest.raises(InputError, match="NaN phrase scores, the index is corrupted"):
+        searcher.search([TINY_QUESTIONS[0]["question"]], k=3)
+
+
+# --- every input reader, fed random bytes and random JSON ----------------------------------------
+
+READERS = {
+    "corpus": lambda path, out: build_corpus([path], out),
+    "questions": lambda path, out: load_questions(path),
+    "retrieval file": lambda path, out: evaluate_results(read_results(path), ks=[1, 5]),
+    "FiD file": lambda path, out: load_fid_file(path),
+}
+CTX = {"id": "p1", "title": "Paris", "text": "Paris is in France", "score": 1.5, "has_answer": True}
+VALID = {   # a well-formed record of each input, which the mutations below break one field at a time
+    "passage": {"id": "p1", "title": "Paris", "text": "Paris is the capital of France ."},
+    "document": {"id": "d1", "title": "Paris", "abstract": "A city.",
+                 "sections": [{"title": "History", "paragraphs": ["Founded long ago ."], "sections": []}]},
+    "question": {"id": "q1", "question": "where is paris", "answers": ["France"], "regex": False},
+    "entry": {"id": "q1", "question": "where is paris", "answers": ["France"], "ctxs": [CTX, dict(CTX, id="p2")]},
+}
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | \
+    st.text(string.printable + "é\u2028\ud800\x00", max_size=12)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) |
+                      st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+
+
+@st.composite
+def mutated(draw, obj):
+    """`obj` with a few of its values (at any depth) replaced by random JSON, or their keys dropped."""
+    if isinstance(obj, (dict, list)) and obj and draw(st.integers(0, 3)):
+        obj = dict(obj) if isinstance(obj, dict) else list(obj)
+        key = draw(st.sampled_from(sorted(obj) if isinstance(obj, dict) else range(len(obj))))
+        action = draw(st.sampled_from(["recurse", "replace", "drop"]))
+        if action == "drop":
+            del obj[key]
+        else:
+            obj[key] = draw(mutated(obj[key])) if action == "recurse" else draw(values)
+        return obj
+    return obj if draw(st.booleans()) else draw(values)
+
+
+def as_jsonl(records):
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8", "surrogatepass")
+
+
+def as_json(records):
+    return json.dumps(records, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def records(kind):
+    return st.lists(mutated(VALID[kind]), min_size=1, max_size=3)
+
+
+CONTENTS = {   # per reader: random bytes, random JSON lines, and its own records mutated
+    "corpus": records("passage").map(as_jsonl) | records("document").map(as_jsonl),
+    "questions": records("question").map(as_jsonl),
+    "retrieval file": records("entry").map(as_json),
+    "FiD file": records("entry").map(as_json) | records("entry").map(as_jsonl),
+}
+noise = st.binary(max_size=200) | st.lists(values.map(json.dumps), max_size=3).map("\n".join).map(
+    lambda s: s.encode("utf-8", "surrogatepass"))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), reader=st.sampled_from(sorted(READERS)), suffix=st.sampled_from([".jsonl", ".json", ".tsv"]))
+def test_random_input_gives_a_named_error_or_a_result(data, reader, suffix):
+    content = data.draw(CONTENTS[reader] | noise)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"input{suffix if reader == 'corpus' else '.jsonl'}"
+        path.write_bytes(content)
+        try:
+            READERS[reader](path, Path(tmp) / "out")
+            event(f"{reader}: read")
+        except InputError as e:
+            assert str(e)
+            event(f"{reader}: refused")
