@@ -15,11 +15,11 @@ import faiss
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import AutoModel, AutoTokenizer
 
 from common.corpus import PassageStore, corpus_info
 from common.io import (VERIFY_ON_OPEN_BYTES, InputError, atomic_path, checksums, loading, read_json, verify_checksums,
                        write_json)
+from retriever.lm import load_lm, load_tokenizer
 from retriever.pooling import mean_pool
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 class MeanPoolEncoder:
     def __init__(self, name_or_path: str, max_tokens: int = 256, device: str | None = None):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        self.model = AutoModel.from_pretrained(name_or_path).to(self.device).eval()
+        self.tokenizer = load_tokenizer(name_or_path)
+        self.model = load_lm(name_or_path).to(self.device).eval()
         self.max_tokens = max_tokens
 
     @torch.no_grad()

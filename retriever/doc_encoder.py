@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
-from transformers import AutoModel, AutoTokenizer
 
 from common.io import InputError, atomic_path, hash_files
+from retriever.lm import load_lm, read_config
 from retriever.pooling import mean_pool
 
 
@@ -42,8 +42,8 @@ class DocEncoder(nn.Module):
         super().__init__()
         self.config = config
         lms = lms or {}
-        self.question_lm = lms.get("question_lm") or AutoModel.from_pretrained(config.encoder)
-        self.doc_lm = lms.get("doc_lm") or AutoModel.from_pretrained(config.encoder)
+        self.question_lm = lms.get("question_lm") or load_lm(config.encoder)
+        self.doc_lm = lms.get("doc_lm") or load_lm(config.encoder)
 
     def encode_questions(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         h = self.question_lm(input_ids=input_ids, attention_mask=attention_mask,
@@ -73,17 +73,12 @@ class DocEncoder(nn.Module):
         cfg = path / "doc_encoder_config.json"
         if not cfg.exists():
             raise InputError(f"{path} is not a document encoder checkpoint (no doc_encoder_config.json)")
-        config = DocEncoderConfig(**json.loads(cfg.read_text()))
-        return cls(config, {name: AutoModel.from_pretrained(path / name) for name in ("question_lm", "doc_lm")})
+        config = read_config(cfg, DocEncoderConfig)
+        return cls(config, {name: load_lm(path / name) for name in ("question_lm", "doc_lm")})
 
 
 def is_doc_checkpoint(path: str | os.PathLike) -> bool:
     return (Path(path) / "doc_encoder_config.json").exists()
-
-
-def load_doc_tokenizer(path: str | os.PathLike):
-    path = Path(path)
-    return AutoTokenizer.from_pretrained(path / "tokenizer" if (path / "tokenizer").exists() else path)
 
 
 def doc_encoder_hash(path: str | os.PathLike) -> str:

@@ -20,7 +20,8 @@ import torch
 
 from common.corpus import DocumentTable, corpus_info
 from common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
-from retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions, load_doc_tokenizer
+from retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions
+from retriever.lm import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def build_doc_index(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
     out_dir = Path(out_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = DocEncoder.from_pretrained(model_dir).to(device)
-    tokenizer = load_doc_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     table = DocumentTable(corpus_dir)
     vecs = encode_all_docs(model, tokenizer, table.docs, batch_size, device)
     index = faiss.index_factory(vecs.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
@@ -72,7 +73,7 @@ class DocRetriever:
             ivf.nprobe = nprobe
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = DocEncoder.from_pretrained(model_dir).to(self.device).eval()
-        self.tokenizer = load_doc_tokenizer(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         self.table = DocumentTable(corpus_dir)
 
     @property

@@ -32,7 +32,8 @@ from common.io import InputError, read_jsonl, write_json
 from common.metrics.retrieval import retrieval_metrics
 from retriever.bm25 import BM25Index
 from retriever.doc_encoder import (DocEncoder, DocEncoderConfig, encode_all_docs, encode_questions,
-                                   is_doc_checkpoint, load_doc_tokenizer, tokenize_docs, tokenize_questions)
+                                   is_doc_checkpoint, tokenize_docs, tokenize_questions)
+from retriever.lm import load_tokenizer
 from retriever.train_loop import LoopConfig, train_epochs
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def train_doc(args: DocTrainArgs) -> dict:
         if args.negatives == "model":
             raise InputError(f"--negatives model mines with a trained document encoder; {args.encoder} is not one")
         model = DocEncoder(DocEncoderConfig(args.encoder, args.max_doc_tokens, args.max_question_tokens))
-    tokenizer = load_doc_tokenizer(args.encoder)
+    tokenizer = load_tokenizer(args.encoder)
     table = DocumentTable(args.corpus)
     store = PassageStore(args.corpus)
     row_of_passage = {p["id"]: i for i, p in enumerate(store)}

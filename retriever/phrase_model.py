@@ -11,7 +11,6 @@ the phrase dump.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -19,9 +18,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModel, AutoTokenizer
 
-from common.io import InputError, atomic_path, hash_files, loading, read_json
+from common.io import InputError, atomic_path, hash_files, loading
+from retriever.lm import load_lm, read_config
 
 
 @dataclass
@@ -45,7 +44,7 @@ class DensePhraseModel(nn.Module):
     def __init__(self, config: PhraseModelConfig, lms: dict[str, nn.Module] | None = None):
         super().__init__()
         self.config = config
-        load = lambda: encoder_only(AutoModel.from_pretrained(config.encoder), config.encoder)  # noqa: E731
+        load = lambda: load_lm(config.encoder)  # noqa: E731
         lms = lms or {}
         self.phrase_lm = lms.get("phrase_lm") or load()
         self.q_start_lm = lms.get("q_start_lm") or load()
@@ -118,12 +117,11 @@ class DensePhraseModel(nn.Module):
         cfg_path = path / "phrase_config.json"
         if not cfg_path.exists():
             raise InputError(f"{path} is not a phrase model checkpoint (no phrase_config.json)")
-        config = _read_config(cfg_path)
+        config = read_config(cfg_path, PhraseModelConfig)
         lms = {}
         for name in ("phrase_lm", "q_start_lm", "q_end_lm"):
             if (path / name).exists():
-                with loading(path / name, "a language model"):
-                    lms[name] = encoder_only(AutoModel.from_pretrained(path / name), path / name)
+                lms[name] = load_lm(path / name)
         with loading(path, "the phrase model"):
             model = cls(config, lms)
         expected = model.state_dict()
@@ -145,41 +143,10 @@ class DensePhraseModel(nn.Module):
         return model
 
 
-def encoder_only(lm: nn.Module, where) -> nn.Module:
-    """`lm`, if it is an encoder-only (BERT-family) model: token vectors come from its last hidden state,
-    which an encoder-decoder's forward does not give without decoder inputs."""
-    if getattr(lm.config, "is_encoder_decoder", False) or not hasattr(lm.config, "hidden_size"):
-        raise InputError(f"{where}: a {lm.config.model_type!r} model; the phrase and question encoders need an "
-                         "encoder-only (BERT-family) one")
-    return lm
-
-
-def _read_config(path: Path) -> PhraseModelConfig:
-    fields = {f.name for f in dataclasses.fields(PhraseModelConfig)}
-    raw = read_json(path)
-    if not isinstance(raw, dict):
-        raise InputError(f"{path}: expected a JSON object")
-    problems = [f"no {key!r}" for key in ("encoder",) if key not in raw]
-    problems += [f"unknown key {key!r}" for key in sorted(set(raw) - fields)]
-    if problems:
-        raise InputError(f"{path}: {'; '.join(problems)}")
-    try:
-        return PhraseModelConfig(**raw)
-    except ValueError as e:
-        raise InputError(f"{path}: {e}") from None
-
-
 def kept_tokens(candidate: torch.Tensor, filter_logits: torch.Tensor, threshold: float | None) -> torch.Tensor:
     """The tokens a dump keeps: candidates whose filter logit (max of "can start", "can end") passes
     `threshold`; every candidate when it is None."""
     return candidate if threshold is None else candidate & (filter_logits.max(-1).values >= threshold)
-
-
-def load_tokenizer(path_or_name: str | os.PathLike):
-    path = Path(path_or_name)
-    source = path / "tokenizer" if (path / "tokenizer").exists() else path_or_name
-    with loading(source, "a tokenizer"):
-        return AutoTokenizer.from_pretrained(source)
 
 
 def phrase_encoder_hash(path: str | os.PathLike) -> str:

@@ -37,6 +37,7 @@ from common.corpus import DocumentTable, PassageStore
 from common.io import InputError, read_json, read_jsonl, write_json
 from common.metrics.answers import exact_match
 from common.metrics.has_answer import has_answer
+from retriever.lm import load_tokenizer
 from retriever.phrase_data import (
     collate,
     encode_passages,
@@ -48,7 +49,6 @@ from retriever.phrase_model import (
     DensePhraseModel,
     PhraseModelConfig,
     kept_tokens,
-    load_tokenizer,
     phrase_encoder_hash,
 )
 from retriever.train_loop import LoopConfig, train_epochs

@@ -29,7 +29,8 @@ from common.corpus import DocumentTable, PassageStore, corpus_info
 from common.io import InputError
 from retriever.phrase_data import encode_questions
 from retriever.phrase_index import PhraseIndex
-from retriever.phrase_model import DensePhraseModel, load_tokenizer, phrase_encoder_hash
+from retriever.lm import load_tokenizer
+from retriever.phrase_model import DensePhraseModel, phrase_encoder_hash
 from retriever.rerank import Candidates, combined, doc_z_of, rerank_order
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ from common.retrieval_file import read_results
 from reader.fid_data import load_fid_file
 from retriever.phrase_dump import dump_phrases
 from retriever.phrase_index import PhraseIndex, build_index
-from retriever.phrase_model import DensePhraseModel, PhraseModelConfig, load_tokenizer
+from retriever.lm import load_tokenizer
+from retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from retriever.searcher import Searcher
 from system.cli import main
 from tiny_data import TINY_DOCS, TINY_QUESTIONS, code_world, write_jsonl

@@ -9,7 +9,8 @@ import pytest
 
 from common.corpus import DocumentTable, build_corpus
 from common.io import InputError
-from retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary, load_doc_tokenizer
+from retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary
+from retriever.lm import load_tokenizer
 from retriever.doc_index import DocRetriever, build_doc_index
 from retriever.doc_train import DocTrainArgs, train_doc
 from retriever.phrase_dump import dump_phrases
@@ -44,7 +45,7 @@ def world(tmp_path_factory):
     texts = [p for d in docs for s in d["sections"] for p in s["paragraphs"]] + NAMES + ["early life career"]
     bert = make_tiny_bert(root / "bert", texts + [q["question"] for q in questions])
     # An untrained phrase model is enough here: the pre-filter's guarantees hold for any scores.
-    tokenizer = load_doc_tokenizer(bert)
+    tokenizer = load_tokenizer(bert)
     DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase", tokenizer)
     dump_phrases(root / "phrase", corpus, root / "dump", chunk_passages=8)
     build_index(root / "dump", root / "index", corpus)
@@ -109,7 +110,7 @@ def test_train_doc_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
 
 def test_a_document_index_of_another_encoder_is_refused(world, doc_model, tmp_path):
     other = DocEncoder(DocEncoderConfig(str(make_tiny_bert(tmp_path / "other", ["x"], seed=1)), max_doc_tokens=64))
-    other.save_pretrained(tmp_path / "other-doc", load_doc_tokenizer(tmp_path / "other"))
+    other.save_pretrained(tmp_path / "other-doc", load_tokenizer(tmp_path / "other"))
     with pytest.raises(InputError, match="another document encoder"):
         DocRetriever(doc_model["index"], tmp_path / "other-doc", world["corpus"])
     with pytest.raises(InputError, match="not a document index"):
@@ -207,7 +208,7 @@ def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, caps
 def test_title_path_prefixes_sections_and_never_yields_candidates(world):
     from retriever.phrase_data import encode_passages, passage_title
     from common.corpus import PassageStore
-    tokenizer = load_doc_tokenizer(world["bert"])
+    tokenizer = load_tokenizer(world["bert"])
     p = next(p for p in PassageStore(world["corpus"]) if p["section"] == ["Early life"])
     assert passage_title(p, True) == f"{p['title']}, Early life" and passage_title(p, False) == p["title"]
     enc = encode_passages(tokenizer, [passage_title(p, True)], [p["text"]], 64)
@@ -231,7 +232,7 @@ def test_in_doc_negatives_widen_the_single_passage_softmax(world):
         assert len(ex["negative_passages"]) == 2
         assert {n["doc_id"] for n in ex["negative_passages"]} == {ex["title"]} and ex["text"] not in \
             [n["text"] for n in ex["negative_passages"]]
-    tokenizer = load_doc_tokenizer(world["bert"])
+    tokenizer = load_tokenizer(world["bert"])
     batch = collate(tokenizer, examples, 64, 16, 20, title_path=True)
     assert batch["negative_owner"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     model = DensePhraseModel.from_pretrained(root / "phrase")

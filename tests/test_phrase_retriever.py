@@ -405,7 +405,7 @@ def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, t
 
 
 def test_filter_report_keeps_less_and_recalls_less_as_the_threshold_rises(world):
-    from retriever.phrase_model import load_tokenizer
+    from retriever.lm import load_tokenizer
     from retriever.phrase_train import filter_report, load_examples, validation_em
     examples = load_examples(str(world["root"] / "sup" / "validation.jsonl"))
     rows = filter_report(world["model"], examples, [None, -1e9, -0.5, 0.0, 0.5, 1e9], batch_size=5)

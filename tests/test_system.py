@@ -5,7 +5,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from common.corpus import PassageStore, build_corpus
-from retriever.doc_encoder import load_doc_tokenizer
+from retriever.lm import load_tokenizer
 from retriever.phrase_dump import dump_phrases
 from retriever.phrase_index import build_index
 from retriever.phrase_model import DensePhraseModel, PhraseModelConfig
@@ -24,7 +24,7 @@ def system(tmp_path_factory):
     texts = [p["title"] + " " + p["text"] for p in PassageStore(corpus)] + [q["question"] for q in TINY_QUESTIONS]
     bert = make_tiny_bert(root / "bert", texts)
     DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase",
-                                                                                       load_doc_tokenizer(bert))
+                                                                                       load_tokenizer(bert))
     dump_phrases(root / "phrase", corpus, root / "dump")
     build_index(root / "dump", root / "index", corpus)
     make_tiny_t5(root / "t5", texts * 4, vocab_size=300)

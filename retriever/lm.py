@@ -1,0 +1,50 @@
+"""Loading the BERT-family language models, tokenizers and JSON configs that the phrase, document and
+dense encoders are made of, so that a checkpoint that is missing, truncated, malformed or of the wrong
+kind is refused with its path (an InputError) wherever it is read."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from torch import nn
+from transformers import AutoModel, AutoTokenizer
+
+from common.io import InputError, loading, read_json
+
+
+def load_lm(name_or_path: str | os.PathLike, **kwargs) -> nn.Module:
+    """AutoModel.from_pretrained, for an encoder-only (BERT-family) model: token vectors come from its
+    last hidden state, which an encoder-decoder's forward does not give without decoder inputs."""
+    with loading(name_or_path, "a language model"):
+        lm = AutoModel.from_pretrained(name_or_path, **kwargs)
+    if getattr(lm.config, "is_encoder_decoder", False) or not hasattr(lm.config, "hidden_size"):
+        raise InputError(f"{name_or_path}: a {lm.config.model_type!r} model; the phrase and question encoders need "
+                         "an encoder-only (BERT-family) one")
+    return lm
+
+
+def load_tokenizer(path_or_name: str | os.PathLike):
+    """The tokenizer of a checkpoint: its `tokenizer/` subdirectory where it has one (the encoders save
+    it there, beside their LMs), else the checkpoint itself or a hub name."""
+    path = Path(path_or_name)
+    source = path / "tokenizer" if (path / "tokenizer").exists() else path_or_name
+    with loading(source, "a tokenizer"):
+        return AutoTokenizer.from_pretrained(source)
+
+
+def read_config(path: Path, cls, required: tuple[str, ...] = ("encoder",)):
+    """A config dataclass from its JSON file; a malformed file, a missing or unknown key, or a value the
+    dataclass refuses is an InputError naming the file."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    problems = [f"no {key!r}" for key in required if key not in raw]
+    problems += [f"unknown key {key!r}" for key in sorted(set(raw) - fields)]
+    if problems:
+        raise InputError(f"{path}: {'; '.join(problems)}")
+    try:
+        return cls(**raw)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{path}: {e}") from None
