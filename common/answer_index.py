@@ -21,8 +21,8 @@ import numpy as np
 import regex
 from tqdm import tqdm
 
-from common.metrics.answers import compile_answer_regex
-from common.metrics.has_answer import TokenizedText, answer_words
+from odqa.common.metrics.answers import compile_answer_regex
+from odqa.common.metrics.has_answer import TokenizedText, answer_words
 
 
 class AnswerIndex:

@@ -34,8 +34,8 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from common.io import InputError, atomic_path, read_json, read_jsonl, require_file, text_lines, write_json
-from common.splitter import split_passages
+from odqa.common.io import InputError, atomic_path, read_json, read_jsonl, require_file, text_lines, write_json
+from odqa.common.splitter import split_passages
 
 log = logging.getLogger(__name__)
 

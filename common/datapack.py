@@ -25,9 +25,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.io import atomic_path, write_json, write_jsonl
-from common.paths import data_dir, default_documents, default_encoder, downloads_dir, questions_dir
-from common.questions import QUESTION_SETS, REGEX_SETS
+from odqa.common.io import atomic_path, write_json, write_jsonl
+from odqa.common.paths import data_dir, default_documents, default_encoder, downloads_dir, questions_dir
+from odqa.common.questions import QUESTION_SETS, REGEX_SETS
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common.io import InputError, read_json, write_json
-from common.paths import odqa_home
+from odqa.common.io import InputError, read_json, write_json
+from odqa.common.paths import odqa_home
 
 # artifact -> (the flag that overrides it, what it is)
 ARTIFACTS = {

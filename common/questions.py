@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.io import InputError, read_jsonl
-from common.paths import questions_dir
+from odqa.common.io import InputError, read_jsonl
+from odqa.common.paths import questions_dir
 
 # name -> (file inside the anserini jar, format, raw-answers file)
 QUESTION_SETS = {

@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from common.answer_index import AnswerIndex
-from common.corpus import PassageStore, corpus_info
-from common.io import read_json, write_json
-from common.metrics.answers import answer_em
-from common.metrics.retrieval import DEFAULT_TOPK, retrieval_metrics
+from odqa.common.answer_index import AnswerIndex
+from odqa.common.corpus import PassageStore, corpus_info
+from odqa.common.io import read_json, write_json
+from odqa.common.metrics.answers import answer_em
+from odqa.common.metrics.retrieval import DEFAULT_TOPK, retrieval_metrics
 
 log = logging.getLogger(__name__)
 

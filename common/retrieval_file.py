@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from common.io import InputError, read_json, write_json
-from common.metrics.has_answer import TokenizedText, has_answer
-from common.questions import Question
+from odqa.common.io import InputError, read_json, write_json
+from odqa.common.metrics.has_answer import TokenizedText, has_answer
+from odqa.common.questions import Question
 
 
 def make_entry(q: Question, passages: Sequence[dict], scores: Sequence[float],

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from common.corpus import PassageStore
-from common.io import InputError, atomic_path
+from odqa.common.corpus import PassageStore
+from odqa.common.io import InputError, atomic_path
 
 log = logging.getLogger(__name__)
 

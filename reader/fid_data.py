@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from common.io import InputError, atomic_path, read_json, read_jsonl, require_file
-from reader.spans import PassageSpans
+from odqa.common.io import InputError, atomic_path, read_json, read_jsonl, require_file
+from odqa.reader.spans import PassageSpans
 
 
 @dataclass

@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from common.io import InputError, write_json
-from common.metrics.answers import answer_em
-from common.questions import split_of
-from reader.fid_data import FiDCollator, FiDExample, load_fid_file
-from reader.read import DECODING, generate_answers, load_reader
-from reader.trainer import LoopArgs, Task, setup_distributed, train_loop
+from odqa.common.io import InputError, write_json
+from odqa.common.metrics.answers import answer_em
+from odqa.common.questions import split_of
+from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
+from odqa.reader.read import DECODING, generate_answers, load_reader
+from odqa.reader.trainer import LoopArgs, Task, setup_distributed, train_loop
 
 log = logging.getLogger(__name__)
 

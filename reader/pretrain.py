@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from common.corpus import PassageStore
-from common.io import InputError, write_json
-from reader.read import load_reader
-from reader.t5_init import SENTINELS, passage_text
-from reader.trainer import LoopArgs, Task, setup_distributed, train_loop
+from odqa.common.corpus import PassageStore
+from odqa.common.io import InputError, write_json
+from odqa.reader.read import load_reader
+from odqa.reader.t5_init import SENTINELS, passage_text
+from odqa.reader.trainer import LoopArgs, Task, setup_distributed, train_loop
 
 log = logging.getLogger(__name__)
 

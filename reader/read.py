@@ -18,11 +18,11 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-from common.io import InputError, loading
-from common.metrics.answers import answer_em
-from reader.fid import reader_class
-from reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
-from reader.spans import PassageSpans, strip_generated
+from odqa.common.io import InputError, loading
+from odqa.common.metrics.answers import answer_em
+from odqa.reader.fid import reader_class
+from odqa.reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
+from odqa.reader.spans import PassageSpans, strip_generated
 
 log = logging.getLogger(__name__)
 

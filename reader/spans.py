@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.metrics.answers import normalize_answer
+from odqa.common.metrics.answers import normalize_answer
 
 _ARTICLES = {"a", "an", "the"}
 

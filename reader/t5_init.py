@@ -18,8 +18,8 @@ import sentencepiece as spm
 import torch
 from transformers import AutoTokenizer, T5Config, T5Tokenizer
 
-from common.io import InputError, atomic_path, write_json
-from reader.fid import FiDT5
+from odqa.common.io import InputError, atomic_path, write_json
+from odqa.reader.fid import FiDT5
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from common.io import InputError, atomic_path, read_json, require_file, write_json
+from odqa.common.io import InputError, atomic_path, read_json, require_file, write_json
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).parent / "configs"

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, BertLMHeadModel, EncoderDecoderConfig
 
-from common.io import InputError, atomic_path, write_json
-from reader.fid import FiDEncoderDecoder
+from odqa.common.io import InputError, atomic_path, write_json
+from odqa.reader.fid import FiDEncoderDecoder
 
 log = logging.getLogger(__name__)
 

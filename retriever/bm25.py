@@ -15,8 +15,8 @@ import bm25s
 import numpy as np
 import Stemmer
 
-from common.corpus import PassageStore, corpus_info
-from common.io import InputError, atomic_path, read_json, write_json
+from odqa.common.corpus import PassageStore, corpus_info
+from odqa.common.io import InputError, atomic_path, read_json, write_json
 
 log = logging.getLogger(__name__)
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on its logger when imported

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.corpus import PassageStore, corpus_info
-from common.io import (VERIFY_ON_OPEN_BYTES, InputError, atomic_path, checksums, loading, read_json, verify_checksums,
+from odqa.common.corpus import PassageStore, corpus_info
+from odqa.common.io import (VERIFY_ON_OPEN_BYTES, InputError, atomic_path, checksums, loading, read_json, verify_checksums,
                        write_json)
-from retriever.lm import load_lm, load_tokenizer
-from retriever.pooling import mean_pool
+from odqa.retriever.lm import load_lm, load_tokenizer
+from odqa.retriever.pooling import mean_pool
 
 log = logging.getLogger(__name__)
 

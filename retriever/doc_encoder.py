@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from common.io import InputError, atomic_path, hash_files
-from retriever.lm import load_lm, read_config
-from retriever.pooling import mean_pool
+from odqa.common.io import InputError, atomic_path, hash_files
+from odqa.retriever.lm import load_lm, read_config
+from odqa.retriever.pooling import mean_pool
 
 
 def doc_summary(doc: dict) -> tuple[str, str]:

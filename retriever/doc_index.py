@@ -18,10 +18,10 @@ import faiss
 import numpy as np
 import torch
 
-from common.corpus import DocumentTable, corpus_info
-from common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
-from retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions
-from retriever.lm import load_tokenizer
+from odqa.common.corpus import DocumentTable, corpus_info
+from odqa.common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
+from odqa.retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions
+from odqa.retriever.lm import load_tokenizer
 
 log = logging.getLogger(__name__)
 

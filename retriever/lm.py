@@ -10,7 +10,7 @@ from pathlib import Path
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
-from common.io import InputError, loading, read_json
+from odqa.common.io import InputError, loading, read_json
 
 
 def load_lm(name_or_path: str | os.PathLike, **kwargs) -> nn.Module:

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.corpus import PassageStore, corpus_info
-from common.io import InputError, atomic_path, read_json, write_json
-from retriever.phrase_data import encode_passages, passage_title
-from retriever.lm import load_tokenizer
-from retriever.phrase_model import DensePhraseModel, kept_tokens, phrase_encoder_hash
+from odqa.common.corpus import PassageStore, corpus_info
+from odqa.common.io import InputError, atomic_path, read_json, write_json
+from odqa.retriever.phrase_data import encode_passages, passage_title
+from odqa.retriever.lm import load_tokenizer
+from odqa.retriever.phrase_model import DensePhraseModel, kept_tokens, phrase_encoder_hash
 
 log = logging.getLogger(__name__)
 

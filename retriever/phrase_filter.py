@@ -26,10 +26,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from common.corpus import PassageStore
-from common.io import InputError, atomic_path, read_json, write_json
-from retriever.phrase_dump import read_dump
-from retriever.phrase_train import load_examples
+from odqa.common.corpus import PassageStore
+from odqa.common.io import InputError, atomic_path, read_json, write_json
+from odqa.retriever.phrase_dump import read_dump
+from odqa.retriever.phrase_train import load_examples
 
 log = logging.getLogger(__name__)
 SHARES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 1.0)

@@ -24,10 +24,10 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from common.corpus import corpus_info
-from common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
-from retriever.phrase_dump import dump_shards, read_dump
-from retriever.phrase_filter import filter_dir, keep_mask
+from odqa.common.corpus import corpus_info
+from odqa.common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
+from odqa.retriever.phrase_dump import dump_shards, read_dump
+from odqa.retriever.phrase_filter import filter_dir, keep_mask
 
 log = logging.getLogger(__name__)
 MANIFEST_VERSION = 2

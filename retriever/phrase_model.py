@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from common.io import InputError, atomic_path, hash_files, loading
-from retriever.lm import load_lm, read_config
+from odqa.common.io import InputError, atomic_path, hash_files, loading
+from odqa.retriever.lm import load_lm, read_config
 
 
 @dataclass

@@ -33,25 +33,25 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from common.corpus import DocumentTable, PassageStore
-from common.io import InputError, read_json, read_jsonl, write_json
-from common.metrics.answers import exact_match
-from common.metrics.has_answer import has_answer
-from retriever.lm import load_tokenizer
-from retriever.phrase_data import (
+from odqa.common.corpus import DocumentTable, PassageStore
+from odqa.common.io import InputError, read_json, read_jsonl, write_json
+from odqa.common.metrics.answers import exact_match
+from odqa.common.metrics.has_answer import has_answer
+from odqa.retriever.lm import load_tokenizer
+from odqa.retriever.phrase_data import (
     collate,
     encode_passages,
     encode_questions,
     gold_token_spans,
     passage_title,
 )
-from retriever.phrase_model import (
+from odqa.retriever.phrase_model import (
     DensePhraseModel,
     PhraseModelConfig,
     kept_tokens,
     phrase_encoder_hash,
 )
-from retriever.train_loop import LoopConfig, train_epochs
+from odqa.retriever.train_loop import LoopConfig, train_epochs
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite
@@ -284,7 +284,7 @@ def with_passage_context(examples: list[dict], args: PhraseTrainArgs, corpus_dir
 def mine_hard_negatives(examples: list[dict], args: PhraseTrainArgs) -> None:
     """Each question's first `hard_negative_count` passages among its top MINE_DEPTH under the round-1
     model that are not its supervision passage and hold no answer; appended to its negative passages."""
-    from retriever.searcher import Searcher  # the index and faiss only for round 2
+    from odqa.retriever.searcher import Searcher  # the index and faiss only for round 2
 
     questions = sorted({e["question"] for e in examples})
     key = {"index": str(Path(args.hard_negatives).resolve()), "encoder_hash": phrase_encoder_hash(args.encoder),

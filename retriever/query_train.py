@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.io import InputError, write_json
-from common.metrics.answers import answer_em
-from common.metrics.has_answer import has_answer
-from common.questions import load_questions
-from retriever.phrase_data import encode_questions
-from retriever.searcher import UNITS as LABELS, Searcher
+from odqa.common.io import InputError, write_json
+from odqa.common.metrics.answers import answer_em
+from odqa.common.metrics.has_answer import has_answer
+from odqa.common.questions import load_questions
+from odqa.retriever.phrase_data import encode_questions
+from odqa.retriever.searcher import UNITS as LABELS, Searcher
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.io import InputError
-from common.metrics.has_answer import has_answer
+from odqa.common.io import InputError
+from odqa.common.metrics.has_answer import has_answer
 
 
 def standardise(x: np.ndarray) -> np.ndarray:

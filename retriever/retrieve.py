@@ -12,10 +12,10 @@ from typing import Protocol, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from common.corpus import PassageStore
-from common.metrics.has_answer import TokenizedText
-from common.questions import Question
-from common.retrieval_file import make_entry
+from odqa.common.corpus import PassageStore
+from odqa.common.metrics.has_answer import TokenizedText
+from odqa.common.questions import Question
+from odqa.common.retrieval_file import make_entry
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ import faiss
 import numpy as np
 import torch
 
-from common.corpus import DocumentTable, PassageStore, corpus_info
-from common.io import InputError
-from retriever.phrase_data import encode_questions
-from retriever.phrase_index import PhraseIndex
-from retriever.lm import load_tokenizer
-from retriever.phrase_model import DensePhraseModel, phrase_encoder_hash
-from retriever.rerank import Candidates, combined, doc_z_of, rerank_order
+from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
+from odqa.common.io import InputError
+from odqa.retriever.phrase_data import encode_questions
+from odqa.retriever.phrase_index import PhraseIndex
+from odqa.retriever.lm import load_tokenizer
+from odqa.retriever.phrase_model import DensePhraseModel, phrase_encoder_hash
+from odqa.retriever.rerank import Candidates, combined, doc_z_of, rerank_order
 
 log = logging.getLogger(__name__)
 UNITS = ("phrase", "passage", "document")
@@ -308,6 +308,6 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
     if doc_index:
         if not doc_model:
             raise InputError("--doc-index needs --doc-model (the document encoder it was built with)")
-        from retriever.doc_index import DocRetriever
+        from odqa.retriever.doc_index import DocRetriever
         prefilter = DocRetriever(doc_index, doc_model, corpus)
     return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam)

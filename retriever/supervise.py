@@ -17,12 +17,12 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from common.answer_index import AnswerIndex
-from common.corpus import PassageStore, corpus_info
-from common.io import atomic_path, write_json
-from common.metrics.has_answer import answer_spans
-from common.questions import load_questions, question_set_name, split_of
-from retriever.bm25 import BM25Index
+from odqa.common.answer_index import AnswerIndex
+from odqa.common.corpus import PassageStore, corpus_info
+from odqa.common.io import atomic_path, write_json
+from odqa.common.metrics.has_answer import answer_spans
+from odqa.common.questions import load_questions, question_set_name, split_of
+from odqa.retriever.bm25 import BM25Index
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from accelerate import Accelerator, DistributedDataParallelKwargs
 from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from common.io import InputError, publish, read_json, write_json
+from odqa.common.io import InputError, publish, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
     # accelerate silently drops a DeepSpeed config; without it, it counts one process: so no DeepSpeed here.
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and not torch.cuda.is_available():
         raise InputError("accelerate runs DeepSpeed only on CUDA; on CPU launch without --use_deepspeed "
-                         "(DDP over gloo: `torchrun --nproc_per_node N -m system.cli ...`)")
+                         "(DDP over gloo: `torchrun --nproc_per_node N -m odqa.system.cli ...`)")
     # find_unused_parameters: the LMs' pooler layers take no part (token and [CLS] states are read).
     accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])

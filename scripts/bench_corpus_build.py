@@ -19,7 +19,7 @@ from pathlib import Path
 
 CHILD_PEAK = "import resource, sys; {body}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
 
-STREAMING = "from system.cli import main; rc = main(['-q', 'corpus', 'build', '--input', {inp!r}, '--out', {out!r}])"
+STREAMING = "from odqa.system.cli import main; rc = main(['-q', 'corpus', 'build', '--input', {inp!r}, '--out', {out!r}])"
 # The baseline holds every passage in a list before writing, as a non-streaming builder would.
 IN_MEMORY = ("import csv, json; csv.field_size_limit(1 << 30); "
              "rows = list(csv.reader(open({inp!r}, newline=''), delimiter='\\t'))[1:]; "

@@ -15,13 +15,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from common.corpus import PassageStore
-from common.paths import default_corpus
-from common.questions import load_questions
-from common.retrieval_eval import answerable_flags, evaluate_results
-from retriever.phrase_index import build_index
-from retriever.retrieve import retrieve_phrases
-from retriever.searcher import Searcher
+from odqa.common.corpus import PassageStore
+from odqa.common.paths import default_corpus
+from odqa.common.questions import load_questions
+from odqa.common.retrieval_eval import answerable_flags, evaluate_results
+from odqa.retriever.phrase_index import build_index
+from odqa.retriever.retrieve import retrieve_phrases
+from odqa.retriever.searcher import Searcher
 
 DEFAULT_VARIANTS = ["1:Flat", "0.2:Flat", "0.2:IVF256,SQ8", "0.2:IVF256,SQ4", "0.2:IVF256,PQ16", "0.25:IVF256,PQ16",
                     "0.25:IVF256,PQ12", "0.3:IVF256,PQ8"]

@@ -18,8 +18,8 @@ import time
 import faiss
 import numpy as np
 
-from retriever.phrase_index import PhraseIndex
-from retriever.searcher import Searcher
+from odqa.retriever.phrase_index import PhraseIndex
+from odqa.retriever.searcher import Searcher
 
 
 def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim: int, rng) -> Searcher:

@@ -34,15 +34,15 @@ def build_model(preset: str, positions: int = 512):
     if preset == "warm":
         from transformers import BertConfig, EncoderDecoderConfig
 
-        from reader.fid import FiDEncoderDecoder
+        from odqa.reader.fid import FiDEncoderDecoder
         enc = BertConfig(**MINILM, max_position_embeddings=max(positions, 512))
         dec = BertConfig(**{**MINILM, "num_hidden_layers": 2}, max_position_embeddings=512, is_decoder=True,
                          add_cross_attention=True)
         config = EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
         config.update(dict(decoder_start_token_id=101, eos_token_id=102, pad_token_id=0))
         return FiDEncoderDecoder(config)
-    from reader.fid import FiDT5
-    from reader.t5_init import PRESETS, t5_config
+    from odqa.reader.fid import FiDT5
+    from odqa.reader.t5_init import PRESETS, t5_config
     return FiDT5(t5_config(preset, PRESETS[preset]["vocab"]))
 
 

@@ -39,7 +39,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        base = [sys.executable, "-m", "system.cli", "-q", "retrieve", "--questions", args.questions,
+        base = [sys.executable, "-m", "odqa.system.cli", "-q", "retrieve", "--questions", args.questions,
                 "--limit", str(args.n), "--k", str(args.k)]
         phrase = base + ["--retriever", "phrase"] + (["--index", args.index] if args.index else []) \
             + (["--model", args.model] if args.model else [])
@@ -55,7 +55,7 @@ def main() -> int:
             print(f"{name}: {seconds[name]:.1f} s", file=sys.stderr, flush=True)
         manifest = None
         if args.index or not args.model:
-            from common.defaults import default_pipeline
+            from odqa.common.defaults import default_pipeline
             index = Path(args.index) if args.index else default_pipeline().get("phrase_index")
             manifest = json.loads((index / "manifest.json").read_text()) if index else None
     dense = seconds["dense (MiniLM mean-pooled, Flat)"]

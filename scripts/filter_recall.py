@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from common.paths import default_corpus
-from retriever.phrase_train import filter_report, load_examples
+from odqa.common.paths import default_corpus
+from odqa.retriever.phrase_train import filter_report, load_examples
 
 
 def main() -> None:

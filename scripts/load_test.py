@@ -23,7 +23,7 @@ import time
 import httpx
 import numpy as np
 
-from common.questions import load_questions
+from odqa.common.questions import load_questions
 
 
 def free_port() -> int:
@@ -90,7 +90,7 @@ def main() -> int:
     questions = [q.question for q in load_questions(args.questions, limit=2000)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "system.cli", "-q", "serve", "--port", str(port), *args.serve_args],
+    server = subprocess.Popen([sys.executable, "-m", "odqa.system.cli", "-q", "serve", "--port", str(port), *args.serve_args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while True:

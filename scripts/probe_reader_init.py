@@ -21,10 +21,10 @@ import re
 import tempfile
 from pathlib import Path
 
-from common.corpus import PassageStore
-from common.paths import default_corpus
-from reader.fid_train import ReaderArgs, train_reader
-from reader.trainer import LoopArgs
+from odqa.common.corpus import PassageStore
+from odqa.common.paths import default_corpus
+from odqa.reader.fid_train import ReaderArgs, train_reader
+from odqa.reader.trainer import LoopArgs
 
 
 def names_and_things(corpus: Path, n_names: int) -> tuple[list[str], list[str]]:

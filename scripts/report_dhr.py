@@ -12,15 +12,15 @@ import argparse
 import sys
 import time
 
-from common.answer_index import AnswerIndex
-from common.corpus import PassageStore
-from common.io import write_json
-from common.metrics.retrieval import retrieval_metrics
-from common.paths import default_corpus
-from common.questions import load_questions
-from retriever.doc_index import DocRetriever
-from retriever.retrieve import retrieve_phrases
-from retriever.searcher import Searcher
+from odqa.common.answer_index import AnswerIndex
+from odqa.common.corpus import PassageStore
+from odqa.common.io import write_json
+from odqa.common.metrics.retrieval import retrieval_metrics
+from odqa.common.paths import default_corpus
+from odqa.common.questions import load_questions
+from odqa.retriever.doc_index import DocRetriever
+from odqa.retriever.retrieve import retrieve_phrases
+from odqa.retriever.searcher import Searcher
 
 KS = (1, 5, 20, 100)
 

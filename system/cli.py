@@ -9,20 +9,20 @@ import sys
 import traceback
 from pathlib import Path
 
-from common.io import InputError
+from odqa.common.io import InputError
 
 # reader.read.DECODING, spelled here so that building the parser imports no torch.
 DECODING = ("spans", "free")
 
 
 def _corpus_arg(p: argparse.ArgumentParser) -> None:
-    from common.paths import default_corpus
+    from odqa.common.paths import default_corpus
     p.add_argument("--corpus", type=Path, default=None,
                    help=f"a directory built by `odqa corpus build` (default: {default_corpus()})")
 
 
 def cmd_data_fetch(args) -> None:
-    from common import datapack
+    from odqa.common import datapack
     result = datapack.fetch(force=args.force)
     print(f"data pack in {datapack.data_dir()}:")
     for rel, n in result["outputs"].items():
@@ -30,16 +30,16 @@ def cmd_data_fetch(args) -> None:
 
 
 def cmd_corpus_build(args) -> None:
-    from common.corpus import build_corpus
-    from common.paths import default_corpus, default_documents
+    from odqa.common.corpus import build_corpus
+    from odqa.common.paths import default_corpus, default_documents
     inputs = args.input or [default_documents()]
     info = build_corpus(inputs, args.out or default_corpus(), fmt=args.format, max_words=args.max_words)
     print(f"{info['passages']} passages from {info['documents']} documents -> {args.out or default_corpus()}")
 
 
 def cmd_supervise(args) -> None:
-    from common.paths import default_corpus
-    from retriever.supervise import supervise
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.supervise import supervise
     corpus = args.corpus or default_corpus()
     out = args.out or corpus / "supervision"
     stats = supervise(args.questions, corpus, out, args.positives, args.validation_percent)
@@ -52,14 +52,14 @@ def cmd_supervise(args) -> None:
 
 
 def cmd_retrieve(args) -> None:
-    from common.corpus import PassageStore
-    from common.paths import default_corpus
-    from common.questions import load_questions
-    from common.retrieval_file import write_results
-    from retriever.bm25 import BM25Index, BM25Params
-    from retriever.retrieve import retrieve, retrieve_phrases
+    from odqa.common.corpus import PassageStore
+    from odqa.common.paths import default_corpus
+    from odqa.common.questions import load_questions
+    from odqa.common.retrieval_file import write_results
+    from odqa.retriever.bm25 import BM25Index, BM25Params
+    from odqa.retriever.retrieve import retrieve, retrieve_phrases
     if args.retriever == "phrase":
-        from common.defaults import fill_defaults
+        from odqa.common.defaults import fill_defaults
         fill_defaults(args)
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
@@ -70,8 +70,8 @@ def cmd_retrieve(args) -> None:
         if args.retriever == "bm25":
             index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
         else:
-            from common.paths import default_encoder
-            from retriever.dense import DenseIndex
+            from odqa.common.paths import default_encoder
+            from odqa.retriever.dense import DenseIndex
             index = DenseIndex.open(corpus, str(args.model or default_encoder()))
         entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
     write_results(args.out, entries)
@@ -81,8 +81,8 @@ def cmd_retrieve(args) -> None:
 def _phrase_searcher(args, lam=None):
     """The searcher of --index/--model, behind the document pre-filter when --doc-index is given; the
     command has filled the paths no flag names from the default pipeline (`fill_defaults`)."""
-    from common.paths import default_corpus
-    from retriever.searcher import open_searcher
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.searcher import open_searcher
     return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
                          args.top_docs, args.lam if lam is None else lam, args.nprobe)
 
@@ -99,9 +99,9 @@ def _prefilter_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_tune_lambda(args) -> None:
-    from common.defaults import fill_defaults
-    from common.questions import load_questions
-    from retriever.rerank import tune_searcher_lambda
+    from odqa.common.defaults import fill_defaults
+    from odqa.common.questions import load_questions
+    from odqa.retriever.rerank import tune_searcher_lambda
     fill_defaults(args)
     searcher = _phrase_searcher(args, lam=0.0)
     if searcher.prefilter is None:
@@ -116,8 +116,8 @@ def cmd_tune_lambda(args) -> None:
 
 
 def _pipeline(args):
-    from common.defaults import fill_defaults
-    from system.pipeline import Pipeline, ReaderSettings
+    from odqa.common.defaults import fill_defaults
+    from odqa.system.pipeline import Pipeline, ReaderSettings
     fill_defaults(args, reader=True)
     return Pipeline.load(_phrase_searcher(args), args.reader,
                          ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams,
@@ -141,8 +141,8 @@ def cmd_ask(args) -> None:
 def cmd_serve(args) -> None:
     import uvicorn
 
-    from common.defaults import fill_defaults
-    from system.serve import create_app
+    from odqa.common.defaults import fill_defaults
+    from odqa.system.serve import create_app
     fill_defaults(args, reader=True)     # a missing default is refused now, not after the server is up
     app = create_app(load=lambda: _pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      max_queue=args.max_queue, max_queue_s=None if args.max_queue_s < 0 else args.max_queue_s,
@@ -155,7 +155,7 @@ def cmd_serve(args) -> None:
 def _shown(path) -> str:
     """A path as /health shows it: relative to $ODQA_HOME when inside it, else its last component (a
     public endpoint should not map the server's file system)."""
-    from common.paths import odqa_home
+    from odqa.common.paths import odqa_home
     path = Path(path).resolve()
     try:
         return str(path.relative_to(odqa_home().resolve()))
@@ -183,17 +183,17 @@ def _system_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args) -> None:
-    from system.run import RunArgs, run
+    from odqa.system.run import RunArgs, run
     rows = run(dataclass_from_args(RunArgs, args))
-    from system.report import markdown
+    from odqa.system.report import markdown
     print(markdown(rows))
     print(f"report.md, report.json, questions.jsonl, em_by_k.png, topk.png -> {args.out_dir}")
 
 
 def cmd_eval_retrieval(args) -> None:
-    from common.paths import default_corpus
-    from common.retrieval_eval import answerable_flags, evaluate_results, format_table
-    from common.retrieval_file import read_results
+    from odqa.common.paths import default_corpus
+    from odqa.common.retrieval_eval import answerable_flags, evaluate_results, format_table
+    from odqa.common.retrieval_file import read_results
     rows = {}
     for path in args.runs:
         entries = read_results(path)
@@ -201,7 +201,7 @@ def cmd_eval_retrieval(args) -> None:
         rows[Path(path).stem] = evaluate_results(entries, answerable, ks=args.topk)
     print(format_table(rows))
     if args.json:
-        from common.io import write_json
+        from odqa.common.io import write_json
         write_json(args.json, rows)
 
 
@@ -257,14 +257,14 @@ def dataclass_from_args(cls, args):
 
 
 def cmd_train_phrase(args) -> None:
-    from retriever.phrase_train import PhraseTrainArgs, train
+    from odqa.retriever.phrase_train import PhraseTrainArgs, train
     result = train(dataclass_from_args(PhraseTrainArgs, args))
     print(f"validation EM by epoch: {', '.join(f'{x:.2f}' for x in result['validation_em'])}; "
           f"best {result['best_em']:.2f}; {result['steps']} steps; best checkpoint: {args.out_dir}/best")
 
 
 def cmd_train_query(args) -> None:
-    from retriever.query_train import QueryTrainArgs, train_query
+    from odqa.retriever.query_train import QueryTrainArgs, train_query
     result = train_query(dataclass_from_args(QueryTrainArgs, args))
     for h in result["history"]:
         print(f"epoch {h['epoch']}: {h['questions']} questions with a positive, loss {h['loss']:.4f}")
@@ -272,8 +272,8 @@ def cmd_train_query(args) -> None:
 
 
 def cmd_dump_phrases(args) -> None:
-    from common.paths import default_corpus
-    from retriever.phrase_dump import dump_phrases
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.phrase_dump import dump_phrases
     summary = dump_phrases(args.model, args.corpus or default_corpus(), args.out, shard=args.shard,
                            batch_size=args.batch_size, chunk_passages=args.chunk_passages, threshold=args.threshold)
     print(f"shard {args.shard}: {summary['vectors']} vectors for {summary['passages']} passages "
@@ -281,8 +281,8 @@ def cmd_dump_phrases(args) -> None:
 
 
 def cmd_build_index(args) -> None:
-    from common.paths import default_corpus
-    from retriever.phrase_index import build_index
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.phrase_index import build_index
     m = build_index(args.dump, args.out, args.corpus or default_corpus(), factory=args.factory, keep=args.keep,
                     filter_path=args.filter, train_size=args.train_size)
     print(f"{m['factory']} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
@@ -290,8 +290,8 @@ def cmd_build_index(args) -> None:
 
 
 def cmd_train_filter(args) -> None:
-    from common.paths import default_corpus
-    from retriever.phrase_filter import filter_dir, train_filter
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.phrase_filter import filter_dir, train_filter
     info = train_filter(args.dump, args.train_file, args.validation_file, args.corpus or default_corpus(),
                         hidden=args.hidden, epochs=args.epochs, out=args.out)
     print(f"{info['train_tokens']:,} training tokens; answer phrases kept on {info['validation_answerable']} "
@@ -304,7 +304,7 @@ def cmd_train_filter(args) -> None:
 
 
 def cmd_train_doc(args) -> None:
-    from retriever.doc_train import DocTrainArgs, train_doc
+    from odqa.retriever.doc_train import DocTrainArgs, train_doc
     r = train_doc(dataclass_from_args(DocTrainArgs, args))
     print(f"{r['train_questions']} questions ({r['with_negatives']} with {args.negatives} negatives), {r['steps']} steps")
     for epoch, m in enumerate(r["validation"], 1):
@@ -313,24 +313,24 @@ def cmd_train_doc(args) -> None:
 
 
 def cmd_build_doc_index(args) -> None:
-    from common.paths import default_corpus
-    from retriever.doc_index import build_doc_index
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.doc_index import build_doc_index
     m = build_doc_index(args.model, args.corpus or default_corpus(), args.out, factory=args.factory)
     print(f"{m['factory']} index of {m['documents']} documents ({m['dim']} dims) -> {args.out}")
 
 
 def cmd_reader_init(args) -> None:
     if args.from_encoder is not None:
-        from reader.warm_start import init_warm_reader
+        from odqa.reader.warm_start import init_warm_reader
         out = args.out or default_warm_reader_dir()
         info = init_warm_reader(args.from_encoder, out, args.decoder_layers, args.seed, args.dropout)
         print(f"bert2bert: {info['parameters']:,} parameters ({info['new_parameters']:,} new), "
               f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']} "
               f"-> {out}")
         return
-    from common.corpus import PassageStore
-    from common.paths import default_corpus
-    from reader.t5_init import init_reader, passage_text
+    from odqa.common.corpus import PassageStore
+    from odqa.common.paths import default_corpus
+    from odqa.reader.t5_init import init_reader, passage_text
     store = PassageStore(args.corpus or default_corpus())
     out = args.out or _default_reader_dir(args.preset)
     info = init_reader((passage_text(p) for p in store), out, args.preset, args.vocab_size, args.seed)
@@ -340,8 +340,8 @@ def cmd_reader_init(args) -> None:
 
 
 def cmd_reader_cloze(args) -> None:
-    from common.paths import default_corpus
-    from reader.cloze import ClozeArgs, write_cloze_file
+    from odqa.common.paths import default_corpus
+    from odqa.reader.cloze import ClozeArgs, write_cloze_file
     args.corpus = str(args.corpus or default_corpus())
     info = write_cloze_file(dataclass_from_args(ClozeArgs, args))
     print(f"{info['questions']} cloze questions from {info['passages']} passages, {args.passages} passages each "
@@ -349,22 +349,22 @@ def cmd_reader_cloze(args) -> None:
 
 
 def _default_reader_dir(preset: str) -> Path:
-    from common.paths import odqa_home
+    from odqa.common.paths import odqa_home
     return odqa_home() / "readers" / f"t5-{preset}-init"
 
 
 def default_warm_reader_dir() -> Path:
-    from common.paths import odqa_home
+    from odqa.common.paths import odqa_home
     return odqa_home() / "readers" / "bert2bert-init"
 
 
 def _loop_and(cls, args):
-    from reader.trainer import LoopArgs
+    from odqa.reader.trainer import LoopArgs
     return dataclass_from_args(cls, args), dataclass_from_args(LoopArgs, args)
 
 
 def cmd_pretrain_reader(args) -> None:
-    from reader.pretrain import PretrainArgs, pretrain_reader
+    from odqa.reader.pretrain import PretrainArgs, pretrain_reader
     task, loop = _loop_and(PretrainArgs, args)
     state = pretrain_reader(task, loop)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -373,7 +373,7 @@ def cmd_pretrain_reader(args) -> None:
 
 
 def cmd_train_reader(args) -> None:
-    from reader.fid_train import ReaderArgs, train_reader
+    from odqa.reader.fid_train import ReaderArgs, train_reader
     task, loop = _loop_and(ReaderArgs, args)
     result = train_reader(task, loop)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -383,7 +383,7 @@ def cmd_train_reader(args) -> None:
 
 
 def cmd_read(args) -> None:
-    from reader.read import read
+    from odqa.reader.read import read
     r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=args.batch_size,
              text_maxlength=args.text_maxlength, max_new_tokens=args.answer_maxlength, num_beams=args.beams,
              limit=args.limit, decoding=args.decoding)
@@ -392,7 +392,7 @@ def cmd_read(args) -> None:
 
 
 def cmd_verify(args) -> None:
-    from common.io import read_json, require_file, verify_checksums
+    from odqa.common.io import read_json, require_file, verify_checksums
     manifest = read_json(require_file(args.path / "manifest.json", "index manifest"))
     files = manifest.get("files")
     if not files:
@@ -406,7 +406,7 @@ def cmd_verify(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    from system.demo import run_demo
+    from odqa.system.demo import run_demo
     print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, encoder=args.encoder,
                    reader_model=args.reader_model), end="")
 
@@ -494,12 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="also write the metrics to this JSON file")
     _corpus_arg(p)
     p.set_defaults(func=cmd_eval_retrieval)
-    from common.paths import default_corpus, default_encoder
-    from retriever.phrase_train import PhraseTrainArgs
+    from odqa.common.paths import default_corpus, default_encoder
+    from odqa.retriever.phrase_train import PhraseTrainArgs
     p = sub.add_parser("train-phrase", help="train the dense phrase and question encoders",
                        description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "
                                    "head; AdamW with warm-up and decay, clipping; through accelerate (`accelerate "
-                                   "launch -m system.cli train-phrase ...` for several processes or DeepSpeed).")
+                                   "launch -m odqa.system.cli train-phrase ...` for several processes or DeepSpeed).")
     sup = default_corpus() / "supervision"
     add_dataclass_args(p, PhraseTrainArgs, {
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
@@ -540,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--factory", default=None, help="faiss index_factory string: Flat, IVF4096,SQ4, IVF256,PQ16 ... "
                                                    "(default: IVF-PQ sized to the index, e.g. IVF256,PQ16 for 200k "
                                                    "192-d vectors)")
-    from retriever.phrase_index import DEFAULT_KEEP
+    from odqa.retriever.phrase_index import DEFAULT_KEEP
     p.add_argument("--keep", type=float, default=DEFAULT_KEEP, help="share of the dump's tokens to index, those the "
                                                                      "phrase filter (`odqa train-filter`) scores highest; "
                                                                      f"1: every token, no filter (default {DEFAULT_KEEP})")
@@ -564,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     _corpus_arg(p)
     p.set_defaults(func=cmd_train_filter)
 
-    from retriever.query_train import QueryTrainArgs
+    from odqa.retriever.query_train import QueryTrainArgs
     p = sub.add_parser("train-query", help="query-side fine-tuning against a fixed phrase index",
                        description="Maximise the retrieval probability of the top phrases that match an answer "
                                    "(--label phrase), lie in an answer passage (passage) or document (document).")
@@ -580,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _system_parsers(sub) -> None:
-    from system.run import RunArgs
+    from odqa.system.run import RunArgs
     p = sub.add_parser("run", help="evaluate the system: extractive vs generated EM per question set and k, with plots",
                        description="Phrase retrieval (with the document pre-filter if given), FiD at each k, a report "
                                    "table, per-question JSONL and PNG plots in OUT_DIR; a rerun reuses what is done.")
@@ -617,8 +617,8 @@ def _system_parsers(sub) -> None:
 
 
 def _doc_parsers(sub) -> None:
-    from common.paths import default_corpus, default_encoder
-    from retriever.doc_train import DocTrainArgs
+    from odqa.common.paths import default_corpus, default_encoder
+    from odqa.retriever.doc_train import DocTrainArgs
     sup = default_corpus() / "supervision"
     p = sub.add_parser("train-doc", help="train the document retriever (DHR) that pre-filters phrase search",
                        description="A question/document dual encoder over title + table of contents + abstract, "
@@ -659,11 +659,11 @@ def _doc_parsers(sub) -> None:
 
 
 def _reader_parsers(sub) -> None:
-    from reader.cloze import ClozeArgs
-    from reader.fid_train import ReaderArgs
-    from reader.pretrain import PretrainArgs
-    from reader.t5_init import PRESETS
-    from reader.trainer import LoopArgs
+    from odqa.reader.cloze import ClozeArgs
+    from odqa.reader.fid_train import ReaderArgs
+    from odqa.reader.pretrain import PretrainArgs
+    from odqa.reader.t5_init import PRESETS
+    from odqa.reader.trainer import LoopArgs
     reader = sub.add_parser("reader", help="the FiD reader's model").add_subparsers(dest="reader_command", required=True)
     p = reader.add_parser("init", help="a reader to train: warm-started from a BERT (--from) or a from-scratch T5",
                           description="With --from: an encoder-decoder warm-started from a pretrained BERT (bert2bert): "
@@ -690,7 +690,7 @@ def _reader_parsers(sub) -> None:
                           description="Turn a name or number in a passage's sentence into a wh-word: the sentence is the "
                                       "question, the span the answer, the passage one of k with k-1 random others. "
                                       "Writes a FiD file for `odqa train-reader`.")
-    from common.paths import odqa_home
+    from odqa.common.paths import odqa_home
     add_dataclass_args(p, ClozeArgs, {"corpus": None, "out": str(odqa_home() / "runs" / "reader" / "cloze.jsonl")},
                        {"corpus": "`odqa corpus build` output (default: the default corpus)", "out": "FiD JSONL",
                         "passages": "k: the source passage and k-1 random passages of other documents",
@@ -707,11 +707,11 @@ def _reader_parsers(sub) -> None:
                  "resume": "continue from OUT_DIR/checkpoint",
                  "new_lr": "peak rate of the weights a warm start made anew (cross-attention, LM head); default --lr"}
     launch = ("Runs as one process as is; for several, launch with `deepspeed`, `torchrun` or `accelerate launch` "
-              "on `-m system.cli ...`.")
+              "on `-m odqa.system.cli ...`.")
     p = sub.add_parser("pretrain-reader", help="T5 span-corruption pretraining on the corpus (DeepSpeed)",
                        description="Mask 15%% of each passage's tokens in spans of mean length 3 and train T5 to fill "
                                    "them in. " + launch)
-    from common.paths import default_corpus
+    from odqa.common.paths import default_corpus
     add_dataclass_args(p, PretrainArgs, {"model": str(_default_reader_dir("tiny")), "corpus": str(default_corpus())},
                        {"model": "T5 checkpoint (`odqa reader init` output)", "corpus": "`odqa corpus build` output",
                         "input_length": "tokens per passage"})
@@ -754,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
-    from common.datapack import FetchError
+    from odqa.common.datapack import FetchError
     try:
         args.func(args)
     except InputError as e:

@@ -29,13 +29,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from common import datapack
-from common.corpus import PassageStore, build_corpus, corpus_info
-from common.defaults import record_pipeline
-from common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
-from common.paths import default_corpus, default_documents, default_encoder, odqa_home
-from common.questions import load_questions, question_set_name
-from retriever.phrase_index import DEFAULT_KEEP
+from odqa.common import datapack
+from odqa.common.corpus import PassageStore, build_corpus, corpus_info
+from odqa.common.defaults import record_pipeline
+from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
+from odqa.common.paths import default_corpus, default_documents, default_encoder, odqa_home
+from odqa.common.questions import load_questions, question_set_name
+from odqa.retriever.phrase_index import DEFAULT_KEEP
 
 log = logging.getLogger(__name__)
 
@@ -247,18 +247,18 @@ class Demo:
             datapack.fetch()
         inputs = [Path(self.cfg.documents) if self.cfg.documents else default_documents()]
         info = ensure_corpus(inputs, self.corpus)
-        from retriever.bm25 import BM25Index
+        from odqa.retriever.bm25 import BM25Index
         BM25Index.open(self.corpus)          # builds and caches the BM25 index on first use
         return {"passages": info["passages"], "documents": info["documents"]}
 
     def supervise(self, resume: bool) -> dict:
-        from retriever.supervise import supervise
+        from odqa.retriever.supervise import supervise
         stats = supervise(self.cfg.train_questions, self.corpus, self.p["supervision"],
                           validation_percent=self.cfg.validation_percent)
         return stats["examples"]
 
     def train_phrase(self, resume: bool) -> dict:
-        from retriever.phrase_train import PhraseTrainArgs, train
+        from odqa.retriever.phrase_train import PhraseTrainArgs, train
         c, sup = self.cfg, self.p["supervision"]
         r = train(PhraseTrainArgs(str(sup / "train.jsonl"), str(sup / "validation.jsonl"), str(self.p["phrase"]),
                                   self.encoder, max_passage_tokens=c.max_passage_tokens, epochs=c.phrase_epochs,
@@ -267,13 +267,13 @@ class Demo:
         return {"validation_em": r["best_em"], "steps": r["steps"]}
 
     def build_phrase_index(self, resume: bool) -> dict:
-        from retriever.phrase_dump import dump_phrases
-        from retriever.phrase_index import build_index
+        from odqa.retriever.phrase_dump import dump_phrases
+        from odqa.retriever.phrase_index import build_index
         c, sup = self.cfg, self.p["supervision"]
         d = dump_phrases(self.p["phrase"] / "best", self.corpus, self.p["phrase-dump"])
         result = {"dumped_per_passage": round(d["vectors_per_passage"], 1)}
         if c.index_keep < 1:
-            from retriever.phrase_filter import train_filter
+            from odqa.retriever.phrase_filter import train_filter
             table = train_filter(self.p["phrase-dump"], sup / "train.jsonl", sup / "validation.jsonl", self.corpus)
             kept = [row["answer_recall"] for row in table["calibration"] if row["keep"] == c.index_keep]
             if kept:
@@ -285,8 +285,8 @@ class Demo:
                 "bytes_per_passage": round(m["bytes_per_passage"])}
 
     def train_doc(self, resume: bool) -> dict:
-        from retriever.doc_index import build_doc_index
-        from retriever.doc_train import DocTrainArgs, train_doc
+        from odqa.retriever.doc_index import build_doc_index
+        from odqa.retriever.doc_train import DocTrainArgs, train_doc
         c, sup = self.cfg, self.p["supervision"]
         base = DocTrainArgs(str(sup / "train.jsonl"), str(sup / "validation.jsonl"), str(self.corpus),
                             str(self.p["doc-r1"]), self.encoder, negatives=c.doc_negatives, batch_size=c.doc_batch,
@@ -300,7 +300,7 @@ class Demo:
             result["round 2 Top-20"] = r2["best_top20"]
             model = self.p["doc-r2"] / "best"
         build_doc_index(model, self.corpus, self.p["doc-index"])
-        from retriever.rerank import tune_searcher_lambda
+        from odqa.retriever.rerank import tune_searcher_lambda
         tuned = tune_searcher_lambda(self.searcher(), load_questions(sup / "validation.jsonl"), limit=c.lambda_questions)
         return {**result, "lambda": tuned["lambda"]}
 
@@ -308,13 +308,13 @@ class Demo:
         return (self.p["doc-r2"] if self.cfg.doc_rounds > 1 else self.p["doc-r1"]) / "best"
 
     def searcher(self):
-        from retriever.searcher import open_searcher
+        from odqa.retriever.searcher import open_searcher
         return open_searcher(self.p["phrase-index"], self.p["phrase"] / "best", self.corpus, self.p["doc-index"],
                              self.doc_model(), self.cfg.top_docs)
 
     def train_reader(self, resume: bool) -> dict:
-        from reader.fid_train import ReaderArgs, train_reader
-        from reader.trainer import LoopArgs
+        from odqa.reader.fid_train import ReaderArgs, train_reader
+        from odqa.reader.trainer import LoopArgs
         c, p = self.cfg, self.p
         model, result = c.reader_model or self.init_reader(resume), {}
 
@@ -341,21 +341,21 @@ class Demo:
 
     def init_reader(self, resume: bool) -> str:
         """The reader to train: bert2bert from the encoder, or a from-scratch T5 (optionally pretrained)."""
-        from reader.trainer import LoopArgs
+        from odqa.reader.trainer import LoopArgs
         c, p = self.cfg, self.p
         if c.reader_init not in ("warm", "t5"):
             raise InputError(f"reader_init must be warm or t5, not {c.reader_init!r}")
         if not (p["reader-init"] / "config.json").exists():
             if c.reader_init == "warm":
-                from reader.warm_start import init_warm_reader
+                from odqa.reader.warm_start import init_warm_reader
                 init_warm_reader(self.encoder, p["reader-init"], c.reader_decoder_layers)
             else:
-                from reader.t5_init import init_reader, passage_text
+                from odqa.reader.t5_init import init_reader, passage_text
                 store = PassageStore(self.corpus)
                 init_reader((passage_text(x) for x in store), p["reader-init"], c.reader_preset)
                 store.close()
         if c.reader_init == "t5" and c.pretrain_steps:
-            from reader.pretrain import PretrainArgs, pretrain_reader
+            from odqa.reader.pretrain import PretrainArgs, pretrain_reader
             pretrain_reader(PretrainArgs(str(p["reader-init"]), str(self.corpus)),
                             LoopArgs(str(p["reader-pretrain"]), max_steps=c.pretrain_steps, batch_size=32,
                                      lr=c.reader_lr, warmup_steps=max(c.pretrain_steps // 10, 1),
@@ -366,7 +366,7 @@ class Demo:
 
     def gold_data(self) -> tuple[Path, Path]:
         """Each supervision question with its answer-bearing passage alone, the answer as it is written there."""
-        from common.retrieval_file import gold_entry
+        from odqa.common.retrieval_file import gold_entry
         out = self.p["reader-data"]
         out.mkdir(parents=True, exist_ok=True)
         files = []
@@ -378,9 +378,9 @@ class Demo:
 
     def reader_data(self) -> tuple[Path, Path]:
         """BM25's top-k passages for the supervision questions: FiD's training and validation files."""
-        from common.retrieval_file import write_results
-        from retriever.bm25 import BM25Index
-        from retriever.retrieve import retrieve
+        from odqa.common.retrieval_file import write_results
+        from odqa.retriever.bm25 import BM25Index
+        from odqa.retriever.retrieve import retrieve
         c, out = self.cfg, self.p["reader-data"]
         out.mkdir(parents=True, exist_ok=True)
         index, store = BM25Index.open(self.corpus), PassageStore(self.corpus)
@@ -394,7 +394,7 @@ class Demo:
         return files[0], files[1]
 
     def run(self, resume: bool) -> dict:
-        from system.run import RunArgs, run
+        from odqa.system.run import RunArgs, run
         c = self.cfg
         rows = run(RunArgs(str(self.p["run"]), index=str(self.p["phrase-index"]), model=str(self.p["phrase"] / "best"),
                            reader=str(self.p["reader"] / "best"), questions=c.test_questions, k=c.run_k, limit=c.run_limit,
@@ -493,8 +493,8 @@ class Demo:
              f"machine as fast as the reference 2-core CPU (refined as the stages finish)")
 
     def summary(self) -> str:
-        from system.pipeline import Pipeline, ReaderSettings
-        from system.report import markdown
+        from odqa.system.pipeline import Pipeline, ReaderSettings
+        from odqa.system.report import markdown
         rows = read_json(self.p["run"] / "report.json")["rows"]
         examples = read_json(self.stages_dir / "run.json")["result"]["examples"]
         lines = [f"report ({self.p['run']}/report.md, em_by_k.png, topk.png):", markdown(rows)]
@@ -513,7 +513,7 @@ class Demo:
 
 def machine_speed(encoder: str, corpus: Path, n: int = 64) -> float:
     """Seconds to encode a passage here over REFERENCE["encode_s"] (batch 32, <= 128 tokens)."""
-    from retriever.dense import MeanPoolEncoder
+    from odqa.retriever.dense import MeanPoolEncoder
     store = PassageStore(corpus)
     texts = [f"{p['title']} {p['text']}" for _, p in zip(range(n), store)]
     store.close()

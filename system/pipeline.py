@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from common.io import InputError
-from reader.fid_data import FiDExample
-from reader.read import generate_answers, load_reader
+from odqa.common.io import InputError
+from odqa.reader.fid_data import FiDExample
+from odqa.reader.read import generate_answers, load_reader
 
 MAX_K = 100
 

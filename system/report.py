@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common.metrics.retrieval import top_k_accuracy  # noqa: E402
+from odqa.common.metrics.retrieval import top_k_accuracy  # noqa: E402
 
 COLUMNS = ("questions", "Top-k", "extractive EM", "generated EM", "only extractive right", "only generated right")
 
@@ -77,7 +77,7 @@ def plot_topk(curves: dict[str, dict[str, list[list[bool]]]], path: str | os.Pat
 
 
 def _save(fig, path: str | os.PathLike) -> None:
-    from common.io import atomic_path
+    from odqa.common.io import atomic_path
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")    # the temporary name has no .png to go by
@@ -85,7 +85,7 @@ def _save(fig, path: str | os.PathLike) -> None:
 
 
 def write_report(records: list[dict], out_dir: Path, curves: dict | None = None, max_k: int = 100) -> list[dict]:
-    from common.io import atomic_path, write_json
+    from odqa.common.io import atomic_path, write_json
     rows = table_rows(records)
     write_json(out_dir / "report.json", {"rows": rows})
     with atomic_path(out_dir / "report.md") as tmp:

@@ -22,16 +22,16 @@ from typing import Callable
 
 import torch
 
-from common.corpus import PassageStore
-from common.defaults import fill_defaults
-from common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
-from common.metrics.answers import answer_em
-from common.paths import default_corpus, default_encoder
-from common.questions import load_questions, question_set_name
-from common.retrieval_file import read_results, write_results
-from reader.read import load_reader, read_with
-from retriever.retrieve import retrieve, retrieve_phrases
-from system.report import write_report
+from odqa.common.corpus import PassageStore
+from odqa.common.defaults import fill_defaults
+from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
+from odqa.common.metrics.answers import answer_em
+from odqa.common.paths import default_corpus, default_encoder
+from odqa.common.questions import load_questions, question_set_name
+from odqa.common.retrieval_file import read_results, write_results
+from odqa.reader.read import load_reader, read_with
+from odqa.retriever.retrieve import retrieve, retrieve_phrases
+from odqa.system.report import write_report
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def run(args: RunArgs) -> list[dict]:
         def make_retrieval():
             nonlocal searcher, store
             if searcher is None:
-                from retriever.searcher import open_searcher
+                from odqa.retriever.searcher import open_searcher
                 searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
                                          args.top_docs, args.lam, args.nprobe)
                 store = PassageStore(corpus)
@@ -157,8 +157,8 @@ BASELINES = ("bm25", "dense", "none")
 
 
 def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:
-    from retriever.bm25 import BM25Index
-    from retriever.dense import DenseIndex
+    from odqa.retriever.bm25 import BM25Index
+    from odqa.retriever.dense import DenseIndex
     runs = {}
     encoder = args.dense_encoder or str(default_encoder())
     for kind, label, open_index in (("bm25", "BM25", lambda: BM25Index.open(corpus)),

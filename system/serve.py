@@ -37,7 +37,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
 
-from system.pipeline import MAX_K
+from odqa.system.pipeline import MAX_K
 
 log = logging.getLogger(__name__)
 MAX_QUESTION_CHARS = 500

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from common.corpus import build_corpus
-from common.paths import odqa_home
+from odqa.common.corpus import build_corpus
+from odqa.common.paths import odqa_home
 from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
 
 # The user's cache, where README's first command put the data pack; read before any test overrides it.
@@ -47,7 +47,7 @@ def tiny_questions(tmp_path) -> Path:
 @pytest.fixture
 def cached_wheels() -> Path:
     """The data pack's wheels, downloaded by `odqa demo`; skips when they have not been fetched."""
-    from common.datapack import PACKAGES
+    from odqa.common.datapack import PACKAGES
     d = USER_HOME / "downloads"
     if not all((d / p.filename).exists() for p in PACKAGES):
         pytest.skip("data pack not fetched: run `odqa data fetch` (README's first command does)")

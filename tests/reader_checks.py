@@ -1,8 +1,8 @@
 """Checks that both FiD readers' tests run the same way."""
 import pytest
 
-from reader import fid_train
-from reader.fid_train import train_reader
+from odqa.reader import fid_train
+from odqa.reader.fid_train import train_reader
 
 
 def assert_an_interrupted_training_resumes_with_the_same_losses(loop_args, tmp_path, monkeypatch) -> None:

@@ -1,7 +1,7 @@
 import random
 
-from common.answer_index import AnswerIndex
-from common.metrics.has_answer import has_answer
+from odqa.common.answer_index import AnswerIndex
+from odqa.common.metrics.has_answer import has_answer
 
 TEXTS = [
     "The Beatles formed in Liverpool in 1960.",

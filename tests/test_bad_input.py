@@ -16,18 +16,18 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from common.corpus import build_corpus
-from common.io import InputError
-from common.questions import load_questions
-from common.retrieval_eval import evaluate_results
-from common.retrieval_file import read_results
-from reader.fid_data import load_fid_file
-from retriever.phrase_dump import dump_phrases
-from retriever.phrase_index import PhraseIndex, build_index
-from retriever.lm import load_tokenizer
-from retriever.phrase_model import DensePhraseModel, PhraseModelConfig
-from retriever.searcher import Searcher
-from system.cli import main
+from odqa.common.corpus import build_corpus
+from odqa.common.io import InputError
+from odqa.common.questions import load_questions
+from odqa.common.retrieval_eval import evaluate_results
+from odqa.common.retrieval_file import read_results
+from odqa.reader.fid_data import load_fid_file
+from odqa.retriever.phrase_dump import dump_phrases
+from odqa.retriever.phrase_index import PhraseIndex, build_index
+from odqa.retriever.lm import load_tokenizer
+from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from odqa.retriever.searcher import Searcher
+from odqa.system.cli import main
 from tiny_data import TINY_DOCS, TINY_QUESTIONS, code_world, write_jsonl
 from tiny_models import make_tiny_bert, make_tiny_t5
 
@@ -147,8 +147,8 @@ def test_debug_shows_the_traceback_behind_the_line(kit, tmp_path, capsys, monkey
 
 
 def test_an_internal_error_is_not_dressed_as_bad_input(monkeypatch):
-    import retriever.phrase_index
-    monkeypatch.setattr(retriever.phrase_index, "build_index", lambda *a, **k: 1 / 0)
+    from odqa.retriever import phrase_index
+    monkeypatch.setattr(phrase_index, "build_index", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["-q", "build-index", "--dump", "x", "--out", "y"])
 

@@ -2,13 +2,13 @@ import json
 
 import pytest
 
-from common.corpus import PassageStore, build_corpus
-from common.io import InputError
-from common.questions import load_questions
-from common.retrieval_eval import answerable_flags, evaluate_results
-from common.retrieval_file import read_results, write_results
-from retriever.bm25 import BM25Index, BM25Params
-from retriever.retrieve import retrieve
+from odqa.common.corpus import PassageStore, build_corpus
+from odqa.common.io import InputError
+from odqa.common.questions import load_questions
+from odqa.common.retrieval_eval import answerable_flags, evaluate_results
+from odqa.common.retrieval_file import read_results, write_results
+from odqa.retriever.bm25 import BM25Index, BM25Params
+from odqa.retriever.retrieve import retrieve
 from tiny_data import TINY_DOCS, write_jsonl
 
 
@@ -67,7 +67,7 @@ def test_read_results_rejects_a_file_of_another_shape(tmp_path):
 def test_single_vector_dense_retriever(tiny_corpus, tiny_questions, tmp_path):
     """The single-vector comparator on a tiny BERT made here: exact inner product equals brute force."""
     import numpy as np
-    from retriever.dense import DenseIndex
+    from odqa.retriever.dense import DenseIndex
     from tiny_models import make_tiny_bert
     from tiny_data import TINY_DOCS, TINY_QUESTIONS
     texts = [p for d in TINY_DOCS for s in d["sections"] for p in s["paragraphs"]] + [q["question"] for q in TINY_QUESTIONS]

@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from system.cli import build_parser, main
+from odqa.system.cli import build_parser, main
 
 SUBCOMMANDS = ["demo", "data fetch", "corpus build", "supervise", "retrieve", "eval-retrieval"]
 
 
 def test_console_script_lists_subcommands():
-    out = subprocess.run([sys.executable, "-m", "system.cli", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "odqa.system.cli", "--help"], capture_output=True, text=True, check=True)
     for name in ["demo", "data", "corpus", "supervise", "retrieve", "eval-retrieval"]:
         assert name in out.stdout
 

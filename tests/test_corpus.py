@@ -1,8 +1,8 @@
 
 import pytest
 
-from common.corpus import PassageStore, build_corpus, corpus_info, read_source
-from common.io import InputError, atomic_path, read_jsonl
+from odqa.common.corpus import PassageStore, build_corpus, corpus_info, read_source
+from odqa.common.io import InputError, atomic_path, read_jsonl
 from tiny_data import write_jsonl
 
 
@@ -122,7 +122,7 @@ def test_temporaries_of_killed_writers_are_removed_by_the_next_write(tmp_path):
     import subprocess
     import sys
 
-    from common.io import atomic_path
+    from odqa.common.io import atomic_path
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()                                                # a pid whose process is gone
     out = tmp_path / "index"

@@ -6,9 +6,9 @@ import zipfile
 
 import pytest
 
-from common import datapack
-from common.datapack import FetchError, Package, download
-from common.questions import QUESTION_SETS, load_questions
+from odqa.common import datapack
+from odqa.common.datapack import FetchError, Package, download
+from odqa.common.questions import QUESTION_SETS, load_questions
 
 
 def make_wheel(directory, name, version, payload=b"data"):

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from system.demo import Demo, DemoConfig, Stage, run_demo
+from odqa.system.demo import Demo, DemoConfig, Stage, run_demo
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
@@ -104,8 +104,8 @@ def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
 def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_run, tmp_path, capsys):
     import json
 
-    from common.defaults import default_pipeline
-    from system.cli import main
+    from odqa.common.defaults import default_pipeline
+    from odqa.system.cli import main
     run_demo(world["root"] / "out", cfg=world["cfg"])   # every stage reused; records the pipeline in this $ODQA_HOME
     out = world["root"] / "out"
     pipeline = default_pipeline()
@@ -126,14 +126,14 @@ def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_ru
 
 
 def test_without_a_default_pipeline_a_command_says_what_makes_one(capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     assert main(["-q", "ask", "who directed jaws"]) == 2
     assert "run `odqa demo`" in capsys.readouterr().err
 
 
 def test_no_fixture_touched_the_users_cache(world, first_run):
     from conftest import USER_HOME
-    from common.defaults import pipeline_file
+    from odqa.common.defaults import pipeline_file
     user_record = USER_HOME / "pipeline.json"
     assert pipeline_file() != user_record
     if user_record.exists():

@@ -7,18 +7,18 @@ import shutil
 import numpy as np
 import pytest
 
-from common.corpus import DocumentTable, build_corpus
-from common.io import InputError
-from retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary
-from retriever.lm import load_tokenizer
-from retriever.doc_index import DocRetriever, build_doc_index
-from retriever.doc_train import DocTrainArgs, train_doc
-from retriever.phrase_dump import dump_phrases
-from retriever.phrase_index import build_index
-from retriever.phrase_model import DensePhraseModel, PhraseModelConfig
-from retriever.rerank import Candidates, combined, tune_lambda
-from retriever.searcher import Searcher
-from retriever.supervise import supervise
+from odqa.common.corpus import DocumentTable, build_corpus
+from odqa.common.io import InputError
+from odqa.retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary
+from odqa.retriever.lm import load_tokenizer
+from odqa.retriever.doc_index import DocRetriever, build_doc_index
+from odqa.retriever.doc_train import DocTrainArgs, train_doc
+from odqa.retriever.phrase_dump import dump_phrases
+from odqa.retriever.phrase_index import build_index
+from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from odqa.retriever.rerank import Candidates, combined, tune_lambda
+from odqa.retriever.searcher import Searcher
+from odqa.retriever.supervise import supervise
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
@@ -80,7 +80,7 @@ def test_train_doc_learns_which_document_answers(doc_model):
 
 
 def test_train_doc_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
-    from retriever import train_loop
+    from odqa.retriever import train_loop
     root = world["root"]
 
     def args(out, resume=False):
@@ -174,8 +174,8 @@ def test_lambda_tuning_picks_the_planted_best():
 
 
 def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, capsys):
-    from common.retrieval_file import read_results
-    from system.cli import main
+    from odqa.common.retrieval_file import read_results
+    from odqa.system.cli import main
     root, corpus = world["root"], str(world["corpus"])
     sup = root / "sup"
     assert main(["train-doc", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),
@@ -206,8 +206,8 @@ def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, caps
 
 
 def test_title_path_prefixes_sections_and_never_yields_candidates(world):
-    from retriever.phrase_data import encode_passages, passage_title
-    from common.corpus import PassageStore
+    from odqa.retriever.phrase_data import encode_passages, passage_title
+    from odqa.common.corpus import PassageStore
     tokenizer = load_tokenizer(world["bert"])
     p = next(p for p in PassageStore(world["corpus"]) if p["section"] == ["Early life"])
     assert passage_title(p, True) == f"{p['title']}, Early life" and passage_title(p, False) == p["title"]
@@ -221,8 +221,8 @@ def test_title_path_prefixes_sections_and_never_yields_candidates(world):
 
 def test_in_doc_negatives_widen_the_single_passage_softmax(world):
     import torch
-    from retriever.phrase_data import collate
-    from retriever.phrase_train import PhraseLoss, PhraseTrainArgs, load_examples, with_passage_context
+    from odqa.retriever.phrase_data import collate
+    from odqa.retriever.phrase_train import PhraseLoss, PhraseTrainArgs, load_examples, with_passage_context
     root = world["root"]
     args = PhraseTrainArgs(train_file="", validation_file="", out_dir="", encoder="", in_doc_negatives="doc",
                            in_doc_count=2, corpus=str(world["corpus"]), pre_batch=0)
@@ -247,7 +247,7 @@ def test_in_doc_negatives_widen_the_single_passage_softmax(world):
 
 def test_cli_train_phrase_with_title_path_and_in_section_negatives(world, tmp_path, capsys):
     import json
-    from system.cli import main
+    from odqa.system.cli import main
     sup = world["root"] / "sup"
     assert main(["train-phrase", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),
                  "--corpus", str(world["corpus"]), "--encoder", str(world["bert"]), "--out-dir", str(tmp_path / "m"),

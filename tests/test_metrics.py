@@ -3,9 +3,9 @@ import unicodedata
 
 import pytest
 
-from common.metrics.answers import exact_match, f1_score, normalize_answer, regex_match, answer_em
-from common.metrics.has_answer import TokenizedText, answer_spans, dpr_tokenize, has_answer
-from common.metrics.retrieval import mrr_at_k, precision_at_k, retrieval_metrics, top_k_accuracy
+from odqa.common.metrics.answers import exact_match, f1_score, normalize_answer, regex_match, answer_em
+from odqa.common.metrics.has_answer import TokenizedText, answer_spans, dpr_tokenize, has_answer
+from odqa.common.metrics.retrieval import mrr_at_k, precision_at_k, retrieval_metrics, top_k_accuracy
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -98,8 +98,8 @@ def test_retrieval_metrics_known_values():
 def test_evaluate_module_loads_by_path():
     import evaluate
     from pathlib import Path
-    import common.metrics
-    path = Path(common.metrics.__file__).parent / "odqa_em"
+    from odqa.common import metrics
+    path = Path(metrics.__file__).parent / "odqa_em"
     em = evaluate.load(str(path))
     out = em.compute(predictions=["The Beatles", "Paul"], references=[["beatles"], ["Paul McCartney"]])
     assert out["exact_match"] == 50.0

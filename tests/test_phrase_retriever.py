@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.corpus import build_corpus
-from common.io import InputError
-from retriever import phrase_dump
-from retriever.phrase_dump import dump_phrases
-from retriever.phrase_index import build_index
-from retriever.phrase_model import DensePhraseModel, PhraseModelConfig
-from retriever.phrase_train import PhraseTrainArgs, train
-from retriever.searcher import Searcher
-from retriever.supervise import supervise
+from odqa.common.corpus import build_corpus
+from odqa.common.io import InputError
+from odqa.retriever import phrase_dump
+from odqa.retriever.phrase_dump import dump_phrases
+from odqa.retriever.phrase_index import build_index
+from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from odqa.retriever.phrase_train import PhraseTrainArgs, train
+from odqa.retriever.searcher import Searcher
+from odqa.retriever.supervise import supervise
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
@@ -70,7 +70,7 @@ def index(world):
 
 def test_in_batch_and_pre_batch_losses_match_a_hand_computation():
     import torch
-    from retriever.phrase_train import PhraseLoss
+    from odqa.retriever.phrase_train import PhraseLoss
 
     class Fixed(torch.nn.Module):
         """Question and token vectors given directly, to check the loss arithmetic."""
@@ -132,8 +132,8 @@ def test_dump_index_search_returns_the_planted_span(world, tmp_path):
 def brute_force_top_phrase(searcher, question):
     """Every span (i, j), i <= j < i + L, of every passage, scored with the model directly."""
     import torch
-    from retriever.phrase_data import encode_passages
-    from retriever.phrase_train import best_spans
+    from odqa.retriever.phrase_data import encode_passages
+    from odqa.retriever.phrase_train import best_spans
     q_start, q_end = searcher.encode([question])
     best = None
     passages = list(searcher.store)
@@ -255,7 +255,7 @@ def test_model_options_train(world, tmp_path, head, qenc, unified):
 
 @pytest.mark.parametrize("factory, label", [("Flat", "phrase"), ("IVF2,SQ8", "document")])
 def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, factory, label):
-    from retriever.query_train import QueryTrainArgs, train_query
+    from odqa.retriever.query_train import QueryTrainArgs, train_query
     root = world["root"]
     build_index(root / "dump", tmp_path / "index", world["corpus"], factory=factory)
     questions = write_jsonl(tmp_path / "q.jsonl", [{"question": f"where was {n} born", "answers": [c]}
@@ -277,7 +277,7 @@ def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, f
 
 
 def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     root, corpus = world["root"], str(world["corpus"])
     assert main(["-q", "train-phrase", "--train-file", str(root / "sup" / "train.jsonl"),
                  "--validation-file", str(root / "sup" / "validation.jsonl"), "--out-dir", str(tmp_path / "m"),
@@ -312,7 +312,7 @@ def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
 
 
 def test_an_interrupted_training_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
-    from retriever import phrase_train
+    from odqa.retriever import phrase_train
     root = world["root"]
 
     def args(out):
@@ -343,7 +343,7 @@ def test_an_interrupted_training_resumes_with_the_same_losses(world, tmp_path, m
 def _train_phrase_cli(world, encoder, out, batch_size, nproc):
     sup = world["root"] / "sup"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
-           "-m", "system.cli", "-q", "train-phrase", "--train-file", str(sup / "train.jsonl"),
+           "-m", "odqa.system.cli", "-q", "train-phrase", "--train-file", str(sup / "train.jsonl"),
            "--validation-file", str(sup / "validation.jsonl"), "--out-dir", str(out), "--encoder", str(encoder),
            "--epochs", "2", "--batch-size", str(batch_size), "--lr", "2e-3", "--warmup-ratio", "0",
            "--max-passage-tokens", "64", "--max-question-tokens", "16",
@@ -374,7 +374,7 @@ def test_two_processes_train_phrases_as_one_with_twice_the_batch(world, tmp_path
 
 
 def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, tmp_path, monkeypatch):
-    from retriever import searcher as searcher_module
+    from odqa.retriever import searcher as searcher_module
     sup = world["root"] / "sup"
 
     def args(**kw):
@@ -387,7 +387,7 @@ def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, t
     texts = {p["id"]: p for p in map(json.loads, (world["corpus"] / "passages.jsonl").read_text().splitlines())}
     examples = [json.loads(line) for line in (sup / "train.jsonl").read_text().splitlines()]
     assert set(mined["rows"]) == {e["question"] for e in examples}
-    from retriever.phrase_train import load_examples, mine_hard_negatives
+    from odqa.retriever.phrase_train import load_examples, mine_hard_negatives
     mined_examples = load_examples(str(sup / "train.jsonl"))
     mine_hard_negatives(mined_examples, args())
     for ex in mined_examples:
@@ -405,8 +405,8 @@ def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, t
 
 
 def test_filter_report_keeps_less_and_recalls_less_as_the_threshold_rises(world):
-    from retriever.lm import load_tokenizer
-    from retriever.phrase_train import filter_report, load_examples, validation_em
+    from odqa.retriever.lm import load_tokenizer
+    from odqa.retriever.phrase_train import filter_report, load_examples, validation_em
     examples = load_examples(str(world["root"] / "sup" / "validation.jsonl"))
     rows = filter_report(world["model"], examples, [None, -1e9, -0.5, 0.0, 0.5, 1e9], batch_size=5)
     none, low, *mid, high = rows
@@ -419,7 +419,7 @@ def test_filter_report_keeps_less_and_recalls_less_as_the_threshold_rises(world)
 
 
 def test_the_phrase_filter_keeps_answer_tokens_and_build_index_keeps_its_share(world, index, tmp_path):
-    from retriever.phrase_filter import train_filter
+    from odqa.retriever.phrase_filter import train_filter
     root = world["root"]
     sup = root / "sup"
     info = train_filter(root / "dump", sup / "train.jsonl", sup / "validation.jsonl", world["corpus"], epochs=300,
@@ -449,7 +449,7 @@ def test_the_phrase_filter_keeps_answer_tokens_and_build_index_keeps_its_share(w
 def test_ivf_pq_scores_from_codes_equal_decoded_vectors():
     import faiss
 
-    from retriever.phrase_index import IVFPQCodes, default_factory
+    from odqa.retriever.phrase_index import IVFPQCodes, default_factory
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6000, 48)).astype(np.float32)
     index = faiss.index_factory(48, default_factory(len(x), 48), faiss.METRIC_INNER_PRODUCT)
@@ -467,7 +467,7 @@ def test_ivf_pq_scores_from_codes_equal_decoded_vectors():
 
 
 def test_default_factory_is_ivf_pq_at_about_a_kilobyte_a_passage():
-    from retriever.phrase_index import default_factory
+    from odqa.retriever.phrase_index import default_factory
     assert default_factory(1000, 192) == "Flat"
     assert default_factory(201_946, 192) == "IVF256,PQ16"       # the demo's: 16 bytes a vector
     assert default_factory(340_000_000, 192) == "IVF8192,PQ16"  # 21M passages at 16 vectors each
@@ -475,7 +475,7 @@ def test_default_factory_is_ivf_pq_at_about_a_kilobyte_a_passage():
 
 
 def test_bad_numbers_and_factories_are_refused_up_front(world, index, tmp_path, capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     root, corpus = world["root"], str(world["corpus"])
     q = str(root / "questions.jsonl")
     for argv in (["retrieve", "--retriever", "bm25", "--questions", q, "--k", "0", "--out", str(tmp_path / "r.json")],

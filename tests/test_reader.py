@@ -15,15 +15,15 @@ from reader_checks import assert_an_interrupted_training_resumes_with_the_same_l
 from tiny_models import make_tiny_t5
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
-from common.corpus import build_corpus
-from common.io import InputError
-from reader.fid import FiDT5
-from reader.fid_data import FiDCollator, load_fid_file
-from reader.cloze import salient_spans
-from reader.fid_train import ReaderArgs, split_examples, train_reader
-from reader.pretrain import span_corrupt
-from reader.read import load_reader, read
-from reader.trainer import LoopArgs, deepspeed_config
+from odqa.common.corpus import build_corpus
+from odqa.common.io import InputError
+from odqa.reader.fid import FiDT5
+from odqa.reader.fid_data import FiDCollator, load_fid_file
+from odqa.reader.cloze import salient_spans
+from odqa.reader.fid_train import ReaderArgs, split_examples, train_reader
+from odqa.reader.pretrain import span_corrupt
+from odqa.reader.read import load_reader, read
+from odqa.reader.trainer import LoopArgs, deepspeed_config
 
 @pytest.fixture(scope="module")
 def t5(tmp_path_factory) -> Path:
@@ -199,7 +199,7 @@ def test_an_interrupted_training_resumes_with_the_same_losses(t5, data, tmp_path
 
 def _train_cli(t5, data, out, accumulation, nproc):
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
-           "-m", "system.cli", "-q", "train-reader", "--model", str(t5), "--train-file", str(data / "train.json"),
+           "-m", "odqa.system.cli", "-q", "train-reader", "--model", str(t5), "--train-file", str(data / "train.json"),
            "--validation-file", str(data / "val.json"), "--n-passages", "4", "--text-maxlength", "96",
            "--max-validation", "16", "--out-dir", str(out), "--max-steps", "3", "--batch-size", "4",
            "--accumulation", str(accumulation), "--lr", "3e-3", "--warmup-steps", "1", "--eval-steps", "3",
@@ -220,7 +220,7 @@ def test_two_processes_train_as_one_with_twice_the_accumulation(t5, data, tmp_pa
 
 
 def test_reader_init_cli_builds_a_loadable_t5(tiny_corpus, tmp_path, capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     out = tmp_path / "init"
     assert main(["reader", "init", "--preset", "tiny", "--vocab-size", "400", "--corpus", str(tiny_corpus),
                  "--out", str(out)]) == 0
@@ -231,7 +231,7 @@ def test_reader_init_cli_builds_a_loadable_t5(tiny_corpus, tmp_path, capsys):
 
 
 def test_read_cli_refuses_a_missing_checkpoint(data, tmp_path, capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     assert main(["read", "--model", str(tmp_path / "none"), "--input", str(data / "val.json"),
                  "--out", str(tmp_path / "p.jsonl")]) == 2
     assert "no config.json" in capsys.readouterr().err
@@ -262,7 +262,7 @@ def test_cloze_spans_are_names_and_numbers_not_sentence_openers():
 
 
 def test_cloze_file_asks_about_a_span_of_one_passage_among_k(tiny_corpus, tmp_path, capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     out = tmp_path / "cloze.jsonl"
     assert main(["reader", "cloze", "--corpus", str(tiny_corpus), "--out", str(out), "--passages", "3",
                  "--per-passage", "2", "--min-words", "4"]) == 0
@@ -287,7 +287,7 @@ def test_cloze_file_asks_about_a_span_of_one_passage_among_k(tiny_corpus, tmp_pa
 
 
 def test_cloze_refuses_a_corpus_it_cannot_draw_from(tmp_path, capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     one_doc = write_jsonl(tmp_path / "one.jsonl", [TINY_DOCS[0]])
     build_corpus([one_doc], tmp_path / "one")
     out = tmp_path / "cloze.jsonl"
@@ -301,15 +301,15 @@ def test_cloze_refuses_a_corpus_it_cannot_draw_from(tmp_path, capsys):
 
 
 def test_loop_settings_that_cannot_train_are_refused_before_any_model_loads(tmp_path):
-    from common.io import InputError
+    from odqa.common.io import InputError
     for bad in ({"eval_steps": 0}, {"warmup_steps": 0}, {"batch_size": 0}, {"max_steps": -1}, {"save_steps": -5}):
         with pytest.raises(InputError, match="must be at least 1"):
             LoopArgs(out_dir=str(tmp_path), **bad)
 
 
 def test_the_report_and_its_plots_are_written_atomically(tmp_path, monkeypatch):
-    from common import io
-    from system.report import write_report
+    from odqa.common import io
+    from odqa.system.report import write_report
     records = [{"dataset": "d", "extractive_em": 1, "k": {"1": {"generated_em": 0, "hit": 1}}}]
     published = []
     real = io.publish

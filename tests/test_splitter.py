@@ -1,7 +1,7 @@
 
 import pytest
 
-from common.splitter import split_passages
+from odqa.common.splitter import split_passages
 
 
 def words(text):

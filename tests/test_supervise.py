@@ -1,8 +1,8 @@
 import json
 
-from common.io import read_jsonl
-from common.questions import split_of
-from retriever.supervise import supervise
+from odqa.common.io import read_jsonl
+from odqa.common.questions import split_of
+from odqa.retriever.supervise import supervise
 from tiny_data import write_jsonl
 
 

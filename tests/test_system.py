@@ -4,14 +4,14 @@ says when it is loading, exports Prometheus metrics and finishes requests in fli
 import pytest
 from fastapi.testclient import TestClient
 
-from common.corpus import PassageStore, build_corpus
-from retriever.lm import load_tokenizer
-from retriever.phrase_dump import dump_phrases
-from retriever.phrase_index import build_index
-from retriever.phrase_model import DensePhraseModel, PhraseModelConfig
-from retriever.searcher import Searcher
-from system.pipeline import Pipeline
-from system.serve import create_app
+from odqa.common.corpus import PassageStore, build_corpus
+from odqa.retriever.lm import load_tokenizer
+from odqa.retriever.phrase_dump import dump_phrases
+from odqa.retriever.phrase_index import build_index
+from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from odqa.retriever.searcher import Searcher
+from odqa.system.pipeline import Pipeline
+from odqa.system.serve import create_app
 from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
 from tiny_models import make_tiny_bert, make_tiny_t5
 
@@ -91,7 +91,7 @@ def test_concurrent_requests_are_batched(system):
 
 
 def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     root = system["root"]
     assert main(["ask", "how tall is mount everest", "--k", "2", "--index", str(root / "index"), "--model",
                  str(root / "phrase"), "--reader", str(root / "t5"), "--corpus", str(system["corpus"])]) == 0
@@ -104,7 +104,7 @@ def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
 
 def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_path, capsys):
     import json
-    from system.cli import main
+    from odqa.system.cli import main
     root = system["root"]
     qfile = write_jsonl(tmp_path / "tiny-q.jsonl", TINY_QUESTIONS)
     argv = ["run", "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader", str(root / "t5"),
@@ -317,16 +317,16 @@ def test_a_bad_request_batched_with_good_ones_fails_alone_and_input_is_checked_a
 
 
 def test_health_names_no_absolute_paths(tmp_path, monkeypatch):
-    from common.paths import odqa_home
-    from system.cli import _shown
+    from odqa.common.paths import odqa_home
+    from odqa.system.cli import _shown
     inside = odqa_home() / "runs" / "demo" / "phrase-index"
     assert _shown(inside) == "runs/demo/phrase-index"
     assert _shown(tmp_path / "elsewhere" / "reader") == "reader"
 
 
 def test_serve_with_no_flags_serves_the_default_pipeline(system, monkeypatch):
-    from common.defaults import record_pipeline
-    from system.cli import main
+    from odqa.common.defaults import record_pipeline
+    from odqa.system.cli import main
     root = system["root"]
     record_pipeline({"corpus": system["corpus"], "phrase_model": root / "phrase", "phrase_index": root / "index",
                      "reader": root / "t5"}, by="test")
@@ -347,7 +347,7 @@ def test_serve_with_no_flags_serves_the_default_pipeline(system, monkeypatch):
 
 
 def test_a_kill_between_file_and_key_never_leaves_a_new_file_under_an_old_key(tmp_path):
-    from system.run import cached
+    from odqa.system.run import cached
     path = tmp_path / "retrieval.json"
     made = []
 

@@ -12,14 +12,14 @@ from reader_checks import assert_an_interrupted_training_resumes_with_the_same_l
 from tiny_models import make_tiny_bert
 from transformers import AutoTokenizer, EncoderDecoderModel
 
-from common.io import InputError
-from reader.fid import FiDEncoderDecoder
-from reader.fid_data import FiDCollator, FiDExample
-from reader.fid_train import ReaderArgs, train_reader
-from reader.read import generate_answers, load_reader, read
-from reader.spans import PassageSpans
-from reader.trainer import LoopArgs
-from reader.warm_start import decoder_layer_sources, init_warm_reader
+from odqa.common.io import InputError
+from odqa.reader.fid import FiDEncoderDecoder
+from odqa.reader.fid_data import FiDCollator, FiDExample
+from odqa.reader.fid_train import ReaderArgs, train_reader
+from odqa.reader.read import generate_answers, load_reader, read
+from odqa.reader.spans import PassageSpans
+from odqa.reader.trainer import LoopArgs
+from odqa.reader.warm_start import decoder_layer_sources, init_warm_reader
 
 TEXTS = ([f"the code of {n} is {d} ." for n in CODE_NAMES for d in range(10)]
          + [f"question: what is the code of {n} ? title: people context: {n} likes {h} ." for n in CODE_NAMES for h in HOBBIES]
@@ -198,7 +198,7 @@ def test_an_interrupted_warm_reader_training_resumes_with_the_same_losses(b2b, d
 
 
 def test_reader_init_cli_warm_starts_from_an_encoder(b2b, tmp_path, capsys):
-    from system.cli import main
+    from odqa.system.cli import main
     bert = next(b2b.parent.glob("bert"))
     out = tmp_path / "init"
     assert main(["reader", "init", "--from", str(bert), "--decoder-layers", "1", "--out", str(out)]) == 0
@@ -210,13 +210,13 @@ def test_reader_init_cli_warm_starts_from_an_encoder(b2b, tmp_path, capsys):
 
 
 def test_targets_leave_out_a_leading_article():
-    from reader.fid_data import strip_article
+    from odqa.reader.fid_data import strip_article
     assert strip_article("the Saint Lawrence River") == "Saint Lawrence River"
     assert strip_article("An apple") == "apple" and strip_article("the") == "the" and strip_article("Theo") == "Theo"
 
 
 def test_the_target_is_the_answer_as_the_passages_write_it():
-    from reader.fid_data import pick_target
+    from odqa.reader.fid_data import pick_target
     ex = FiDExample("x", "what was beijing called?", ["the peking", "Beijing old name"],
                     [("Beijing", "Beijing was once known in English as Peking."), ("The Peking duck", "A dish.")],
                     has_answer=[False, True])

@@ -26,8 +26,8 @@ def make_tiny_t5(out: Path, texts: list[str], vocab_size: int = 160, d_model: in
     """A 2-layer T5 with a SentencePiece vocabulary trained on `texts`, saved as an HF checkpoint."""
     from transformers import T5Config
 
-    from reader.fid import FiDT5
-    from reader.t5_init import train_tokenizer
+    from odqa.reader.fid import FiDT5
+    from odqa.reader.t5_init import train_tokenizer
     tokenizer = train_tokenizer(texts, out, vocab_size)
     torch.manual_seed(seed)
     config = T5Config(vocab_size=len(tokenizer), d_model=d_model, d_ff=2 * d_model, num_layers=layers,

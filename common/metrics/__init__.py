@@ -1,7 +1,7 @@
 """Answer metrics (EM, F1, regex EM), DPR's has_answer, and retrieval metrics."""
-from common.metrics.answers import exact_match, f1_score, normalize_answer, regex_match, answer_em
-from common.metrics.has_answer import TokenizedText, answer_spans, dpr_tokenize, has_answer
-from common.metrics.retrieval import retrieval_metrics
+from odqa.common.metrics.answers import exact_match, f1_score, normalize_answer, regex_match, answer_em
+from odqa.common.metrics.has_answer import TokenizedText, answer_spans, dpr_tokenize, has_answer
+from odqa.common.metrics.retrieval import retrieval_metrics
 
 __all__ = [
     "exact_match", "f1_score", "normalize_answer", "regex_match", "answer_em",

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import regex
 
-from common.metrics.answers import compile_answer_regex
+from odqa.common.metrics.answers import compile_answer_regex
 
 _TOKEN = regex.compile(r"[\p{L}\p{N}\p{M}]+|[^\p{Z}\p{C}]", flags=regex.UNICODE)
 

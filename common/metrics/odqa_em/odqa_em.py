@@ -12,7 +12,7 @@ re.fullmatch. Scores are percentages, averaged over questions, each the max over
 import datasets
 import evaluate
 
-from common.metrics.answers import exact_match, f1_score, regex_match
+from odqa.common.metrics.answers import exact_match, f1_score, regex_match
 
 _CITATION = """\
 @inproceedings{rajpurkar-etal-2016-squad,

@@ -1,0 +1,62 @@
+"""The codebase's shape: one installed name, and imports that flow one way."""
+import ast
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("common", "retriever", "reader", "system")
+# Who may import whom: system -> retriever, reader -> common; common imports none of the others.
+MAY_IMPORT = {"common": {"common"}, "retriever": {"retriever", "common"}, "reader": {"reader", "common"},
+              "system": set(PACKAGES)}
+
+
+def odqa_imports(path: Path) -> set[str]:
+    """The odqa subpackages a module imports (at any depth of the file: lazy imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "odqa" and len(parts) > 1:
+                found.add(parts[1])
+            assert parts[0] not in PACKAGES, f"{path}: imports {name!r}; the installed name is odqa.{name}"
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_flow_one_way(package):
+    for path in sorted((ROOT / package).rglob("*.py")):
+        wrong = odqa_imports(path) - MAY_IMPORT[package]
+        assert not wrong, f"{path.relative_to(ROOT)} imports odqa.{', odqa.'.join(sorted(wrong))}"
+
+
+def test_the_direction_check_sees_a_module_that_reaches_back_up(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from odqa.system.cli import main\n")
+    assert odqa_imports(bad) == {"system"}
+
+
+def test_the_installed_distribution_holds_only_the_odqa_name(tmp_path):
+    """Build the wheel (from a copy of the sources, so the checkout gets no build/ folder) and list the
+    top-level names it installs into site-packages."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "requirements.txt", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("odqa", *PACKAGES):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    wheel, = (tmp_path / "dist").glob("odqa-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"odqa"}
+    for expected in ("odqa/system/cli.py", "odqa/common/io.py", "odqa/retriever/searcher.py", "odqa/reader/fid.py",
+                     "odqa/reader/configs/zero2.json", "odqa/system/static/index.html",
+                     "odqa/common/metrics/odqa_em/odqa_em.py"):
+        assert expected in names
