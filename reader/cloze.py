@@ -17,13 +17,13 @@ import json
 import logging
 import random
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, atomic_path
+from odqa.reader.args import ClozeArgs
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +35,6 @@ _YEAR = re.compile(r"^(1[0-9]{3}|20[0-9]{2})$")
 # Capitalised only because they open the sentence.
 _OPENERS = {"a", "an", "the", "in", "on", "at", "by", "for", "from", "as", "after", "before", "during", "since",
             "he", "she", "it", "they", "his", "her", "its", "their", "this", "these", "there", "when", "while"}
-
-
-@dataclass
-class ClozeArgs:
-    corpus: str                     # `odqa corpus build` output
-    out: str                        # FiD JSONL to write
-    passages: int = 10              # k: the source passage and k-1 random passages of other documents
-    per_passage: int = 1            # questions drawn from each passage at most
-    min_words: int = 6              # question words left around the answer
-    max_words: int = 40             # longer sentences are skipped
-    max_answer_words: int = 5
-    seed: int = 0
 
 
 def salient_spans(sentence: str, max_answer_words: int) -> list[tuple[int, int, str]]:

@@ -7,35 +7,19 @@ greedy decoding scored by EM (common.metrics).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 
 from odqa.common.io import InputError, write_json
 from odqa.common.metrics.answers import answer_em
 from odqa.common.questions import split_of
+from odqa.reader.args import DECODING, LoopArgs, ReaderArgs
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
-from odqa.reader.read import DECODING, generate_answers, load_reader
-from odqa.reader.trainer import LoopArgs, Task, setup_distributed, train_loop
+from odqa.reader.read import generate_answers, load_reader
+from odqa.reader.trainer import Task, setup_distributed, train_loop
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ReaderArgs:
-    model: str                          # a T5 (t5-base, `odqa reader init --preset`) or warm-started (`--from`) checkpoint
-    train_file: list[str] = field(default_factory=list)   # retrieval files (DPR/FiD JSON or JSONL)
-    validation_file: str | None = None  # default: the held-out hash split of the training files
-    validation_percent: float = 10.0
-    n_passages: int = 10                # k
-    text_maxlength: int = 200           # tokens per (question, passage)
-    answer_maxlength: int = 32
-    random_answer: bool = False         # target: a random answer per epoch instead of the first
-    keep_unanswerable: bool = False     # also train on questions none of whose k passages holds an answer
-    max_validation: int = 500           # validation questions scored at each evaluation
-    eval_batch_size: int = 16
-    decoding: str = "spans"             # validation decoding: spans (answers are passage spans) | free
-    span_loss: bool = False             # the loss at each answer step over what span decoding may choose there
 
 
 def split_examples(args: ReaderArgs) -> tuple[list[FiDExample], list[FiDExample]]:

@@ -11,29 +11,19 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, write_json
+from odqa.reader.args import LoopArgs, PretrainArgs
 from odqa.reader.read import load_reader
 from odqa.reader.t5_init import SENTINELS, passage_text
-from odqa.reader.trainer import LoopArgs, Task, setup_distributed, train_loop
+from odqa.reader.trainer import Task, setup_distributed, train_loop
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PretrainArgs:
-    model: str                          # `odqa reader init` output (or any T5 to continue)
-    corpus: str                         # `odqa corpus build` output
-    input_length: int = 128             # tokens per passage before corruption
-    noise_density: float = 0.15
-    mean_span_length: float = 3.0
-    validation_passages: int = 256
-    eval_batch_size: int = 32
 
 
 def _segment(total: int, parts: int, rng: random.Random) -> list[int]:

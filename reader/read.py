@@ -19,6 +19,7 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
 from odqa.common.io import InputError, loading
+from odqa.reader.args import DECODING
 from odqa.common.metrics.answers import answer_em
 from odqa.reader.fid import reader_class
 from odqa.reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
@@ -27,7 +28,6 @@ from odqa.reader.spans import PassageSpans, strip_generated
 log = logging.getLogger(__name__)
 
 
-DECODING = ("spans", "free")
 
 
 def _vocab_and_width(config) -> tuple[int, int]:

@@ -19,16 +19,12 @@ import torch
 from transformers import AutoTokenizer, T5Config, T5Tokenizer
 
 from odqa.common.io import InputError, atomic_path, write_json
+from odqa.reader.args import PRESETS
 from odqa.reader.fid import FiDT5
 
 log = logging.getLogger(__name__)
 
 # Shapes of T5 v1.0 (ReLU feed-forward, tied embeddings) at three sizes; "small"/"base" are t5-small/t5-base.
-PRESETS = {
-    "tiny": dict(vocab=16_000, d_model=256, d_ff=1024, num_layers=4, num_heads=4, d_kv=64),
-    "small": dict(vocab=32_000, d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64),
-    "base": dict(vocab=32_000, d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64),
-}
 SENTINELS = 100
 # FiD's input template, so its words are pieces of their own.
 _ALWAYS_SEEN = ["question: title: context:"]

@@ -27,42 +27,9 @@ import torch
 from tqdm import tqdm
 
 from odqa.common.io import InputError, atomic_path, read_json, require_file, write_json
+from odqa.reader.args import LoopArgs
 
 log = logging.getLogger(__name__)
-CONFIG_DIR = Path(__file__).parent / "configs"
-
-
-@dataclass
-class LoopArgs:
-    out_dir: str
-    epochs: int = 1
-    max_steps: int | None = None        # stop after this many optimizer steps (overrides epochs)
-    batch_size: int = 4                 # micro-batch per process
-    accumulation: int = 1               # gradient accumulation steps
-    lr: float = 1e-4
-    new_lr: float | None = None         # rate of the weights a warm start made anew (model.new_parameters()); None: lr
-    weight_decay: float = 0.01
-    warmup_steps: int = 100
-    max_grad_norm: float = 1.0
-    eval_steps: int = 500               # evaluate (and keep the best) every N steps and at the end
-    save_steps: int = 500               # DeepSpeed checkpoint every N steps and at the end
-    log_steps: int = 10
-    seed: int = 0
-    deepspeed_config: str = str(CONFIG_DIR / "zero2.json")
-    zero_stage: int | None = None       # override the JSON's ZeRO stage
-    offload: bool = False               # optimizer state (and, at stage 3, parameters) on CPU
-    precision: str = "auto"             # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-    gradient_checkpointing: bool = False
-    resume: bool = False
-
-    def __post_init__(self):
-        # Refused here, before any model loads, rather than after a training step (eval_steps 0 is a
-        # modulo by zero) or inside DeepSpeed's scheduler (warmup_steps 0).
-        for name in ("epochs", "batch_size", "accumulation", "warmup_steps", "eval_steps", "save_steps", "log_steps"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise InputError(f"--max-steps must be at least 1, not {self.max_steps}")
 
 
 def setup_distributed() -> tuple[int, int, torch.device]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import faiss
@@ -35,35 +35,11 @@ from odqa.retriever.doc_encoder import (DocEncoder, DocEncoderConfig, encode_all
                                    is_doc_checkpoint, tokenize_docs, tokenize_questions)
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.train_loop import LoopConfig, train_epochs
+from odqa.retriever.args import DocTrainArgs
 
 log = logging.getLogger(__name__)
 NEGATIVES = ("abstract", "model", "none")
 MINE_DEPTH = 30
-
-
-@dataclass
-class DocTrainArgs:
-    train_file: str                    # supervision train.jsonl (from `odqa supervise`)
-    validation_file: str
-    corpus: str
-    out_dir: str
-    encoder: str                       # AutoModel name/path, or a document-encoder checkpoint to continue (round 2)
-    negatives: str = "abstract"
-    negatives_per_question: int = 1
-    epochs: int = 1
-    batch_size: int = 32
-    lr: float = 2e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    max_doc_tokens: int = 192
-    max_question_tokens: int = 48
-    max_train_examples: int | None = None
-    max_validation_examples: int | None = 500
-    validation_docs: int = 0           # 0: validate over every document; N: positives + N random others
-    save_steps: int = 0
-    seed: int = 13
-    resume: bool = False
 
 
 def load_doc_examples(path: str, table: DocumentTable, row_of_passage: dict[str, int],

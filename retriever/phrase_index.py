@@ -33,9 +33,6 @@ log = logging.getLogger(__name__)
 MANIFEST_VERSION = 2
 
 
-DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
-
-
 def default_factory(n_vectors: int, dim: int) -> str:
     """IVF-PQ sized to the index: about sqrt(n)/2 coarse lists (a power of two, 16 to 65,536), few enough
     that their centroids stay a small part of the bytes, and 8-bit PQ over sub-vectors of about 12

@@ -25,7 +25,7 @@ import math
 import os
 import random
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -52,46 +52,12 @@ from odqa.retriever.phrase_model import (
     phrase_encoder_hash,
 )
 from odqa.retriever.train_loop import LoopConfig, train_epochs
+from odqa.retriever.args import PhraseTrainArgs
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite
 IN_DOC = ("none", "doc", "section")
 MINE_DEPTH = 20  # passages searched per question for round-2 hard negatives
-
-
-@dataclass
-class PhraseTrainArgs:
-    train_file: str
-    validation_file: str
-    out_dir: str
-    encoder: str                       # AutoModel name/path, or a phrase checkpoint to continue from
-    head: str = "split"
-    question_encoder: str = "dual"
-    max_span_len: int = 20
-    max_passage_tokens: int = 192
-    max_question_tokens: int = 48
-    epochs: int = 2
-    batch_size: int = 16
-    lr: float = 5e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    neg_coef: float = 1.0
-    filter_coef: float = 0.1
-    pre_batch: int = 2                 # C: batches kept in the FIFO
-    pre_batch_warmup: int = 50         # steps before pre-batch negatives join
-    unified: bool = False
-    title_path: bool = False
-    in_doc_negatives: str = "none"     # "none" | "doc" | "section"
-    in_doc_count: int = 1
-    corpus: str | None = None          # the corpus of the supervision passages (for the options above and below)
-    hard_negatives: str | None = None  # round 2: a phrase index built with the round-1 model `encoder`
-    hard_negative_count: int = 1
-    max_train_examples: int | None = None
-    max_validation_examples: int | None = 500
-    save_steps: int = 0                # also checkpoint every N steps (0: each epoch only)
-    seed: int = 13
-    resume: bool = False
 
 
 def load_examples(path: str, limit: int | None = None) -> list[dict]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,24 +24,9 @@ from odqa.common.metrics.has_answer import has_answer
 from odqa.common.questions import load_questions
 from odqa.retriever.phrase_data import encode_questions
 from odqa.retriever.searcher import UNITS as LABELS, Searcher
+from odqa.retriever.args import QueryTrainArgs
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class QueryTrainArgs:
-    model: str
-    index: str
-    corpus: str
-    out_dir: str
-    questions: str = "nq-dev"
-    label: str = "phrase"
-    top_k: int = 100
-    epochs: int = 2
-    batch_size: int = 16
-    lr: float = 3e-5
-    max_questions: int | None = None
-    seed: int = 13
 
 
 def positives(searcher: Searcher, phrases, question, label: str, doc_cache: dict) -> np.ndarray:

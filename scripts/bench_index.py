@@ -2,7 +2,7 @@
 phrase filter keeps, and the faiss index factory (Flat, SQ, PQ).
 
     python scripts/bench_index.py --dump RUN/phrase-dump --model RUN/phrase/best [--questions nq-test]
-        [--variants 1:Flat 0.2:Flat 0.2:IVF256,SQ8 0.2:IVF256,PQ16 ...] [--out-dir /tmp/bench-index]
+        [--variants 1:Flat 0.2:Flat 0.2:IVF256,SQ8 0.2:IVF256,PQ16 ...] [--out /tmp/bench-index]
 
 Each variant is built with `build_index` (every byte of its directory counted), searched over every
 question of the set with `retrieve_phrases` (k = 20, no pre-filter), and scored on the answerable
@@ -35,7 +35,7 @@ def main() -> int:
     p.add_argument("--questions", default="nq-test")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, help="KEEP:FACTORY pairs")
-    p.add_argument("--out-dir", default="/tmp/bench-index", help="where the variants are built (removed after)")
+    p.add_argument("--out", dest="out_dir", default="/tmp/bench-index", help="where the variants are built (removed after)")
     args = p.parse_args()
     questions = load_questions(args.questions, limit=args.limit)
     store = PassageStore(args.corpus)

@@ -24,7 +24,7 @@ from pathlib import Path
 from odqa.common.corpus import PassageStore
 from odqa.common.paths import default_corpus
 from odqa.reader.fid_train import ReaderArgs, train_reader
-from odqa.reader.trainer import LoopArgs
+from odqa.reader.args import LoopArgs
 
 
 def names_and_things(corpus: Path, n_names: int) -> tuple[list[str], list[str]]:

@@ -35,7 +35,7 @@ from odqa.common.defaults import record_pipeline
 from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from odqa.common.paths import default_corpus, default_documents, default_encoder, odqa_home
 from odqa.common.questions import load_questions, question_set_name
-from odqa.retriever.phrase_index import DEFAULT_KEEP
+from odqa.retriever.args import DEFAULT_KEEP
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ class Demo:
 
     def train_reader(self, resume: bool) -> dict:
         from odqa.reader.fid_train import ReaderArgs, train_reader
-        from odqa.reader.trainer import LoopArgs
+        from odqa.reader.args import LoopArgs
         c, p = self.cfg, self.p
         model, result = c.reader_model or self.init_reader(resume), {}
 
@@ -341,7 +341,7 @@ class Demo:
 
     def init_reader(self, resume: bool) -> str:
         """The reader to train: bert2bert from the encoder, or a from-scratch T5 (optionally pretrained)."""
-        from odqa.reader.trainer import LoopArgs
+        from odqa.reader.args import LoopArgs
         c, p = self.cfg, self.p
         if c.reader_init not in ("warm", "t5"):
             raise InputError(f"reader_init must be warm or t5, not {c.reader_init!r}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -31,31 +31,10 @@ from odqa.common.questions import load_questions, question_set_name
 from odqa.common.retrieval_file import read_results, write_results
 from odqa.reader.read import load_reader, read_with
 from odqa.retriever.retrieve import retrieve, retrieve_phrases
+from odqa.system.args import RunArgs
 from odqa.system.report import write_report
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunArgs:
-    out_dir: str
-    index: str | None = None               # phrase index directory (default: the default pipeline's)
-    model: str | None = None               # phrase model checkpoint (default: the default pipeline's)
-    reader: str | None = None              # FiD reader checkpoint (default: the default pipeline's)
-    questions: list[str] = field(default_factory=lambda: ["nq-test", "tqa-test"])
-    k: list[int] = field(default_factory=lambda: [5, 10, 25, 50])
-    limit: int | None = None               # first N questions of each set
-    doc_index: str | None = None           # document pre-filter (optional)
-    doc_model: str | None = None
-    top_docs: int = 100
-    lam: float | None = None
-    corpus: str | None = None
-    baselines: list[str] = field(default_factory=lambda: ["bm25", "dense"])  # for the Top-k curves; "none"
-    dense_encoder: str | None = None
-    batch_size: int = 8
-    text_maxlength: int = 200
-    decoding: str = "spans"                # the reader's decoding: spans | free
-    nprobe: int = 64
 
 
 def cached(path: Path, key: dict, make: Callable[[], None], depth: int | None = None) -> dict:

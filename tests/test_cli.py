@@ -1,5 +1,6 @@
 """The `odqa` command's wiring: help, each subcommand end to end on a tiny corpus, errors."""
 import json
+import re
 import subprocess
 import sys
 
@@ -66,3 +67,46 @@ def test_empty_question_is_refused_with_its_line(tmp_path, tiny_corpus, capsys):
     questions.write_text('{"question": "fine", "answers": ["a"]}\n{"question": "  ", "answers": ["b"]}\n')
     assert main(["retrieve", "--questions", str(questions), "--corpus", str(tiny_corpus), "--out", "r.json"]) == 2
     assert f'{questions}:2: empty or missing "question"' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("old, new, dest, value", [
+    ("--out-dir", "--out", "out_dir", "runs/x"),          # train-reader's output directory
+    ("--n-passages", "--k", "n_passages", 7),             # passages per question
+])
+def test_old_flag_spellings_still_work_and_say_the_new_one(old, new, dest, value, capsys):
+    base = ["train-reader", "--model", "m"]
+    then = build_parser().parse_args([*base, old, str(value)] + (["--out", "o"] if dest != "out_dir" else []))
+    now = build_parser().parse_args([*base, new, str(value)] + (["--out", "o"] if dest != "out_dir" else []))
+    assert getattr(then, dest) == getattr(now, dest) == value
+    err = capsys.readouterr().err
+    assert err.count("deprecated") == 1 and f"{old} is deprecated" in err and f"use {new}" in err
+    read = build_parser().parse_args(["read", "--model", "m", "--input", "i", "--out", "o", "--beams", "3"])
+    assert read.num_beams == 3 and "--beams is deprecated" in capsys.readouterr().err
+
+
+def test_one_flag_name_for_one_meaning():
+    """Every output is --out, every beam size --num-beams, every passages-per-question --k."""
+    parser = build_parser()
+    flags = {}
+    stack = [("odqa", parser)]
+    while stack:
+        name, p = stack.pop()
+        for action in p._actions:
+            if isinstance(action, type(parser._subparsers._group_actions[0])):
+                stack += [(f"{name} {n}", sub) for n, sub in action.choices.items()]
+            elif action.help != "==SUPPRESS==":
+                for flag in action.option_strings:
+                    flags.setdefault(flag, []).append(name)
+    for old in ("--out-dir", "--n-passages", "--beams", "--output"):
+        assert old not in flags, f"{old} is offered by {flags[old]}"
+
+
+def test_help_imports_no_torch():
+    code = ("import sys\nfrom odqa.system.cli import build_parser\nbuild_parser().format_help()\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'faiss', 'numpy', 'deepspeed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "odqa.system.cli", "train-reader", "--help"],
+                         capture_output=True, text=True, check=True)
+    assert "usage: odqa train-reader" in out.stdout
+    assert not re.search(r"\|\s+(torch|transformers)$", out.stderr, re.M)

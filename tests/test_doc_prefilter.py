@@ -179,12 +179,12 @@ def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, caps
     root, corpus = world["root"], str(world["corpus"])
     sup = root / "sup"
     assert main(["train-doc", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),
-                 "--corpus", corpus, "--out-dir", str(tmp_path / "doc"), "--encoder", str(world["bert"]),
+                 "--corpus", corpus, "--out", str(tmp_path / "doc"), "--encoder", str(world["bert"]),
                  "--batch-size", "5", "--max-doc-tokens", "64"]) == 0
     assert "epoch 1: validation document Top-1" in capsys.readouterr().out
     # round 2: hard negatives mined with the round-1 model
     assert main(["train-doc", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),
-                 "--corpus", corpus, "--out-dir", str(tmp_path / "doc2"), "--encoder", str(tmp_path / "doc" / "best"),
+                 "--corpus", corpus, "--out", str(tmp_path / "doc2"), "--encoder", str(tmp_path / "doc" / "best"),
                  "--negatives", "model", "--batch-size", "5"]) == 0
     assert "(10 with model negatives)" in capsys.readouterr().out
     assert main(["build-doc-index", "--model", str(tmp_path / "doc2" / "best"), "--out", str(tmp_path / "di"),
@@ -250,7 +250,7 @@ def test_cli_train_phrase_with_title_path_and_in_section_negatives(world, tmp_pa
     from odqa.system.cli import main
     sup = world["root"] / "sup"
     assert main(["train-phrase", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),
-                 "--corpus", str(world["corpus"]), "--encoder", str(world["bert"]), "--out-dir", str(tmp_path / "m"),
+                 "--corpus", str(world["corpus"]), "--encoder", str(world["bert"]), "--out", str(tmp_path / "m"),
                  "--epochs", "1", "--batch-size", "5", "--title-path", "--in-doc-negatives", "section",
                  "--max-passage-tokens", "64"]) == 0
     assert "validation EM by epoch" in capsys.readouterr().out

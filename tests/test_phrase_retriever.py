@@ -280,7 +280,7 @@ def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
     from odqa.system.cli import main
     root, corpus = world["root"], str(world["corpus"])
     assert main(["-q", "train-phrase", "--train-file", str(root / "sup" / "train.jsonl"),
-                 "--validation-file", str(root / "sup" / "validation.jsonl"), "--out-dir", str(tmp_path / "m"),
+                 "--validation-file", str(root / "sup" / "validation.jsonl"), "--out", str(tmp_path / "m"),
                  "--encoder", str(world["encoder"]), "--epochs", "2", "--batch-size", "4",
                  "--max-passage-tokens", "64"]) == 0
     assert "validation EM by epoch" in capsys.readouterr().out
@@ -344,7 +344,7 @@ def _train_phrase_cli(world, encoder, out, batch_size, nproc):
     sup = world["root"] / "sup"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
            "-m", "odqa.system.cli", "-q", "train-phrase", "--train-file", str(sup / "train.jsonl"),
-           "--validation-file", str(sup / "validation.jsonl"), "--out-dir", str(out), "--encoder", str(encoder),
+           "--validation-file", str(sup / "validation.jsonl"), "--out", str(out), "--encoder", str(encoder),
            "--epochs", "2", "--batch-size", str(batch_size), "--lr", "2e-3", "--warmup-ratio", "0",
            "--max-passage-tokens", "64", "--max-question-tokens", "16",
            # Only the per-example loss: in-batch, pre-batch and filter terms mix the examples of a batch.

@@ -200,8 +200,8 @@ def test_an_interrupted_training_resumes_with_the_same_losses(t5, data, tmp_path
 def _train_cli(t5, data, out, accumulation, nproc):
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
            "-m", "odqa.system.cli", "-q", "train-reader", "--model", str(t5), "--train-file", str(data / "train.json"),
-           "--validation-file", str(data / "val.json"), "--n-passages", "4", "--text-maxlength", "96",
-           "--max-validation", "16", "--out-dir", str(out), "--max-steps", "3", "--batch-size", "4",
+           "--validation-file", str(data / "val.json"), "--k", "4", "--text-maxlength", "96",
+           "--max-validation", "16", "--out", str(out), "--max-steps", "3", "--batch-size", "4",
            "--accumulation", str(accumulation), "--lr", "3e-3", "--warmup-steps", "1", "--eval-steps", "3",
            "--save-steps", "3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

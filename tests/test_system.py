@@ -108,7 +108,7 @@ def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_pa
     root = system["root"]
     qfile = write_jsonl(tmp_path / "tiny-q.jsonl", TINY_QUESTIONS)
     argv = ["run", "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader", str(root / "t5"),
-            "--out-dir", str(tmp_path / "run"), "--questions", str(qfile), "--k", "1", "3", "--corpus",
+            "--out", str(tmp_path / "run"), "--questions", str(qfile), "--k", "1", "3", "--corpus",
             str(system["corpus"]), "--dense-encoder", str(root / "bert")]
     assert main(argv) == 0
     assert "| tiny-q | 3 |" in capsys.readouterr().out
@@ -318,7 +318,7 @@ def test_a_bad_request_batched_with_good_ones_fails_alone_and_input_is_checked_a
 
 def test_health_names_no_absolute_paths(tmp_path, monkeypatch):
     from odqa.common.paths import odqa_home
-    from odqa.system.cli import _shown
+    from odqa.system.commands.system import shown as _shown
     inside = odqa_home() / "runs" / "demo" / "phrase-index"
     assert _shown(inside) == "runs/demo/phrase-index"
     assert _shown(tmp_path / "elsewhere" / "reader") == "reader"

@@ -1,0 +1,109 @@
+"""The settings of the reader's jobs, as dataclasses whose fields carry their command-line help: one
+flag per field in `odqa pretrain-reader`, `train-reader` and `reader cloze`. Nothing heavy is imported
+here, so that building the CLI's parser (and `odqa --help`) loads no torch. Metadata keys as in
+`odqa.retriever.args`: "help", "flag", "aliases"."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from odqa.common.io import InputError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DECODING = ("spans", "free")     # answers are passage spans | any tokens
+# `odqa reader init --preset`: from-scratch T5 shapes.
+PRESETS = {
+    "tiny": dict(vocab=16_000, d_model=256, d_ff=1024, num_layers=4, num_heads=4, d_kv=64),
+    "small": dict(vocab=32_000, d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64),
+    "base": dict(vocab=32_000, d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64),
+}
+
+
+def arg(default=None, help: str = "", **meta):
+    return field(default=default, metadata={"help": help, **meta})
+
+
+def required(help: str, **meta):
+    return field(metadata={"help": help, **meta})
+
+
+@dataclass
+class LoopArgs:
+    """The DeepSpeed training loop's settings (`odqa.reader.trainer.train_loop`)."""
+    out_dir: str = required("checkpoint/ (DeepSpeed), best/ and last/ (plain HF checkpoints) go here",
+                            flag="--out", aliases=["--out-dir"])
+    epochs: int = arg(1, "passes over the training data")
+    max_steps: int | None = arg(None, "optimizer steps (default: --epochs over the data)")
+    batch_size: int = arg(4, "micro-batch per process")
+    accumulation: int = arg(1, "gradient accumulation steps")
+    lr: float = arg(1e-4, "peak learning rate")
+    new_lr: float | None = arg(None, "peak rate of the weights a warm start made anew (cross-attention, LM head); "
+                                     "default --lr")
+    weight_decay: float = arg(0.01, "AdamW weight decay")
+    warmup_steps: int = arg(100, "steps of linear warm-up")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    eval_steps: int = arg(500, "evaluate (and keep the best) every N steps and at the end")
+    save_steps: int = arg(500, "DeepSpeed checkpoint every N steps and at the end")
+    log_steps: int = arg(10, "log the loss every N steps")
+    seed: int = arg(0, "seed of data order and initialisation")
+    deepspeed_config: str = arg(str(CONFIG_DIR / "zero2.json"), "DeepSpeed JSON; its \"auto\" values come from "
+                                                                "these flags")
+    zero_stage: int | None = arg(None, "override the JSON's ZeRO stage (0-3)")
+    offload: bool = arg(False, "optimizer (stage 3: also parameters) offloaded to CPU")
+    precision: str = arg("auto", "auto: bf16 on CUDA, fp32 on CPU; or bf16, fp32")
+    gradient_checkpointing: bool = arg(False, "recompute the encoder blocks in backward (memory for time)")
+    resume: bool = arg(False, "continue from OUT/checkpoint")
+
+    def __post_init__(self):
+        # Refused here, before any model loads, rather than after a training step (eval_steps 0 is a
+        # modulo by zero) or inside DeepSpeed's scheduler (warmup_steps 0).
+        for name in ("epochs", "batch_size", "accumulation", "warmup_steps", "eval_steps", "save_steps", "log_steps"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise InputError(f"--max-steps must be at least 1, not {self.max_steps}")
+
+
+@dataclass
+class ReaderArgs:
+    model: str = required("reader checkpoint: `odqa reader init` output (--from or --preset), t5-base, or a reader "
+                          "to continue")
+    train_file: list[str] = field(default_factory=list, metadata={
+        "help": "retrieval files from `odqa retrieve` (JSON or JSONL with ctxs)"})
+    validation_file: str | None = arg(None, "default: the training files' questions held out by the supervise hash "
+                                            "split")
+    validation_percent: float = arg(10.0, "share of the training files' questions held out when no "
+                                          "--validation-file is given")
+    n_passages: int = arg(10, "k: passages per question", flag="--k", aliases=["--n-passages"])
+    text_maxlength: int = arg(200, "tokens per question+passage")
+    answer_maxlength: int = arg(32, "answer tokens at most")
+    random_answer: bool = arg(False, "target: a random answer per epoch instead of the first")
+    keep_unanswerable: bool = arg(False, "also train on questions whose k passages hold no answer")
+    max_validation: int = arg(500, "validation questions scored at each evaluation")
+    eval_batch_size: int = arg(16, "questions per generate() call in validation")
+    decoding: str = arg("spans", "validation decoding: spans (answers are passage spans) or free")
+    span_loss: bool = arg(False, "each answer step's softmax over the tokens span decoding may choose there "
+                                 "(targets that are passage spans); the rest over the whole vocabulary")
+
+
+@dataclass
+class PretrainArgs:
+    model: str = required("T5 checkpoint (`odqa reader init` output, or any T5 to continue)")
+    corpus: str = required("`odqa corpus build` output")
+    input_length: int = arg(128, "tokens per passage before corruption")
+    noise_density: float = arg(0.15, "share of the tokens masked")
+    mean_span_length: float = arg(3.0, "mean length of a masked span")
+    validation_passages: int = arg(256, "passages held out to validate on")
+    eval_batch_size: int = arg(32, "passages per validation batch")
+
+
+@dataclass
+class ClozeArgs:
+    corpus: str = required("`odqa corpus build` output")
+    out: str = required("FiD JSONL to write")
+    passages: int = arg(10, "k: the source passage and k-1 random passages of other documents")
+    per_passage: int = arg(1, "questions drawn from each passage at most")
+    min_words: int = arg(6, "question words left around the answer")
+    max_words: int = arg(40, "longer sentences are skipped")
+    max_answer_words: int = arg(5, "answer words at most")
+    seed: int = arg(0, "seed of the draw")

@@ -1,0 +1,36 @@
+"""The settings of `odqa run`, as a dataclass whose fields carry their command-line help. Nothing heavy
+is imported here, so that building the CLI's parser (and `odqa --help`) loads no torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def arg(default=None, help: str = "", **meta):
+    return field(default=default, metadata={"help": help, **meta})
+
+
+def listed(default: list, help: str):
+    return field(default_factory=lambda: list(default), metadata={"help": help})
+
+
+@dataclass
+class RunArgs:
+    out_dir: str = field(metadata={"help": "where the files and the report go", "flag": "--out",
+                                   "aliases": ["--out-dir"]})
+    index: str | None = arg(None, "phrase index directory (default: the default pipeline's)")
+    model: str | None = arg(None, "phrase model checkpoint (default: the default pipeline's)")
+    reader: str | None = arg(None, "FiD reader checkpoint (default: the default pipeline's)")
+    questions: list[str] = listed(["nq-test", "tqa-test"], "question sets (names or JSONL paths)")
+    k: list[int] = listed([5, 10, 25, 50], "passages read by FiD")
+    limit: int | None = arg(None, "first N questions of each set")
+    doc_index: str | None = arg(None, "document index (pre-filter; default: the default pipeline's)")
+    doc_model: str | None = arg(None, "document encoder of --doc-index")
+    top_docs: int = arg(100, "K: documents kept by the pre-filter")
+    lam: float | None = arg(None, "rerank weight of the document score (default: the tuned value, else 0)")
+    corpus: str | None = arg(None, "`odqa corpus build` output (default: the default corpus)")
+    baselines: list[str] = listed(["bm25", "dense"], "other retrievers on the Top-k plot: bm25, dense, or none")
+    dense_encoder: str | None = arg(None, "encoder of the dense baseline (default: the data pack's MiniLM)")
+    batch_size: int = arg(8, "questions per reader batch")
+    text_maxlength: int = arg(200, "reader tokens per question+passage")
+    decoding: str = arg("spans", "the reader's decoding: spans (answers are passage spans) or free")
+    nprobe: int = arg(64, "IVF lists probed per search")

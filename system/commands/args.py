@@ -1,0 +1,92 @@
+"""What every group of commands shares: argparse types for counts and shares, flags made from a
+settings dataclass (help in its fields' metadata), old flag spellings kept for one release, and the
+common --corpus flag."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (k, --limit, batch sizes), so 0 or -3 is refused
+    up front rather than giving an empty or silent result."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def percent(text: str) -> float:
+    """An argparse type: a share in percent, 0 to 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 100, not {value:g}")
+    return value
+
+
+class Deprecated(argparse.Action):
+    """An old spelling of a flag: it still sets the value, and says which spelling to use."""
+
+    def __init__(self, option_strings, dest, use: str, **kwargs):
+        self.use = use
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"odqa: warning: {option_string} is deprecated and goes in {REMOVED_IN}; use {self.use}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_flag(p: argparse.ArgumentParser, flag: str, aliases=(), required: bool = False, **kwargs) -> None:
+    """p.add_argument(flag, ...), plus hidden old spellings (`aliases`) of the same setting."""
+    if not aliases:
+        p.add_argument(flag, required=required, **kwargs)
+        return
+    group = p.add_mutually_exclusive_group(required=required)
+    group.add_argument(flag, **kwargs)
+    for old in aliases:
+        group.add_argument(old, action=Deprecated, use=flag, dest=kwargs["dest"], type=kwargs.get("type"),
+                           nargs=kwargs.get("nargs"), default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = None) -> None:
+    """One flag per field of a settings dataclass (--field-name, or the field's metadata "flag"), with
+    the field's metadata "help"; `defaults` overrides field defaults that depend on $ODQA_HOME."""
+    defaults = defaults or {}
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        default = defaults.get(f.name, f.default)
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        required = default is dataclasses.MISSING
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        help_ = meta.get("help", "")
+        if kind == "bool":
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=bool(default), help=help_)
+            continue
+        shown = "" if required or default is None else \
+            f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
+        conv = int if "int" in kind else float if "float" in kind else str
+        add_flag(p, flag, meta.get("aliases", ()), required=required, dest=f.name, type=conv,
+                 nargs="+" if kind.startswith("list") else None, default=None if required else default,
+                 metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_ + shown)
+
+
+def dataclass_from_args(cls, args):
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def corpus_arg(p: argparse.ArgumentParser) -> None:
+    from odqa.common.paths import default_corpus
+    p.add_argument("--corpus", type=Path, default=None,
+                   help=f"a directory built by `odqa corpus build` (default: {default_corpus()})")

@@ -1,0 +1,142 @@
+"""The reader's commands: `reader init`, `reader cloze`, `pretrain-reader`, `train-reader` and `read`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from odqa.reader.args import DECODING, PRESETS, ClozeArgs, LoopArgs, PretrainArgs, ReaderArgs
+from odqa.system.commands.args import add_dataclass_args, add_flag, corpus_arg, dataclass_from_args, positive_int
+
+LAUNCH = ("Runs as one process as is; for several, launch with `deepspeed`, `torchrun` or `accelerate launch` "
+          "on `-m odqa.system.cli ...`.")
+
+
+def default_reader_dir(preset: str) -> Path:
+    from odqa.common.paths import odqa_home
+    return odqa_home() / "readers" / f"t5-{preset}-init"
+
+
+def default_warm_reader_dir() -> Path:
+    from odqa.common.paths import odqa_home
+    return odqa_home() / "readers" / "bert2bert-init"
+
+
+def cmd_reader_init(args) -> None:
+    if args.from_encoder is not None:
+        from odqa.reader.warm_start import init_warm_reader
+        out = args.out or default_warm_reader_dir()
+        info = init_warm_reader(args.from_encoder, out, args.decoder_layers, args.seed, args.dropout)
+        print(f"bert2bert: {info['parameters']:,} parameters ({info['new_parameters']:,} new), "
+              f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']} "
+              f"-> {out}")
+        return
+    from odqa.common.corpus import PassageStore
+    from odqa.common.paths import default_corpus
+    from odqa.reader.t5_init import init_reader, passage_text
+    store = PassageStore(args.corpus or default_corpus())
+    out = args.out or default_reader_dir(args.preset)
+    info = init_reader((passage_text(p) for p in store), out, args.preset, args.vocab_size, args.seed)
+    store.close()
+    print(f"{args.preset} T5: {info['parameters']:,} parameters, {info['vocab_size']:,}-token SentencePiece "
+          f"vocabulary (100 sentinels) -> {out}")
+
+
+def cmd_reader_cloze(args) -> None:
+    from odqa.common.paths import default_corpus
+    from odqa.reader.cloze import write_cloze_file
+    args.corpus = str(args.corpus or default_corpus())
+    info = write_cloze_file(dataclass_from_args(ClozeArgs, args))
+    print(f"{info['questions']} cloze questions from {info['passages']} passages, {args.passages} passages each "
+          f"-> {args.out}")
+
+
+def cmd_pretrain_reader(args) -> None:
+    from odqa.reader.pretrain import pretrain_reader
+    loop = dataclass_from_args(LoopArgs, args)
+    state = pretrain_reader(dataclass_from_args(PretrainArgs, args), loop)
+    if int(os.environ.get("RANK", "0")) == 0:
+        evals = ", ".join(f"{e['step']}: {e['loss']:.3f}" for e in state["evals"])
+        print(f"validation loss by step: {evals}; {state['global_step']} steps; best checkpoint: {loop.out_dir}/best")
+
+
+def cmd_train_reader(args) -> None:
+    from odqa.reader.fid_train import train_reader
+    loop = dataclass_from_args(LoopArgs, args)
+    result = train_reader(dataclass_from_args(ReaderArgs, args), loop)
+    if int(os.environ.get("RANK", "0")) == 0:
+        evals = ", ".join(f"{e['step']}: {e['em']:.2f}" for e in result["evals"])
+        print(f"{result['train_questions']} training questions; validation EM by step: {evals}; "
+              f"{result['global_step']} steps; best checkpoint: {loop.out_dir}/best")
+
+
+def cmd_read(args) -> None:
+    from odqa.reader.read import read
+    r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=args.batch_size,
+             text_maxlength=args.text_maxlength, max_new_tokens=args.answer_maxlength, num_beams=args.num_beams,
+             limit=args.limit, decoding=args.decoding)
+    print(f"EM {r['em']:.2f} on {r['questions']} questions (k={r['k']}, {r['questions'] / r['seconds']:.1f} "
+          f"questions/s) -> {args.out}")
+
+
+def add(sub) -> None:
+    from odqa.common.paths import default_corpus, odqa_home
+    reader = sub.add_parser("reader", help="the FiD reader's model").add_subparsers(dest="reader_command", required=True)
+    p = reader.add_parser("init", help="a reader to train: warm-started from a BERT (--from) or a from-scratch T5",
+                          description="With --from: an encoder-decoder warm-started from a pretrained BERT (bert2bert): "
+                                      "the encoder as it is, a decoder of --decoder-layers copies of its layers with "
+                                      "cross-attention, one tied word embedding. Without: train a unigram SentencePiece "
+                                      "vocabulary on the corpus (T5's pad/eos/unk and 100 sentinels) and build a T5 of "
+                                      "the preset's shape. Either is saved as an HF checkpoint.")
+    p.add_argument("--from", dest="from_encoder", default=None, metavar="ENCODER_DIR",
+                   help="BERT checkpoint to warm-start from, e.g. $ODQA_HOME/data/encoders/all-MiniLM-L6-v2")
+    p.add_argument("--decoder-layers", type=positive_int, default=2, help="with --from: decoder depth (default 2)")
+    p.add_argument("--dropout", type=float, default=0.0, help="with --from: dropout of encoder and decoder (default 0: "
+                                                              "short CPU schedules underfit)")
+    p.add_argument("--preset", choices=list(PRESETS), default="tiny",
+                   help="without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) "
+                        "(default tiny)")
+    p.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: $ODQA_HOME/readers/"
+                                                          "bert2bert-init with --from, else t5-PRESET-init)")
+    p.add_argument("--vocab-size", type=positive_int, default=None,
+                   help="vocabulary incl. sentinels (default: the preset's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the new weights (default 0)")
+    corpus_arg(p)
+    p.set_defaults(func=cmd_reader_init)
+
+    p = reader.add_parser("cloze", help="cloze questions from the corpus: practice for a from-scratch reader",
+                          description="Turn a name or number in a passage's sentence into a wh-word: the sentence is the "
+                                      "question, the span the answer, the passage one of k with k-1 random others. "
+                                      "Writes a FiD file for `odqa train-reader`.")
+    add_dataclass_args(p, ClozeArgs, {"corpus": None, "out": str(odqa_home() / "runs" / "reader" / "cloze.jsonl")})
+    p.set_defaults(func=cmd_reader_cloze)
+
+    p = sub.add_parser("pretrain-reader", help="T5 span-corruption pretraining on the corpus (DeepSpeed)",
+                       description="Mask 15%% of each passage's tokens in spans of mean length 3 and train T5 to fill "
+                                   "them in. " + LAUNCH)
+    add_dataclass_args(p, PretrainArgs, {"model": str(default_reader_dir("tiny")), "corpus": str(default_corpus())})
+    add_dataclass_args(p, LoopArgs, {"lr": 1e-3, "batch_size": 32, "warmup_steps": 200})
+    p.set_defaults(func=cmd_pretrain_reader)
+
+    p = sub.add_parser("train-reader", help="train the Fusion-in-Decoder reader on retrieval files (DeepSpeed)",
+                       description="FiD: each of the k passages encoded with the question on its own, the decoder "
+                                   "attends over all. Validation EM with greedy decoding; best checkpoint kept. " + LAUNCH)
+    add_dataclass_args(p, ReaderArgs)
+    add_dataclass_args(p, LoopArgs)
+    p.set_defaults(func=cmd_train_reader)
+
+    p = sub.add_parser("read", help="generate answers for a retrieval file with a FiD reader; print EM",
+                       description="Batched greedy (or beam) generation; writes {id, question, answers, prediction, em} "
+                                   "JSONL.")
+    p.add_argument("--model", required=True, help="reader checkpoint (train-reader OUT/best) or T5 name")
+    p.add_argument("--input", type=Path, required=True, help="retrieval file (DPR/FiD JSON or JSONL)")
+    p.add_argument("--out", type=Path, required=True, help="predictions JSONL")
+    p.add_argument("--k", type=positive_int, default=10, help="passages per question (default 10)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="questions per generate() call (default 8)")
+    p.add_argument("--text-maxlength", type=positive_int, default=200, help="tokens per question+passage (default 200)")
+    p.add_argument("--answer-maxlength", type=positive_int, default=32, help="generated tokens at most (default 32)")
+    add_flag(p, "--num-beams", ["--beams"], dest="num_beams", type=positive_int, default=1,
+             help="beam size; 1 is greedy (default 1)")
+    p.add_argument("--decoding", choices=DECODING, default="spans",
+                   help="spans: the answer is a span of an input passage; free: any tokens (default spans)")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")
+    p.set_defaults(func=cmd_read)

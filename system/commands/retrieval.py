@@ -1,0 +1,278 @@
+"""The retrievers' commands: `retrieve`, `train-phrase`, `dump-phrases`, `train-filter`, `build-index`,
+`train-query`, `train-doc`, `build-doc-index`, `tune-lambda` and `verify`; and the flags that name a
+phrase index behind its optional document pre-filter, which `ask`, `serve` and `run` share."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from odqa.common.io import InputError
+from odqa.retriever.args import DEFAULT_KEEP, DocTrainArgs, PhraseTrainArgs, QueryTrainArgs
+from odqa.system.commands.args import add_dataclass_args, corpus_arg, dataclass_from_args, positive_int
+
+
+def phrase_searcher(args, lam=None):
+    """The searcher of --index/--model, behind the document pre-filter when --doc-index is given; the
+    command has filled the paths no flag names from the default pipeline (`fill_defaults`)."""
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.searcher import open_searcher
+    return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
+                         args.top_docs, args.lam if lam is None else lam, args.nprobe)
+
+
+def prefilter_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--doc-index", type=Path, default=None, help="document index (`odqa build-doc-index`): search "
+                                                               "phrases only inside each question's top documents")
+    p.add_argument("--doc-model", type=Path, default=None, help="the document encoder the document index was built with")
+    p.add_argument("--top-docs", type=positive_int, default=100, help="K: documents kept by the pre-filter (default 100)")
+    p.add_argument("--lam", type=float, default=None, help="rerank weight of the document score (default: the "
+                                                          "value tune-lambda stored with the document index, else 0)")
+    p.add_argument("--no-prefilter", action="store_true", help="search every phrase, without the default "
+                                                                "pipeline's document pre-filter")
+
+
+def phrase_index_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index", type=Path, default=None, help="phrase index directory (default: the default "
+                                                            "pipeline's, from `odqa demo`)")
+    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default pipeline's)")
+    p.add_argument("--nprobe", type=positive_int, default=64, help="IVF lists probed per search (default 64)")
+    prefilter_args(p)
+
+
+def cmd_retrieve(args) -> None:
+    from odqa.common.corpus import PassageStore
+    from odqa.common.paths import default_corpus
+    from odqa.common.questions import load_questions
+    from odqa.common.retrieval_file import write_results
+    from odqa.retriever.bm25 import BM25Index, BM25Params
+    from odqa.retriever.retrieve import retrieve, retrieve_phrases
+    if args.retriever == "phrase":
+        from odqa.common.defaults import fill_defaults
+        fill_defaults(args)
+    corpus = args.corpus or default_corpus()
+    questions = load_questions(args.questions, limit=args.limit)
+    store = PassageStore(corpus)
+    if args.retriever == "phrase":
+        entries = retrieve_phrases(phrase_searcher(args), store, questions, args.k, args.batch_size)
+    else:
+        if args.retriever == "bm25":
+            index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
+        else:
+            from odqa.common.paths import default_encoder
+            from odqa.retriever.dense import DenseIndex
+            index = DenseIndex.open(corpus, str(args.model or default_encoder()))
+        entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
+    write_results(args.out, entries)
+    print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
+
+
+def cmd_train_phrase(args) -> None:
+    from odqa.retriever.phrase_train import train
+    result = train(dataclass_from_args(PhraseTrainArgs, args))
+    print(f"validation EM by epoch: {', '.join(f'{x:.2f}' for x in result['validation_em'])}; "
+          f"best {result['best_em']:.2f}; {result['steps']} steps; best checkpoint: {args.out_dir}/best")
+
+
+def cmd_dump_phrases(args) -> None:
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.phrase_dump import dump_phrases
+    summary = dump_phrases(args.model, args.corpus or default_corpus(), args.out, shard=args.shard,
+                           batch_size=args.batch_size, chunk_passages=args.chunk_passages, threshold=args.threshold)
+    print(f"shard {args.shard}: {summary['vectors']} vectors for {summary['passages']} passages "
+          f"({summary['vectors_per_passage']:.1f} per passage) -> {args.out}")
+
+
+def cmd_train_filter(args) -> None:
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.phrase_filter import filter_dir, train_filter
+    info = train_filter(args.dump, args.train_file, args.validation_file, args.corpus or default_corpus(),
+                        hidden=args.hidden, epochs=args.epochs, out=args.out)
+    print(f"{info['train_tokens']:,} training tokens; answer phrases kept on {info['validation_answerable']} "
+          f"validation passages:")
+    print("| tokens kept | score threshold | answer phrases kept |")
+    print("|---:|---:|---:|")
+    for row in info["calibration"]:
+        print(f"| {100 * row['keep']:.0f}% | {row['threshold']:.3f} | {100 * row['answer_recall']:.1f}% |")
+    print(f"phrase filter -> {args.out or filter_dir(args.dump)}")
+
+
+def cmd_build_index(args) -> None:
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.phrase_index import build_index
+    m = build_index(args.dump, args.out, args.corpus or default_corpus(), factory=args.factory, keep=args.keep,
+                    filter_path=args.filter, train_size=args.train_size)
+    print(f"{m['factory']} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
+          f"{sum(m['bytes'].values()) / 2**20:.1f} MiB, {m['bytes_per_passage']:,.0f} bytes per passage -> {args.out}")
+
+
+def cmd_train_query(args) -> None:
+    from odqa.retriever.query_train import train_query
+    result = train_query(dataclass_from_args(QueryTrainArgs, args))
+    for h in result["history"]:
+        print(f"epoch {h['epoch']}: {h['questions']} questions with a positive, loss {h['loss']:.4f}")
+    print(f"query-tuned model -> {args.out_dir}")
+
+
+def cmd_train_doc(args) -> None:
+    from odqa.retriever.doc_train import train_doc
+    r = train_doc(dataclass_from_args(DocTrainArgs, args))
+    print(f"{r['train_questions']} questions ({r['with_negatives']} with {args.negatives} negatives), {r['steps']} steps")
+    for epoch, m in enumerate(r["validation"], 1):
+        print(f"epoch {epoch}: validation document " + ", ".join(f"{k} {m[k]:.1f}" for k in ("Top-1", "Top-5", "Top-20", "Top-100")))
+    print(f"best Top-20 {r['best_top20']:.1f}; best checkpoint: {args.out_dir}/best")
+
+
+def cmd_build_doc_index(args) -> None:
+    from odqa.common.paths import default_corpus
+    from odqa.retriever.doc_index import build_doc_index
+    m = build_doc_index(args.model, args.corpus or default_corpus(), args.out, factory=args.factory)
+    print(f"{m['factory']} index of {m['documents']} documents ({m['dim']} dims) -> {args.out}")
+
+
+def cmd_tune_lambda(args) -> None:
+    from odqa.common.defaults import fill_defaults
+    from odqa.common.questions import load_questions
+    from odqa.retriever.rerank import tune_searcher_lambda
+    fill_defaults(args)
+    searcher = phrase_searcher(args, lam=0.0)
+    if searcher.prefilter is None:
+        raise InputError("tune-lambda needs a document pre-filter (--doc-index and --doc-model, or the default "
+                         "pipeline's): lambda weighs the document score")
+    result = tune_searcher_lambda(searcher, load_questions(args.questions), args.metric_k, args.limit,
+                                  info={"questions_file": str(args.questions)})
+    for g in result["grid"]:
+        print(f"lambda {g['lambda']:.1f}: Top-{args.metric_k} {g[f'Top-{args.metric_k}']:.2f}")
+    print(f"best lambda {result['lambda']:.1f} (Top-{args.metric_k} {result['best']:.2f} on {result['questions']} "
+          f"questions) -> {args.doc_index}/lambda.json")
+
+
+def cmd_verify(args) -> None:
+    from odqa.common.io import read_json, require_file, verify_checksums
+    manifest = read_json(require_file(args.path / "manifest.json", "index manifest"))
+    files = manifest.get("files")
+    if not files:
+        raise InputError(f"{args.path}/manifest.json records no checksums (built before they were): rebuild the index")
+    for name, want in files.items():
+        problems = verify_checksums(args.path, {name: want})
+        print(f"{name}: {want['bytes']} bytes, {'ok' if not problems else 'BAD'}")
+        if problems:
+            raise InputError(problems[0] + "; rebuild the index")
+    print(f"{args.path}: every file matches manifest.json ({len(files)} checked)")
+
+
+def add(sub) -> None:
+    from odqa.common.paths import default_corpus, default_encoder
+    sup = default_corpus() / "supervision"
+
+    p = sub.add_parser("retrieve", help="retrieve passages for a question set into a DPR-format file",
+                       description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
+    p.add_argument("--retriever", choices=["bm25", "dense", "phrase"], default="bm25",
+                   help="bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
+                        "phrase: passages ranked by their best phrase (default bm25)")
+    p.add_argument("--index", type=Path, default=None, help="phrase index directory (--retriever phrase; default: "
+                                                            "the default pipeline's, from `odqa demo`)")
+    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default "
+                                                            "pipeline's), or the dense encoder (default: the MiniLM)")
+    p.add_argument("--nprobe", type=positive_int, default=64, help="IVF lists probed per search (default 64)")
+    p.add_argument("--questions", required=True, help="question set name (e.g. nq-test) or JSONL path")
+    p.add_argument("--k", type=positive_int, default=100, help="passages per question (default 100)")
+    p.add_argument("--out", type=Path, required=True, help="output JSON file")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="questions per search call (default 256)")
+    p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (default 1.5)")
+    p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
+    prefilter_args(p)
+    corpus_arg(p)
+    p.set_defaults(func=cmd_retrieve)
+
+    p = sub.add_parser("train-phrase", help="train the dense phrase and question encoders",
+                       description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "
+                                   "head; AdamW with warm-up and decay, clipping; through accelerate (`accelerate "
+                                   "launch -m odqa.system.cli train-phrase ...` for several processes or DeepSpeed).")
+    add_dataclass_args(p, PhraseTrainArgs, {
+        "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
+        "encoder": str(default_encoder()), "corpus": str(default_corpus())})
+    p.set_defaults(func=cmd_train_phrase)
+
+    p = sub.add_parser("dump-phrases", help="encode every passage's phrase start/end vectors (sharded, resumable)",
+                       description="Start/end vectors of the tokens whose filter logit passes --threshold, float16, "
+                                   "in chunk files with their metadata. Re-running resumes an interrupted shard.")
+    p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint (train-phrase OUT/best)")
+    p.add_argument("--out", type=Path, required=True, help="dump directory (shards go inside)")
+    p.add_argument("--shard", default="1/1", help="k/n: this process's slice of the corpus (default 1/1)")
+    p.add_argument("--threshold", type=float, default=None, help="filter logit a token needs (default: keep all)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="passages per forward pass (default 32)")
+    p.add_argument("--chunk-passages", type=positive_int, default=1024, help="passages per chunk file (default 1024)")
+    corpus_arg(p)
+    p.set_defaults(func=cmd_dump_phrases)
+
+    p = sub.add_parser("build-index", help="merge dump shards into a faiss phrase index",
+                       description="One start and one end index from a faiss index_factory string, with a manifest "
+                                   "that records each file's sha256.")
+    p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
+    p.add_argument("--out", type=Path, required=True, help="index directory")
+    p.add_argument("--factory", default=None, help="faiss index_factory string: Flat, IVF4096,SQ4, IVF256,PQ16 ... "
+                                                   "(default: IVF-PQ sized to the index, e.g. IVF256,PQ16 for 200k "
+                                                   "192-d vectors)")
+    p.add_argument("--keep", type=float, default=DEFAULT_KEEP, help="share of the dump's tokens to index, those the "
+                                                                     "phrase filter (`odqa train-filter`) scores highest; "
+                                                                     f"1: every token, no filter (default {DEFAULT_KEEP})")
+    p.add_argument("--filter", type=Path, default=None, help="phrase filter for --keep (default: DUMP/filter, "
+                                                             "from `odqa train-filter`)")
+    p.add_argument("--train-size", type=positive_int, default=200_000,
+                   help="vectors sampled to train IVF/PQ (default 200000)")
+    corpus_arg(p)
+    p.set_defaults(func=cmd_build_index)
+
+    p = sub.add_parser("train-filter", help="fit the phrase filter that decides which dumped tokens build-index keeps",
+                       description="An MLP over each token's dumped start/end vectors, trained to find answer "
+                                   "boundaries in supervision passages; prints tokens kept against answer phrases kept.")
+    p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
+    p.add_argument("--train-file", type=Path, default=sup / "train.jsonl", help="supervision examples (default: "
+                                                                             "CORPUS/supervision/train.jsonl)")
+    p.add_argument("--validation-file", type=Path, default=sup / "validation.jsonl",
+                   help="supervision examples for the calibration table (default: CORPUS/supervision/validation.jsonl)")
+    p.add_argument("--hidden", type=positive_int, default=256, help="MLP hidden size (default 256)")
+    p.add_argument("--epochs", type=positive_int, default=8, help="passes over the training tokens (default 8)")
+    p.add_argument("--out", type=Path, default=None, help="filter directory (default: DUMP/filter)")
+    corpus_arg(p)
+    p.set_defaults(func=cmd_train_filter)
+
+    p = sub.add_parser("train-query", help="query-side fine-tuning against a fixed phrase index",
+                       description="Maximise the retrieval probability of the top phrases that match an answer "
+                                   "(--label phrase), lie in an answer passage (passage) or document (document).")
+    add_dataclass_args(p, QueryTrainArgs, {"corpus": str(default_corpus())})
+    p.set_defaults(func=cmd_train_query)
+
+    p = sub.add_parser("train-doc", help="train the document retriever (DHR) that pre-filters phrase search",
+                       description="A question/document dual encoder over title + table of contents + abstract, "
+                                   "in-batch and hard negatives; resumable; validation document Top-k each epoch.")
+    add_dataclass_args(p, DocTrainArgs, {
+        "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
+        "corpus": str(default_corpus()), "encoder": str(default_encoder())})
+    p.set_defaults(func=cmd_train_doc)
+
+    p = sub.add_parser("build-doc-index", help="encode every document summary into a faiss document index")
+    p.add_argument("--model", type=Path, required=True, help="document encoder checkpoint (train-doc OUT/best)")
+    p.add_argument("--out", type=Path, required=True, help="index directory")
+    p.add_argument("--factory", default="Flat", help="faiss index_factory string (default Flat)")
+    corpus_arg(p)
+    p.set_defaults(func=cmd_build_doc_index)
+
+    p = sub.add_parser("tune-lambda", help="grid-search the rerank weight of the document score on validation",
+                       description="lambda in 0, 0.1, ..., 2 maximising validation Top-k of pre-filtered phrase "
+                                   "retrieval reranked by z(passage) + lambda z(document); stored with the document index.")
+    phrase_index_args(p)
+    p.add_argument("--questions", type=Path, default=sup / "validation.jsonl",
+                   help="validation questions with answers (default: the supervision validation split)")
+    p.add_argument("--limit", type=positive_int, default=500, help="first N questions (default 500)")
+    p.add_argument("--metric-k", type=positive_int, default=20, help="k of the Top-k to maximise (default 20)")
+    corpus_arg(p)
+    p.set_defaults(func=cmd_tune_lambda)
+
+    p = sub.add_parser("verify", help="check an index's files against the checksums in its manifest",
+                       description="Hash every file of a phrase or document index (or a dense index under a "
+                                   "corpus) and compare with manifest.json. Opening an index checks every size but "
+                                   "hashes only files up to 256 MB; this checks the large ones too.")
+    p.add_argument("path", type=Path, help="the index directory (holding manifest.json)")
+    p.set_defaults(func=cmd_verify)

@@ -1,0 +1,133 @@
+"""The whole system's commands: `demo`, `run` (extractive vs generated EM), `ask` and `serve`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from odqa.reader.args import DECODING
+from odqa.system.args import RunArgs
+from odqa.system.commands.args import add_dataclass_args, add_flag, corpus_arg, dataclass_from_args, positive_int
+from odqa.system.commands.retrieval import phrase_index_args, phrase_searcher
+
+
+def system_args(p: argparse.ArgumentParser) -> None:
+    """A pipeline's flags: the phrase index (and pre-filter), the reader and its decoding."""
+    phrase_index_args(p)
+    p.add_argument("--reader", type=Path, default=None, help="FiD reader checkpoint (train-reader OUT/best; "
+                                                             "default: the default pipeline's)")
+    p.add_argument("--text-maxlength", type=positive_int, default=200, help="reader tokens per passage (default 200)")
+    add_flag(p, "--num-beams", dest="num_beams", type=positive_int, default=1,
+             help="beam size for generation (default 1: greedy)")
+    p.add_argument("--decoding", choices=DECODING, default="spans",
+                   help="spans: the generated answer is a span of a passage; free: any tokens (default spans)")
+    corpus_arg(p)
+
+
+def pipeline(args):
+    from odqa.common.defaults import fill_defaults
+    from odqa.system.pipeline import Pipeline, ReaderSettings
+    fill_defaults(args, reader=True)
+    return Pipeline.load(phrase_searcher(args), args.reader,
+                         ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams,
+                                        decoding=args.decoding))
+
+
+def shown(path) -> str:
+    """A path as /health shows it: relative to $ODQA_HOME when inside it, else its last component (a
+    public endpoint should not map the server's file system)."""
+    from odqa.common.paths import odqa_home
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(odqa_home().resolve()))
+    except ValueError:
+        return path.name
+
+
+def cmd_demo(args) -> None:
+    from odqa.system.demo import run_demo
+    print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, encoder=args.encoder,
+                   reader_model=args.reader_model), end="")
+
+
+def cmd_run(args) -> None:
+    from odqa.system.report import markdown
+    from odqa.system.run import run
+    rows = run(dataclass_from_args(RunArgs, args))
+    print(markdown(rows))
+    print(f"report.md, report.json, questions.jsonl, em_by_k.png, topk.png -> {args.out_dir}")
+
+
+def cmd_ask(args) -> None:
+    (a,) = pipeline(args).answer([args.question], k=args.k)
+    ex = a["extractive"]
+    print(f"question:   {a['question']}")
+    print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']})" if ex else ""))
+    print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages)")
+    for i, p in enumerate(a["passages"], 1):
+        ph = p["phrase"]
+        text = p["text"][:ph["char_start"]] + "[[" + p["text"][ph["char_start"]:ph["char_end"]] + "]]" + p["text"][ph["char_end"]:]
+        print(f"{i:>2}. {p['title']} ({p['score']:.2f}): {text[:300]}")
+    t = a["timings"]
+    print(f"retrieve {t['retrieve_ms']:.0f} ms, read {t['read_ms']:.0f} ms")
+
+
+def cmd_serve(args) -> None:
+    import uvicorn
+
+    from odqa.common.defaults import fill_defaults
+    from odqa.system.serve import create_app
+    fill_defaults(args, reader=True)     # a missing default is refused now, not after the server is up
+    app = create_app(load=lambda: pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                     max_queue=args.max_queue, max_queue_s=None if args.max_queue_s < 0 else args.max_queue_s,
+                     timeout_s=args.timeout_s,
+                     info={"index": shown(args.index), "reader": shown(args.reader),
+                           "prefilter": shown(args.doc_index) if args.doc_index else None})
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=args.graceful_s)
+
+
+def add(sub) -> None:
+    p = sub.add_parser("demo", help="run the whole system on the default data: train, index, evaluate, answer",
+                       description="Fetch the data, build the corpus, train the phrase, document and FiD models on "
+                                   "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
+                                   "the report and three answers. A rerun reuses every finished stage.")
+    p.add_argument("--preset", default="demo", help="demo (under 30 min on 2 CPU cores) or full (the README's "
+                                                    "schedules, whole test sets)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where the stages write (default: $ODQA_HOME/runs/demo, or demo-PRESET)")
+    p.add_argument("--plan", action="store_true", help="print the stages, which are done, and the time estimate; "
+                                                       "run nothing")
+    p.add_argument("--encoder", default=None, help="BERT-family checkpoint the retriever encoders start from "
+                                                   "(default: the data pack's MiniLM)")
+    p.add_argument("--reader-model", default=None, help="a T5 checkpoint to train the reader from, e.g. t5-base "
+                                                        "(default: a from-scratch T5 of the preset's size)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("run", help="evaluate the system: extractive vs generated EM per question set and k, with plots",
+                       description="Phrase retrieval (with the document pre-filter if given), FiD at each k, a report "
+                                   "table, per-question JSONL and PNG plots in OUT; a rerun reuses what is done.")
+    add_dataclass_args(p, RunArgs)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("ask", help="answer one question: the extractive and the generated answer, and the passages")
+    p.add_argument("question")
+    p.add_argument("--k", type=positive_int, default=10, help="passages retrieved and read (default 10)")
+    system_args(p)
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("serve", help="serve answers over HTTP (POST /answer, GET /health, /metrics, docs at /docs)",
+                       description="FastAPI service; concurrent requests are batched for the question encoders and FiD.")
+    system_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-batch", type=positive_int, default=16, help="requests answered together at most (default 16)")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait for more requests after the first (default 10)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more are answered 429 with "
+                                                             "Retry-After (default 64)")
+    p.add_argument("--max-queue-s", type=float, default=1.0, help="refuse (429) a request with more than this many "
+                                                                   "seconds of work ahead of it, as measured (0: only "
+                                                                   "when idle; negative: no such limit; default 1)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="a request not answered in this time gets 503 "
+                                                                 "(default 30)")
+    p.add_argument("--graceful-s", type=float, default=60.0, help="on shutdown, how long requests in flight may "
+                                                                  "take to finish (default 60)")
+    p.set_defaults(func=cmd_serve)
