@@ -20,7 +20,7 @@ from odqa.common.paths import default_corpus
 from odqa.common.questions import load_questions
 from odqa.retriever.doc_index import DocRetriever
 from odqa.retriever.retrieve import retrieve_phrases
-from odqa.retriever.searcher import Searcher
+from odqa.retriever.searcher import Searcher, open_searcher
 
 KS = (1, 5, 20, 100)
 
@@ -49,12 +49,13 @@ def main() -> int:
     corpus = args.corpus
     docs = DocRetriever(args.doc_index, args.doc_model, corpus)
     lam = docs.tuned_lambda or 0.0
-    searchers = {"phrase, no pre-filter": Searcher(args.index, args.model, corpus),
-                 f"phrase, pre-filter K={args.top_docs}": None, f"phrase, pre-filter K={args.top_docs} + rerank "
-                 f"(lambda {lam:.1f})": None}
+    searchers = {
+        "phrase, no pre-filter": open_searcher(args.index, args.model, corpus),
+        f"phrase, pre-filter K={args.top_docs}":
+            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=0.0),
+        f"phrase, pre-filter K={args.top_docs} + rerank (lambda {lam:.1f})":
+            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=lam)}
     names = list(searchers)
-    searchers[names[1]] = Searcher(args.index, args.model, corpus, prefilter=docs, top_docs=args.top_docs, lam=0.0)
-    searchers[names[2]] = Searcher(args.index, args.model, corpus, prefilter=docs, top_docs=args.top_docs, lam=lam)
     store = PassageStore(corpus)
     answers = AnswerIndex((p["text"] for p in store), total=len(store))
     report = {"top_docs": args.top_docs, "lambda": lam, "datasets": {}}
