@@ -300,7 +300,7 @@ class Demo:
             result["round 2 Top-20"] = r2["best_top20"]
             model = self.p["doc-r2"] / "best"
         build_doc_index(model, self.corpus, self.p["doc-index"])
-        from odqa.retriever.rerank import tune_searcher_lambda
+        from odqa.retriever.tune_lambda import tune_searcher_lambda
         tuned = tune_searcher_lambda(self.searcher(), load_questions(sup / "validation.jsonl"), limit=c.lambda_questions)
         return {**result, "lambda": tuned["lambda"]}
 

@@ -16,7 +16,8 @@ from odqa.retriever.doc_train import DocTrainArgs, train_doc
 from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_index import build_index
 from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
-from odqa.retriever.rerank import Candidates, combined, tune_lambda
+from odqa.retriever.rerank import Candidates, combined
+from odqa.retriever.tune_lambda import tune_lambda
 from odqa.retriever.searcher import Searcher
 from odqa.retriever.supervise import supervise
 from tiny_data import write_jsonl

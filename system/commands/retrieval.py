@@ -132,7 +132,7 @@ def cmd_build_doc_index(args) -> None:
 def cmd_tune_lambda(args) -> None:
     from odqa.common.defaults import fill_defaults
     from odqa.common.questions import load_questions
-    from odqa.retriever.rerank import tune_searcher_lambda
+    from odqa.retriever.tune_lambda import tune_searcher_lambda
     fill_defaults(args)
     searcher = phrase_searcher(args, lam=0.0)
     if searcher.prefilter is None:
