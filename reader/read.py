@@ -18,9 +18,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
+from odqa.common.device import pick_device
 from odqa.common.io import InputError, loading
-from odqa.reader.args import DECODING
 from odqa.common.metrics.answers import answer_em
+from odqa.reader.args import DECODING
 from odqa.reader.fid import reader_class
 from odqa.reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
 from odqa.reader.spans import PassageSpans, strip_generated
@@ -103,7 +104,7 @@ def generate_answers(model, tokenizer, examples: list[FiDExample], n_passages: i
 def read(model_path: str | os.PathLike, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
          batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
          limit: int | None = None, device: str | None = None, decoding: str = "spans") -> dict:
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(device)
     model, tokenizer = load_reader(model_path, device)
     return read_with(model, tokenizer, fid_file, out, n_passages, batch_size, text_maxlength, max_new_tokens,
                      num_beams, limit, device, decoding)

@@ -17,8 +17,17 @@ import torch
 from tqdm import tqdm
 
 from odqa.common.corpus import PassageStore, corpus_info
-from odqa.common.io import (VERIFY_ON_OPEN_BYTES, InputError, atomic_path, checksums, loading, read_json, verify_checksums,
-                       write_json)
+from odqa.common.device import pick_device
+from odqa.common.io import (
+    VERIFY_ON_OPEN_BYTES,
+    InputError,
+    atomic_path,
+    checksums,
+    loading,
+    read_json,
+    verify_checksums,
+    write_json,
+)
 from odqa.retriever.lm import load_lm, load_tokenizer
 from odqa.retriever.pooling import mean_pool
 
@@ -27,7 +36,7 @@ log = logging.getLogger(__name__)
 
 class MeanPoolEncoder:
     def __init__(self, name_or_path: str, max_tokens: int = 256, device: str | None = None):
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(device)
         self.tokenizer = load_tokenizer(name_or_path)
         self.model = load_lm(name_or_path).to(self.device).eval()
         self.max_tokens = max_tokens

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-import torch
 
 from odqa.common.corpus import DocumentTable, corpus_info
+from odqa.common.device import pick_device
 from odqa.common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
 from odqa.retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions
 from odqa.retriever.lm import load_tokenizer
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def build_doc_index(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, out_dir: str | os.PathLike,
                     factory: str = "Flat", batch_size: int = 64, seed: int = 0) -> dict:
     out_dir = Path(out_dir)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = pick_device()
     model = DocEncoder.from_pretrained(model_dir).to(device)
     tokenizer = load_tokenizer(model_dir)
     table = DocumentTable(corpus_dir)
@@ -71,7 +71,7 @@ class DocRetriever:
         ivf = faiss.try_extract_index_ivf(self.index)
         if ivf is not None:
             ivf.nprobe = nprobe
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(device)
         self.model = DocEncoder.from_pretrained(model_dir).to(self.device).eval()
         self.tokenizer = load_tokenizer(model_dir)
         self.table = DocumentTable(corpus_dir)

@@ -30,12 +30,19 @@ from odqa.common.answer_index import AnswerIndex
 from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_jsonl, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
+from odqa.retriever.args import DocTrainArgs
 from odqa.retriever.bm25 import BM25Index
-from odqa.retriever.doc_encoder import (DocEncoder, DocEncoderConfig, encode_all_docs, encode_questions,
-                                   is_doc_checkpoint, tokenize_docs, tokenize_questions)
+from odqa.retriever.doc_encoder import (
+    DocEncoder,
+    DocEncoderConfig,
+    encode_all_docs,
+    encode_questions,
+    is_doc_checkpoint,
+    tokenize_docs,
+    tokenize_questions,
+)
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.train_loop import LoopConfig, train_epochs
-from odqa.retriever.args import DocTrainArgs
 
 log = logging.getLogger(__name__)
 NEGATIVES = ("abstract", "model", "none")

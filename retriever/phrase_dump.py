@@ -19,9 +19,10 @@ import torch
 from tqdm import tqdm
 
 from odqa.common.corpus import PassageStore, corpus_info
+from odqa.common.device import pick_device
 from odqa.common.io import InputError, atomic_path, read_json, write_json
-from odqa.retriever.phrase_data import encode_passages, passage_title
 from odqa.retriever.lm import load_tokenizer
+from odqa.retriever.phrase_data import encode_passages, passage_title
 from odqa.retriever.phrase_model import DensePhraseModel, kept_tokens, phrase_encoder_hash
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
     lengths = np.array([len(store[r]["text"]) for r in rows])
     order = np.asarray(rows)[np.argsort(lengths, kind="stable")] if len(rows) else np.zeros(0, np.int64)
     chunks = [order[i:i + chunk_passages] for i in range(0, len(order), chunk_passages)]
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(device)
     model = DensePhraseModel.from_pretrained(model_dir).to(device).eval()
     tokenizer = load_tokenizer(model_dir)
     cfg = model.config

@@ -37,6 +37,7 @@ from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_json, read_jsonl, write_json
 from odqa.common.metrics.answers import exact_match
 from odqa.common.metrics.has_answer import has_answer
+from odqa.retriever.args import PhraseTrainArgs
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import (
     collate,
@@ -52,7 +53,6 @@ from odqa.retriever.phrase_model import (
     phrase_encoder_hash,
 )
 from odqa.retriever.train_loop import LoopConfig, train_epochs
-from odqa.retriever.args import PhraseTrainArgs
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite

@@ -22,9 +22,10 @@ from odqa.common.io import InputError, write_json
 from odqa.common.metrics.answers import answer_em
 from odqa.common.metrics.has_answer import has_answer
 from odqa.common.questions import load_questions
-from odqa.retriever.phrase_data import encode_questions
-from odqa.retriever.searcher import UNITS as LABELS, Searcher
 from odqa.retriever.args import QueryTrainArgs
+from odqa.retriever.phrase_data import encode_questions
+from odqa.retriever.searcher import UNITS as LABELS
+from odqa.retriever.searcher import Searcher
 
 log = logging.getLogger(__name__)
 

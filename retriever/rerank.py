@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 
 
-
 def standardise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if len(x) < 2:

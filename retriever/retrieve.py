@@ -34,16 +34,16 @@ def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Ques
     return entries
 
 
-def retrieve_phrases(searcher, store: PassageStore, questions: Sequence[Question], k: int,
+def retrieve_phrases(searcher, questions: Sequence[Question], k: int,
                      batch_size: int = 64) -> list[dict]:
     """DPR-format entries of a phrase `Searcher`: a passage's score is its best phrase's, each ctx
     carries that phrase, and the top phrase is the entry's (extractive) "prediction"."""
-    entries, passage = [], _passage_cache(store)
+    entries, tokens = [], _token_cache()
     for batch in _batches(questions, batch_size):
         for q, r in zip(batch, searcher.search([q.question for q in batch], k, unit="passage")):
-            ps = r["passages"]
-            entry = _entry(q, np.array([p["row"] for p in ps], dtype=np.int64),
-                           np.array([p["score"] for p in ps], dtype=np.float32), passage)
+            ps = r["passages"]   # read by the searcher already: only their tokens are made here (once a row)
+            entry = make_entry(q, ps, np.array([p["score"] for p in ps], dtype=np.float32),
+                               [tokens(p["row"], p["text"]) for p in ps])
             entry["prediction"] = r["phrases"][0]["text"] if r["phrases"] else ""
             for ctx, p in zip(entry["ctxs"], ps):
                 ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "char_start", "char_end", "score")}
@@ -58,6 +58,13 @@ def _passage_cache(store: PassageStore):
         p = store[row]
         return p, TokenizedText(p["text"])
     return passage
+
+
+def _token_cache():
+    @lru_cache(maxsize=200_000)
+    def tokens(row: int, text: str) -> TokenizedText:
+        return TokenizedText(text)
+    return tokens
 
 
 def _batches(questions: Sequence[Question], batch_size: int):

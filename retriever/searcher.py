@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import faiss
@@ -26,10 +26,11 @@ import numpy as np
 import torch
 
 from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
+from odqa.common.device import pick_device
 from odqa.common.io import InputError
+from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_questions
 from odqa.retriever.phrase_index import PhraseIndex
-from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_model import DensePhraseModel, phrase_encoder_hash
 from odqa.retriever.rerank import Candidates, combined, doc_z_of, rerank_order
 
@@ -77,7 +78,7 @@ class Searcher:
             raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}")
         if corpus_info(corpus_dir)["fingerprint"] != self.index.manifest["fingerprint"]:
             raise InputError(f"{index_dir} was built from another version of the corpus {corpus_dir}")
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(device)
         self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device).eval()
         self.tokenizer = load_tokenizer(model_dir)
         self.store = PassageStore(corpus_dir)

@@ -15,7 +15,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from odqa.common.corpus import PassageStore
 from odqa.common.paths import default_corpus
 from odqa.common.questions import load_questions
 from odqa.common.retrieval_eval import answerable_flags, evaluate_results
@@ -38,14 +37,13 @@ def main() -> int:
     p.add_argument("--out", dest="out_dir", default="/tmp/bench-index", help="where the variants are built (removed after)")
     args = p.parse_args()
     questions = load_questions(args.questions, limit=args.limit)
-    store = PassageStore(args.corpus)
     rows, answerable = [], None
     for variant in args.variants:
         keep, factory = variant.split(":", 1)
         out = Path(args.out_dir) / variant.replace(":", "_").replace(",", "_")
         shutil.rmtree(out, ignore_errors=True)
         m = build_index(args.dump, out, args.corpus, factory=factory, keep=float(keep))
-        entries = retrieve_phrases(open_searcher(out, args.model, args.corpus), store, questions, 20)
+        entries = retrieve_phrases(open_searcher(out, args.model, args.corpus), questions, 20)
         answerable = answerable or answerable_flags(entries, args.corpus)
         metrics = evaluate_results(entries, answerable, (5, 20))["answerable"]
         rows.append((float(keep), factory, m["vectors_per_passage"], m["bytes_per_passage"], metrics))

@@ -23,7 +23,6 @@ import time
 
 import torch
 
-
 # all-MiniLM-L6-v2's shape, the encoder `odqa reader init --from` warm-starts from by default.
 MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from odqa.common.corpus import PassageStore
 from odqa.common.paths import default_corpus
-from odqa.reader.fid_train import ReaderArgs, train_reader
 from odqa.reader.args import LoopArgs
+from odqa.reader.fid_train import ReaderArgs, train_reader
 
 
 def names_and_things(corpus: Path, n_names: int) -> tuple[list[str], list[str]]:

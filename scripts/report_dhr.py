@@ -69,7 +69,7 @@ def main() -> int:
             hits.append([int(d) in good for d in r])
         rows["document retriever (documents)"] = retrieval_metrics(hits, KS)
         for label, searcher in searchers.items():
-            entries = retrieve_phrases(searcher, store, questions, 100)
+            entries = retrieve_phrases(searcher, questions, 100)
             rows[label] = retrieval_metrics([[c["has_answer"] for c in e["ctxs"]] for e in entries], KS)
         timing_qs = [q.question for q in questions[:args.timing_questions]]
         timing = {label: ms_per_question(s, timing_qs, 64, 100) for label, s in list(searchers.items())[:2]}

@@ -313,8 +313,8 @@ class Demo:
                              self.doc_model(), self.cfg.top_docs)
 
     def train_reader(self, resume: bool) -> dict:
-        from odqa.reader.fid_train import ReaderArgs, train_reader
         from odqa.reader.args import LoopArgs
+        from odqa.reader.fid_train import ReaderArgs, train_reader
         c, p = self.cfg, self.p
         model, result = c.reader_model or self.init_reader(resume), {}
 

@@ -14,8 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 
-import torch
-
+from odqa.common.device import pick_device
 from odqa.common.io import InputError
 from odqa.reader.fid_data import FiDExample
 from odqa.reader.read import generate_answers, load_reader
@@ -38,11 +37,11 @@ class Pipeline:
         self.searcher = searcher
         self.model, self.tokenizer = reader_model, reader_tokenizer
         self.settings = settings
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(device)
 
     @classmethod
     def load(cls, searcher, reader_path: str | os.PathLike, settings: ReaderSettings = ReaderSettings()) -> "Pipeline":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = pick_device()
         model, tokenizer = load_reader(reader_path, device)
         return cls(searcher, model, tokenizer, settings, device)
 

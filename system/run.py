@@ -20,10 +20,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from odqa.common.corpus import PassageStore
 from odqa.common.defaults import fill_defaults
+from odqa.common.device import pick_device
 from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from odqa.common.metrics.answers import answer_em
 from odqa.common.paths import default_corpus, default_encoder
@@ -80,9 +79,9 @@ def run(args: RunArgs) -> list[dict]:
                 "doc_index": _fingerprint(args.doc_index), "doc_model": _fingerprint(args.doc_model),
                 "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam, "limit": args.limit}
     write_json(out / "run_args.json", asdict(args))
-    searcher, store = None, None
+    searcher = None
     reader_fp = _fingerprint(args.reader)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = pick_device()
     loaded_reader: list = []
 
     def reader():
@@ -98,13 +97,12 @@ def run(args: RunArgs) -> list[dict]:
         r_key = {**base_key, "questions": name}
 
         def make_retrieval():
-            nonlocal searcher, store
+            nonlocal searcher
             if searcher is None:
                 from odqa.retriever.searcher import open_searcher
                 searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
                                          args.top_docs, args.lam, args.nprobe)
-                store = PassageStore(corpus)
-            write_results(retrieval, retrieve_phrases(searcher, store, questions, max_k))
+            write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached(retrieval, r_key, make_retrieval, depth=max_k)
         entries = read_results(retrieval)
         curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}

@@ -1,10 +1,10 @@
 from pathlib import Path
 
 import pytest
+from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
 
 from odqa.common.corpus import build_corpus
 from odqa.common.paths import odqa_home
-from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
 
 # The user's cache, where README's first command put the data pack; read before any test overrides it.
 USER_HOME = odqa_home()

@@ -15,6 +15,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from tiny_data import TINY_DOCS, TINY_QUESTIONS, code_world, write_jsonl
+from tiny_models import make_tiny_bert, make_tiny_t5
 
 from odqa.common.corpus import build_corpus
 from odqa.common.io import InputError
@@ -22,14 +24,12 @@ from odqa.common.questions import load_questions
 from odqa.common.retrieval_eval import evaluate_results
 from odqa.common.retrieval_file import read_results
 from odqa.reader.fid_data import load_fid_file
+from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_index import PhraseIndex, build_index
-from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.searcher import Searcher
 from odqa.system.cli import main
-from tiny_data import TINY_DOCS, TINY_QUESTIONS, code_world, write_jsonl
-from tiny_models import make_tiny_bert, make_tiny_t5
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from tiny_data import TINY_DOCS, write_jsonl
 
 from odqa.common.corpus import PassageStore, build_corpus
 from odqa.common.io import InputError
@@ -9,7 +10,6 @@ from odqa.common.retrieval_eval import answerable_flags, evaluate_results
 from odqa.common.retrieval_file import read_results, write_results
 from odqa.retriever.bm25 import BM25Index, BM25Params
 from odqa.retriever.retrieve import retrieve
-from tiny_data import TINY_DOCS, write_jsonl
 
 
 def test_bm25_ranks_the_passage_with_the_answer_first(tiny_corpus, tiny_questions):
@@ -67,9 +67,10 @@ def test_read_results_rejects_a_file_of_another_shape(tmp_path):
 def test_single_vector_dense_retriever(tiny_corpus, tiny_questions, tmp_path):
     """The single-vector comparator on a tiny BERT made here: exact inner product equals brute force."""
     import numpy as np
-    from odqa.retriever.dense import DenseIndex
-    from tiny_models import make_tiny_bert
     from tiny_data import TINY_DOCS, TINY_QUESTIONS
+    from tiny_models import make_tiny_bert
+
+    from odqa.retriever.dense import DenseIndex
     texts = [p for d in TINY_DOCS for s in d["sections"] for p in s["paragraphs"]] + [q["question"] for q in TINY_QUESTIONS]
     encoder = str(make_tiny_bert(tmp_path / "bert", texts + [d["title"] for d in TINY_DOCS]))
     index = DenseIndex.open(tiny_corpus, encoder)

@@ -1,9 +1,9 @@
 
 import pytest
+from tiny_data import write_jsonl
 
 from odqa.common.corpus import PassageStore, build_corpus, corpus_info, read_source
 from odqa.common.io import InputError, atomic_path, read_jsonl
-from tiny_data import write_jsonl
 
 
 def load(path):

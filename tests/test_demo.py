@@ -4,10 +4,10 @@ interrupted stage resumes and one started with other settings starts over."""
 import random
 
 import pytest
-
-from odqa.system.demo import Demo, DemoConfig, Stage, run_demo
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
+
+from odqa.system.demo import Demo, DemoConfig, Stage, run_demo
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo"]
 CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "dakar", "riga"]
@@ -133,6 +133,7 @@ def test_without_a_default_pipeline_a_command_says_what_makes_one(capsys):
 
 def test_no_fixture_touched_the_users_cache(world, first_run):
     from conftest import USER_HOME
+
     from odqa.common.defaults import pipeline_file
     user_record = USER_HOME / "pipeline.json"
     assert pipeline_file() != user_record

@@ -6,22 +6,22 @@ import shutil
 
 import numpy as np
 import pytest
+from tiny_data import write_jsonl
+from tiny_models import make_tiny_bert
 
 from odqa.common.corpus import DocumentTable, build_corpus
 from odqa.common.io import InputError
 from odqa.retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary
-from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.doc_index import DocRetriever, build_doc_index
 from odqa.retriever.doc_train import DocTrainArgs, train_doc
+from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_index import build_index
 from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.rerank import Candidates, combined
-from odqa.retriever.tune_lambda import tune_lambda
 from odqa.retriever.searcher import Searcher
 from odqa.retriever.supervise import supervise
-from tiny_data import write_jsonl
-from tiny_models import make_tiny_bert
+from odqa.retriever.tune_lambda import tune_lambda
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"]
 CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi"]
@@ -207,8 +207,8 @@ def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, caps
 
 
 def test_title_path_prefixes_sections_and_never_yields_candidates(world):
-    from odqa.retriever.phrase_data import encode_passages, passage_title
     from odqa.common.corpus import PassageStore
+    from odqa.retriever.phrase_data import encode_passages, passage_title
     tokenizer = load_tokenizer(world["bert"])
     p = next(p for p in PassageStore(world["corpus"]) if p["section"] == ["Early life"])
     assert passage_title(p, True) == f"{p['title']}, Early life" and passage_title(p, False) == p["title"]
@@ -222,6 +222,7 @@ def test_title_path_prefixes_sections_and_never_yields_candidates(world):
 
 def test_in_doc_negatives_widen_the_single_passage_softmax(world):
     import torch
+
     from odqa.retriever.phrase_data import collate
     from odqa.retriever.phrase_train import PhraseLoss, PhraseTrainArgs, load_examples, with_passage_context
     root = world["root"]
@@ -248,6 +249,7 @@ def test_in_doc_negatives_widen_the_single_passage_softmax(world):
 
 def test_cli_train_phrase_with_title_path_and_in_section_negatives(world, tmp_path, capsys):
     import json
+
     from odqa.system.cli import main
     sup = world["root"] / "sup"
     assert main(["train-phrase", "--train-file", str(sup / "train.jsonl"), "--validation-file", str(sup / "validation.jsonl"),

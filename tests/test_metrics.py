@@ -3,7 +3,7 @@ import unicodedata
 
 import pytest
 
-from odqa.common.metrics.answers import exact_match, f1_score, normalize_answer, regex_match, answer_em
+from odqa.common.metrics.answers import answer_em, exact_match, f1_score, normalize_answer, regex_match
 from odqa.common.metrics.has_answer import TokenizedText, answer_spans, dpr_tokenize, has_answer
 from odqa.common.metrics.retrieval import mrr_at_k, precision_at_k, retrieval_metrics, top_k_accuracy
 
@@ -96,8 +96,10 @@ def test_retrieval_metrics_known_values():
 
 
 def test_evaluate_module_loads_by_path():
-    import evaluate
     from pathlib import Path
+
+    import evaluate
+
     from odqa.common import metrics
     path = Path(metrics.__file__).parent / "odqa_em"
     em = evaluate.load(str(path))

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_data import write_jsonl
+from tiny_models import make_tiny_bert
 
 from odqa.common.corpus import build_corpus
 from odqa.common.io import InputError
@@ -21,8 +23,6 @@ from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.phrase_train import PhraseTrainArgs, train
 from odqa.retriever.searcher import Searcher
 from odqa.retriever.supervise import supervise
-from tiny_data import write_jsonl
-from tiny_models import make_tiny_bert
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar"]
 CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "riga", "sofia"]
@@ -70,6 +70,7 @@ def index(world):
 
 def test_in_batch_and_pre_batch_losses_match_a_hand_computation():
     import torch
+
     from odqa.retriever.phrase_train import PhraseLoss
 
     class Fixed(torch.nn.Module):
@@ -132,6 +133,7 @@ def test_dump_index_search_returns_the_planted_span(world, tmp_path):
 def brute_force_top_phrase(searcher, question):
     """Every span (i, j), i <= j < i + L, of every passage, scored with the model directly."""
     import torch
+
     from odqa.retriever.phrase_data import encode_passages
     from odqa.retriever.phrase_train import best_spans
     q_start, q_end = searcher.encode([question])

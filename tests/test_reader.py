@@ -10,20 +10,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_data import CODE_NAMES as NAMES, HOBBIES, TINY_DOCS, code_world, write_jsonl
 from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses
+from tiny_data import CODE_NAMES as NAMES
+from tiny_data import HOBBIES, TINY_DOCS, code_world, write_jsonl
 from tiny_models import make_tiny_t5
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from odqa.common.corpus import build_corpus
 from odqa.common.io import InputError
+from odqa.reader.cloze import salient_spans
 from odqa.reader.fid import FiDT5
 from odqa.reader.fid_data import FiDCollator, load_fid_file
-from odqa.reader.cloze import salient_spans
 from odqa.reader.fid_train import ReaderArgs, split_examples, train_reader
 from odqa.reader.pretrain import span_corrupt
 from odqa.reader.read import load_reader, read
 from odqa.reader.trainer import LoopArgs, deepspeed_config
+
 
 @pytest.fixture(scope="module")
 def t5(tmp_path_factory) -> Path:

@@ -1,9 +1,10 @@
 import json
 
+from tiny_data import write_jsonl
+
 from odqa.common.io import read_jsonl
 from odqa.common.questions import split_of
 from odqa.retriever.supervise import supervise
-from tiny_data import write_jsonl
 
 
 def test_supervise_writes_examples_with_answer_spans(tiny_corpus, tiny_questions, tmp_path):

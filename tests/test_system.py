@@ -3,6 +3,8 @@ the server answers, refuses bad input with 4xx, survives a reader error, sheds l
 says when it is loading, exports Prometheus metrics and finishes requests in flight on shutdown."""
 import pytest
 from fastapi.testclient import TestClient
+from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
+from tiny_models import make_tiny_bert, make_tiny_t5
 
 from odqa.common.corpus import PassageStore, build_corpus
 from odqa.retriever.lm import load_tokenizer
@@ -12,8 +14,6 @@ from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.searcher import Searcher
 from odqa.system.pipeline import Pipeline
 from odqa.system.serve import create_app
-from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
-from tiny_models import make_tiny_bert, make_tiny_t5
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,7 @@ def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
 
 def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_path, capsys):
     import json
+
     from odqa.system.cli import main
     root = system["root"]
     qfile = write_jsonl(tmp_path / "tiny-q.jsonl", TINY_QUESTIONS)

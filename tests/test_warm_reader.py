@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses
 from safetensors import safe_open
 from tiny_data import CODE_NAMES, HOBBIES, code_world
-from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses
 from tiny_models import make_tiny_bert
 from transformers import AutoTokenizer, EncoderDecoderModel
 

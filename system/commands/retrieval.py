@@ -51,10 +51,10 @@ def cmd_retrieve(args) -> None:
         fill_defaults(args)
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
-    store = PassageStore(corpus)
     if args.retriever == "phrase":
-        entries = retrieve_phrases(phrase_searcher(args), store, questions, args.k, args.batch_size)
+        entries = retrieve_phrases(phrase_searcher(args), questions, args.k, args.batch_size)
     else:
+        store = PassageStore(corpus)
         if args.retriever == "bm25":
             index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
         else:
