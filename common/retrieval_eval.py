@@ -6,14 +6,13 @@ cached in CORPUS/answerable/, keyed by the corpus fingerprint and the questions'
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Sequence
 
 from odqa.common.answer_index import AnswerIndex
+from odqa.common.artifact import fingerprint
 from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.io import read_json, write_json
 from odqa.common.metrics.answers import answer_em
@@ -24,9 +23,7 @@ log = logging.getLogger(__name__)
 
 def answerable_flags(entries: Sequence[dict], corpus_dir: str | os.PathLike) -> list[bool]:
     corpus_dir = Path(corpus_dir)
-    key = hashlib.sha256(json.dumps(
-        [corpus_info(corpus_dir)["fingerprint"]] + [[e["answers"], bool(e.get("regex"))] for e in entries],
-        ensure_ascii=False).encode()).hexdigest()[:16]
+    key = fingerprint([corpus_info(corpus_dir)["fingerprint"]] + [[e["answers"], bool(e.get("regex"))] for e in entries])
     cache = corpus_dir / "answerable" / f"{key}.json"
     if cache.exists():
         return read_json(cache)

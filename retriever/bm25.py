@@ -15,8 +15,9 @@ import bm25s
 import numpy as np
 import Stemmer
 
+from odqa.common.artifact import build_dir, current_manifest, read_manifest
 from odqa.common.corpus import PassageStore, corpus_info
-from odqa.common.io import InputError, atomic_path, read_json, write_json
+from odqa.common.io import InputError, loading
 
 log = logging.getLogger(__name__)
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on its logger when imported
@@ -52,11 +53,13 @@ class BM25Index:
         store.close()
         index = cls.from_texts(texts, params, info["fingerprint"])
         model = index.model
-        with atomic_path(corpus_dir / "bm25") as tmp:
+        with build_dir(corpus_dir / "bm25", cls.key(info["fingerprint"], params), passages=len(texts)) as (tmp, _):
             model.save(str(tmp), show_progress=False)
-            write_json(tmp / "manifest.json", {"fingerprint": info["fingerprint"], "passages": len(texts),
-                                                "params": asdict(params)})
         return index
+
+    @staticmethod
+    def key(corpus_fingerprint: str, params: BM25Params) -> dict:
+        return {"corpus": corpus_fingerprint, "params": asdict(params)}
 
     @classmethod
     def from_texts(cls, texts: list[str], params: BM25Params = BM25Params(), fingerprint: str = "",
@@ -70,23 +73,23 @@ class BM25Index:
     def load(cls, corpus_dir: str | os.PathLike) -> "BM25Index":
         corpus_dir = Path(corpus_dir)
         index_dir = corpus_dir / "bm25"
-        manifest = read_json(index_dir / "manifest.json")
+        manifest = read_manifest(index_dir)
+        if manifest is None or "key" not in manifest:
+            raise InputError(f"{index_dir} is not a BM25 index (no manifest.json with a key): run `odqa retrieve` "
+                             "to build one")
         fingerprint = corpus_info(corpus_dir)["fingerprint"]
-        if manifest["fingerprint"] != fingerprint:
+        if manifest["key"]["corpus"] != fingerprint:
             raise InputError(f"{index_dir} was built for another version of the corpus "
-                             f"({manifest['fingerprint']} != {fingerprint}): rebuild it")
-        model = bm25s.BM25.load(str(index_dir), show_progress=False)
-        return cls(model, BM25Params(**manifest["params"]), fingerprint)
+                             f"({manifest['key']['corpus']} != {fingerprint}): rebuild it")
+        with loading(index_dir, "the BM25 index"):
+            model = bm25s.BM25.load(str(index_dir), show_progress=False)
+        return cls(model, BM25Params(**manifest["key"]["params"]), fingerprint)
 
     @classmethod
     def open(cls, corpus_dir: str | os.PathLike, params: BM25Params = BM25Params()) -> "BM25Index":
         """The saved index if it matches the corpus and the parameters, else a freshly built one."""
-        manifest = Path(corpus_dir) / "bm25" / "manifest.json"
-        if manifest.exists():
-            saved = read_json(manifest)
-            if saved.get("params") == asdict(params) and saved.get("fingerprint") == corpus_info(corpus_dir)["fingerprint"]:
-                return cls.load(corpus_dir)
-            log.info("the saved BM25 index does not match the corpus or the parameters: rebuilding")
+        if current_manifest(Path(corpus_dir) / "bm25", cls.key(corpus_info(corpus_dir)["fingerprint"], params)):
+            return cls.load(corpus_dir)
         return cls.build(corpus_dir, params)
 
     @property

@@ -16,18 +16,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from odqa.common.artifact import build_dir, current_manifest
 from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.device import pick_device
-from odqa.common.io import (
-    VERIFY_ON_OPEN_BYTES,
-    InputError,
-    atomic_path,
-    checksums,
-    loading,
-    read_json,
-    verify_checksums,
-    write_json,
-)
+from odqa.common.io import InputError, loading
 from odqa.retriever.lm import load_lm, load_tokenizer
 from odqa.retriever.pooling import mean_pool
 
@@ -70,27 +62,19 @@ class DenseIndex:
     def open(cls, corpus_dir: str | os.PathLike, encoder: str) -> "DenseIndex":
         """The saved index for this corpus and encoder, or one built now."""
         out = cls.index_dir(corpus_dir, encoder)
-        fingerprint = corpus_info(corpus_dir)["fingerprint"]
+        key = {"corpus": corpus_info(corpus_dir)["fingerprint"], "encoder": str(encoder)}
         enc = MeanPoolEncoder(str(encoder))
-        if (out / "manifest.json").exists():
-            manifest = read_json(out / "manifest.json")
-            problems = verify_checksums(out, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
-            if manifest.get("fingerprint") == fingerprint and manifest.get("encoder") == str(encoder) and not problems:
-                with loading(out / "passages.faiss", "the dense index"):
-                    return cls(enc, faiss.read_index(str(out / "passages.faiss")))
-            log.info("%s is %s: rebuilding", out, problems[0] if problems else "stale")
+        if current_manifest(out, key):
+            with loading(out / "passages.faiss", "the dense index"):
+                return cls(enc, faiss.read_index(str(out / "passages.faiss")))
         store = PassageStore(corpus_dir)
         passages = list(store)
         store.close()
         vecs = enc.encode([f"{p['title']} {p['text']}" for p in passages], desc="dense passages")
         index = faiss.IndexFlatIP(vecs.shape[1])
         index.add(vecs)
-        with atomic_path(out) as tmp:
-            tmp.mkdir()
+        with build_dir(out, key, passages=len(passages), dim=int(vecs.shape[1])) as (tmp, _):
             faiss.write_index(index, str(tmp / "passages.faiss"))
-            write_json(tmp / "manifest.json", {"fingerprint": fingerprint, "encoder": str(encoder),
-                                               "passages": len(passages), "dim": int(vecs.shape[1]),
-                                               "files": checksums(tmp)})
         return cls(enc, index)
 
     def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

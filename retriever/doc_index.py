@@ -17,9 +17,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from odqa.common.artifact import build_dir
 from odqa.common.corpus import DocumentTable, corpus_info
 from odqa.common.device import pick_device
-from odqa.common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
+from odqa.common.io import InputError, check_checksums, loading, read_json, write_json
 from odqa.retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions
 from odqa.retriever.lm import load_tokenizer
 
@@ -38,13 +39,11 @@ def build_doc_index(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
     if not index.is_trained:
         index.train(vecs[np.random.default_rng(seed).permutation(len(vecs))[:200_000]])
     index.add(vecs)
-    manifest = {"encoder_hash": doc_encoder_hash(model_dir), "encoder": str(model_dir), "factory": factory,
-                "documents": len(table), "dim": int(vecs.shape[1]), "fingerprint": corpus_info(corpus_dir)["fingerprint"]}
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir()
+    encoder_hash, corpus = doc_encoder_hash(model_dir), corpus_info(corpus_dir)["fingerprint"]
+    with build_dir(out_dir, {"encoder_hash": encoder_hash, "corpus": corpus, "factory": factory},
+                   encoder_hash=encoder_hash, encoder=str(model_dir), factory=factory, documents=len(table),
+                   dim=int(vecs.shape[1]), fingerprint=corpus) as (tmp, manifest):
         faiss.write_index(index, str(tmp / "docs.faiss"))
-        manifest["files"] = checksums(tmp)
-        write_json(tmp / "manifest.json", manifest)
     log.info("document index %s: %d documents (%s)", out_dir, len(table), factory)
     return manifest
 

@@ -24,8 +24,9 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
+from odqa.common.artifact import build_dir
 from odqa.common.corpus import corpus_info
-from odqa.common.io import InputError, atomic_path, check_checksums, checksums, loading, read_json, write_json
+from odqa.common.io import InputError, check_checksums, loading, read_json
 from odqa.retriever.phrase_dump import dump_shards, read_dump
 from odqa.retriever.phrase_filter import filter_dir, keep_mask
 
@@ -67,8 +68,9 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
     n_pass = corpus_info(corpus_dir)["passages"]
     counts = np.bincount(merged["passage_row"], minlength=n_pass)
 
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir()
+    key = {"corpus": first["fingerprint"], "encoder_hash": first["encoder_hash"], "factory": factory, "keep": keep,
+           "filter_threshold": threshold, "train_size": train_size, "seed": seed}
+    with build_dir(out_dir, key) as (tmp, manifest):
         for side in ("start", "end"):
             index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
             if not index.is_trained:
@@ -84,15 +86,12 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
             # under 64k characters, tokens 8 bits under 256 tokens.
             np.savez_compressed(f, passage_count=counts.astype(np.int32), token=_narrow(merged["token"]),
                                 char_start=_narrow(merged["char_start"]), char_end=_narrow(merged["char_end"]))
-        manifest = {"version": MANIFEST_VERSION, "encoder_hash": first["encoder_hash"], "factory": factory,
-                    "keep": keep, "filter_threshold": threshold, "vectors": int(n_vec), "passages": int(n_pass),
-                    "dim": int(dim), "max_span_len": first["max_span_len"], "fingerprint": first["fingerprint"],
-                    "vectors_per_passage": n_vec / max(n_pass, 1), "files": checksums(tmp)}
-        write_json(tmp / "manifest.json", manifest)
         sizes = {p.name: p.stat().st_size for p in tmp.iterdir()}
-        manifest["bytes"] = sizes
-        manifest["bytes_per_passage"] = sum(sizes.values()) / max(n_pass, 1)
-        write_json(tmp / "manifest.json", manifest)
+        manifest.update(version=MANIFEST_VERSION, encoder_hash=first["encoder_hash"], factory=factory, keep=keep,
+                        filter_threshold=threshold, vectors=int(n_vec), passages=int(n_pass), dim=int(dim),
+                        max_span_len=first["max_span_len"], fingerprint=first["fingerprint"],
+                        vectors_per_passage=n_vec / max(n_pass, 1), bytes=sizes,
+                        bytes_per_passage=sum(sizes.values()) / max(n_pass, 1))
     log.info("phrase index %s: %d vectors (%.1f per passage), %.0f bytes per passage", out_dir, n_vec,
              manifest["vectors_per_passage"], manifest["bytes_per_passage"])
     return manifest

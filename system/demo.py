@@ -20,7 +20,6 @@ finished stages took against their estimates.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from odqa.common import datapack
+from odqa.common.artifact import fingerprint
 from odqa.common.corpus import PassageStore, build_corpus, corpus_info
 from odqa.common.defaults import record_pipeline
 from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
@@ -128,10 +128,6 @@ class Stage:
                  settings: dict, outputs: list[Path], clean: list[Path] = ()):
         self.name, self.what, self.estimate_s, self.fn = name, what, estimate_s, fn
         self.settings, self.outputs, self.clean = settings, outputs, list(clean)
-
-
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class Demo:
@@ -415,7 +411,7 @@ class Demo:
     def keys(self, stages: list[Stage]) -> dict[str, dict]:
         keys, previous = {}, None
         for s in stages:
-            keys[s.name] = {"settings": s.settings, "after": _digest(previous)}
+            keys[s.name] = {"settings": s.settings, "after": fingerprint(previous)}
             previous = keys[s.name]
         return keys
 

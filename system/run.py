@@ -13,17 +13,15 @@ Resumable: each file is written atomically beside a `.key.json` naming what it w
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
+from odqa.common.artifact import cached_file, path_fingerprint
 from odqa.common.corpus import PassageStore
 from odqa.common.defaults import fill_defaults
 from odqa.common.device import pick_device
-from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
+from odqa.common.io import InputError, read_jsonl, write_json, write_jsonl
 from odqa.common.metrics.answers import answer_em
 from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
@@ -36,35 +34,6 @@ from odqa.system.report import write_report
 log = logging.getLogger(__name__)
 
 
-def cached(path: Path, key: dict, make: Callable[[], None], depth: int | None = None) -> dict:
-    """Make `path` unless it exists with the same key (and, for a ranked file, at least `depth`
-    passages a question: a deeper run serves every smaller k); returns the key of what is there."""
-    key = json.loads(json.dumps(key, default=str))
-    key_path = path.with_name(path.name + ".key.json")
-    if path.exists() and key_path.exists():
-        saved = read_json(key_path)
-        if {k: v for k, v in saved.items() if k != "depth"} == key and (depth is None or saved.get("depth", 0) >= depth):
-            log.info("reusing %s", path)
-            return saved
-    # The key goes first and comes back last: a kill in between leaves a file with no key, which is made
-    # again, never a new file under an old key.
-    key_path.unlink(missing_ok=True)
-    make()
-    key = {**key, "depth": depth} if depth is not None else key
-    write_json(key_path, key)
-    return key
-
-
-def _fingerprint(path: str | None) -> str | None:
-    """Identifies a model or index directory by its files' names, sizes and times (cheap, not a hash of GBs)."""
-    if not path:
-        return None
-    p = Path(path)
-    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-    return hashlib.sha256(json.dumps([(str(f.relative_to(p) if p.is_dir() else f), f.stat().st_size,
-                                       int(f.stat().st_mtime)) for f in files]).encode()).hexdigest()[:16]
-
-
 def run(args: RunArgs) -> list[dict]:
     fill_defaults(args, reader=True)
     out = Path(args.out_dir)
@@ -75,12 +44,12 @@ def run(args: RunArgs) -> list[dict]:
         raise InputError(f"--baselines: each of {', '.join(BASELINES)}, not {args.baselines}")
     corpus = args.corpus or str(default_corpus())
     max_k = max(args.k)
-    base_key = {"index": _fingerprint(args.index), "model": _fingerprint(args.model), "corpus": corpus,
-                "doc_index": _fingerprint(args.doc_index), "doc_model": _fingerprint(args.doc_model),
+    base_key = {"index": path_fingerprint(args.index), "model": path_fingerprint(args.model), "corpus": corpus,
+                "doc_index": path_fingerprint(args.doc_index), "doc_model": path_fingerprint(args.doc_model),
                 "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam, "limit": args.limit}
     write_json(out / "run_args.json", asdict(args))
     searcher = None
-    reader_fp = _fingerprint(args.reader)
+    reader_fp = path_fingerprint(args.reader)
     device = pick_device()
     loaded_reader: list = []
 
@@ -103,7 +72,7 @@ def run(args: RunArgs) -> list[dict]:
                 searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
                                          args.top_docs, args.lam, args.nprobe)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
-        r_key = cached(retrieval, r_key, make_retrieval, depth=max_k)
+        r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
         entries = read_results(retrieval)
         curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}
         if set(args.baselines) - {"none"}:
@@ -112,9 +81,9 @@ def run(args: RunArgs) -> list[dict]:
         for k in sorted(args.k):
             fid_file, pred_file = out / f"fid-{ds}-k{k}.jsonl", out / f"pred-{ds}-k{k}.jsonl"
             f_key = {"retrieval": r_key, "k": k}
-            cached(fid_file, f_key, lambda: write_jsonl(fid_file, ({**e, "ctxs": e["ctxs"][:k]} for e in entries)))
+            cached_file(fid_file, f_key, lambda: write_jsonl(fid_file, ({**e, "ctxs": e["ctxs"][:k]} for e in entries)))
             p_key = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding}
-            cached(pred_file, p_key, lambda: read_with(*reader(), fid_file, pred_file, n_passages=k,
+            cached_file(pred_file, p_key, lambda: read_with(*reader(), fid_file, pred_file, n_passages=k,
                                                        batch_size=args.batch_size, text_maxlength=args.text_maxlength,
                                                        device=device, decoding=args.decoding))
             per_k[k] = [obj for _, obj in read_jsonl(pred_file)]
@@ -148,7 +117,7 @@ def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k:
             store = PassageStore(corpus)
             write_results(path, retrieve(open_index(), store, questions, max_k))
             store.close()
-        cached(path, {"corpus": corpus, "questions": name, "limit": args.limit,
+        cached_file(path, {"corpus": corpus, "questions": name, "limit": args.limit,
                       "encoder": encoder if kind == "dense" else None}, make, depth=max_k)
         runs[label] = [[c["has_answer"] for c in e["ctxs"]] for e in read_results(path)]
     return runs

@@ -32,7 +32,7 @@ def test_index_is_saved_reused_and_rebuilt_when_stale(tiny_corpus, tiny_docs, tm
     BM25Index.open(tiny_corpus)
     assert manifest.stat().st_mtime_ns == mtime                           # reused
     BM25Index.open(tiny_corpus, BM25Params(k1=0.9))
-    assert json.loads(manifest.read_text())["params"]["k1"] == 0.9        # other parameters: rebuilt
+    assert json.loads(manifest.read_text())["key"]["params"]["k1"] == 0.9        # other parameters: rebuilt
     build_corpus([write_jsonl(tmp_path / "more.jsonl", TINY_DOCS[:2])], tiny_corpus)
     with pytest.raises(InputError, match="another version of the corpus"):
         BM25Index.load(tiny_corpus)

@@ -348,7 +348,7 @@ def test_serve_with_no_flags_serves_the_default_pipeline(system, monkeypatch):
 
 
 def test_a_kill_between_file_and_key_never_leaves_a_new_file_under_an_old_key(tmp_path):
-    from odqa.system.run import cached
+    from odqa.common.artifact import cached_file as cached
     path = tmp_path / "retrieval.json"
     made = []
 
