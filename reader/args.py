@@ -1,13 +1,14 @@
 """The settings of the reader's jobs, as dataclasses whose fields carry their command-line help: one
 flag per field in `odqa pretrain-reader`, `train-reader` and `reader cloze`. Nothing heavy is imported
-here, so that building the CLI's parser (and `odqa --help`) loads no torch. Metadata keys as in
-`odqa.retriever.args`: "help", "flag", "aliases"."""
+here, so that building the CLI's parser (and `odqa --help`) loads no torch. Fields are made by
+`odqa.common.settings`; the optimiser settings are its `OptimArgs`, embedded."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from odqa.common.io import InputError
+from odqa.common.settings import OUT, OptimArgs, arg, listed, required
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DECODING = ("spans", "free")     # answers are passage spans | any tokens
@@ -19,40 +20,28 @@ PRESETS = {
 }
 
 
-def arg(default=None, help: str = "", **meta):
-    return field(default=default, metadata={"help": help, **meta})
-
-
-def required(help: str, **meta):
-    return field(metadata={"help": help, **meta})
-
-
-@dataclass
-class LoopArgs:
+@dataclass(kw_only=True)
+class LoopArgs(OptimArgs):
     """The DeepSpeed training loop's settings (`odqa.reader.trainer.train_loop`)."""
-    out_dir: str = required("checkpoint/ (DeepSpeed), best/ and last/ (plain HF checkpoints) go here",
-                            flag="--out", aliases=["--out-dir"])
     epochs: int = arg(1, "passes over the training data")
-    max_steps: int | None = arg(None, "optimizer steps (default: --epochs over the data)")
     batch_size: int = arg(4, "micro-batch per process")
-    accumulation: int = arg(1, "gradient accumulation steps")
     lr: float = arg(1e-4, "peak learning rate")
+    save_steps: int = arg(500, "DeepSpeed checkpoint every N steps and at the end")
+    seed: int = arg(0, "seed of data order and initialisation")
+    out_dir: str = required("checkpoint/ (DeepSpeed), best/ and last/ (plain HF checkpoints) go here", **OUT)
+    max_steps: int | None = arg(None, "optimizer steps (default: --epochs over the data)")
+    accumulation: int = arg(1, "gradient accumulation steps")
     new_lr: float | None = arg(None, "peak rate of the weights a warm start made anew (cross-attention, LM head); "
                                      "default --lr")
-    weight_decay: float = arg(0.01, "AdamW weight decay")
     warmup_steps: int = arg(100, "steps of linear warm-up")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm")
     eval_steps: int = arg(500, "evaluate (and keep the best) every N steps and at the end")
-    save_steps: int = arg(500, "DeepSpeed checkpoint every N steps and at the end")
     log_steps: int = arg(10, "log the loss every N steps")
-    seed: int = arg(0, "seed of data order and initialisation")
     deepspeed_config: str = arg(str(CONFIG_DIR / "zero2.json"), "DeepSpeed JSON; its \"auto\" values come from "
                                                                 "these flags")
     zero_stage: int | None = arg(None, "override the JSON's ZeRO stage (0-3)")
     offload: bool = arg(False, "optimizer (stage 3: also parameters) offloaded to CPU")
     precision: str = arg("auto", "auto: bf16 on CUDA, fp32 on CPU; or bf16, fp32")
     gradient_checkpointing: bool = arg(False, "recompute the encoder blocks in backward (memory for time)")
-    resume: bool = arg(False, "continue from OUT/checkpoint")
 
     def __post_init__(self):
         # Refused here, before any model loads, rather than after a training step (eval_steps 0 is a
@@ -68,8 +57,7 @@ class LoopArgs:
 class ReaderArgs:
     model: str = required("reader checkpoint: `odqa reader init` output (--from or --preset), t5-base, or a reader "
                           "to continue")
-    train_file: list[str] = field(default_factory=list, metadata={
-        "help": "retrieval files from `odqa retrieve` (JSON or JSONL with ctxs)"})
+    train_file: list[str] = listed([], "retrieval files from `odqa retrieve` (JSON or JSONL with ctxs)")
     validation_file: str | None = arg(None, "default: the training files' questions held out by the supervise hash "
                                             "split")
     validation_percent: float = arg(10.0, "share of the training files' questions held out when no "

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from odqa.common.io import InputError, atomic_path, read_json, read_jsonl, require_file
+from odqa.common.questions import parse_question
 from odqa.reader.spans import PassageSpans
 
 
@@ -35,12 +36,7 @@ class FiDExample:
 
 
 def _parse(obj: dict, where: str) -> FiDExample:
-    question = obj.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise InputError(f"{where}: empty or missing \"question\"")
-    answers = obj.get("answers", [])
-    if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
-        raise InputError(f"{where}: \"answers\" must be a list of strings")
+    q = parse_question({**obj, "answers": obj.get("answers", [])}, where)   # a file to read may lack answers
     ctxs = obj.get("ctxs")
     if not isinstance(ctxs, list):
         raise InputError(f"{where}: needs a \"ctxs\" list")
@@ -52,9 +48,9 @@ def _parse(obj: dict, where: str) -> FiDExample:
     if all("score" in c for c in ctxs):
         ctxs = sorted(ctxs, key=lambda c: -c["score"])
     target = obj.get("target")
-    return FiDExample(id=str(obj.get("id", "")), question=question.strip(), answers=answers,
+    return FiDExample(id=q.id, question=q.question, answers=q.answers,
                       passages=[(c.get("title", ""), c["text"]) for c in ctxs],
-                      target=target if isinstance(target, str) else None, regex=bool(obj.get("regex", False)),
+                      target=target if isinstance(target, str) else None, regex=q.regex,
                       has_answer=[bool(c["has_answer"]) for c in ctxs] if all("has_answer" in c for c in ctxs)
                       else None)
 

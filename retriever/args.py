@@ -2,45 +2,35 @@
 help (tevatron-style): `odqa train-phrase`, `train-query` and `train-doc` make one flag per field. This
 module imports nothing heavy, so that building the CLI's parser (and `odqa --help`) loads no torch.
 
-`metadata` keys: "help"; "flag" where the flag is not --field-name; "aliases" for old spellings that
-still work, with a deprecation line.
+Fields are made by `odqa.common.settings` (help in their metadata); the optimiser settings are
+`OptimArgs`, embedded.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from odqa.common.settings import OUT, OptimArgs, arg, required
 
 DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
 
 
-def arg(default=None, help: str = "", **meta):
-    """A dataclass field with its help text (and flag metadata)."""
-    return field(default=default, metadata={"help": help, **meta})
+@dataclass(kw_only=True)
+class RetrieverOptimArgs(OptimArgs):
+    """The retriever trainers' optimiser settings: warm-up as a share of the steps (`retriever.train_loop`)."""
+    warmup_ratio: float = arg(0.1, "share of the steps spent warming the rate up")
 
 
-def required(help: str, **meta):
-    return field(metadata={"help": help, **meta})
-
-
-OUT_DIR = dict(flag="--out", aliases=["--out-dir"])
-
-
-@dataclass
-class PhraseTrainArgs:
+@dataclass(kw_only=True)
+class PhraseTrainArgs(RetrieverOptimArgs):
     train_file: str = required("supervision examples from `odqa supervise`")
     validation_file: str = required("supervision examples to validate on")
-    out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT_DIR)
+    out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT)
     encoder: str = required("AutoModel name or path, or a phrase checkpoint to continue")
     head: str = arg("split", "start/end vectors: 'split' halves of the hidden state or two 'linear' heads")
     question_encoder: str = arg("dual", "'dual' LMs or one 'shared' LM with two heads")
     max_span_len: int = arg(20, "L: longest phrase in tokens")
     max_passage_tokens: int = arg(192, "passage tokens the encoder reads")
     max_question_tokens: int = arg(48, "question tokens the encoder reads")
-    epochs: int = arg(2, "passes over the training examples")
-    batch_size: int = arg(16, "questions per step (per process)")
-    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up and decay)")
-    weight_decay: float = arg(0.01, "AdamW weight decay")
-    warmup_ratio: float = arg(0.1, "share of the steps spent warming the rate up")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm")
     neg_coef: float = arg(1.0, "weight of the in-batch and pre-batch negatives' loss")
     filter_coef: float = arg(0.1, "weight of the filter head's loss")
     pre_batch: int = arg(2, "C: preceding batches whose gold vectors are negatives")
@@ -57,9 +47,6 @@ class PhraseTrainArgs:
     hard_negative_count: int = arg(1, "hard negative passages per question (round 2)")
     max_train_examples: int | None = arg(None, "use only the first N training examples")
     max_validation_examples: int | None = arg(500, "validate on the first N examples")
-    save_steps: int = arg(0, "also checkpoint every N steps (0: each epoch only)")
-    seed: int = arg(13, "seed of data order and initialisation")
-    resume: bool = arg(False, "continue from OUT/checkpoint")
 
 
 @dataclass
@@ -67,7 +54,7 @@ class QueryTrainArgs:
     model: str = required("phrase model checkpoint the index was built with")
     index: str = required("phrase index directory")
     corpus: str = required("the corpus the index was built from")
-    out_dir: str = required("where the query-tuned checkpoint goes", **OUT_DIR)
+    out_dir: str = required("where the query-tuned checkpoint goes", **OUT)
     questions: str = arg("nq-dev", "training question set")
     label: str = arg("phrase", "phrase, passage or document: what makes a retrieved phrase a positive")
     top_k: int = arg(100, "phrases retrieved per question")
@@ -78,26 +65,21 @@ class QueryTrainArgs:
     seed: int = arg(13, "seed of data order")
 
 
-@dataclass
-class DocTrainArgs:
-    train_file: str = required("supervision examples from `odqa supervise`")
-    validation_file: str = required("supervision examples to validate on")
-    corpus: str = required("`odqa corpus build` output")
-    out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT_DIR)
-    encoder: str = required("AutoModel name or path, or a document-encoder checkpoint to continue (round 2)")
-    negatives: str = arg("abstract", "abstract (BM25 over abstracts), model (mined with --encoder: round 2) or none")
-    negatives_per_question: int = arg(1, "hard negative documents per question")
+@dataclass(kw_only=True)
+class DocTrainArgs(RetrieverOptimArgs):
+    # the document encoder's own defaults for the optimiser settings
     epochs: int = arg(1, "passes over the training examples")
     batch_size: int = arg(32, "questions per step (per process)")
     lr: float = arg(2e-5, "peak learning rate (AdamW, linear warm-up and decay)")
-    weight_decay: float = arg(0.01, "AdamW weight decay")
-    warmup_ratio: float = arg(0.1, "share of the steps spent warming the rate up")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    train_file: str = required("supervision examples from `odqa supervise`")
+    validation_file: str = required("supervision examples to validate on")
+    corpus: str = required("`odqa corpus build` output")
+    out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT)
+    encoder: str = required("AutoModel name or path, or a document-encoder checkpoint to continue (round 2)")
+    negatives: str = arg("abstract", "abstract (BM25 over abstracts), model (mined with --encoder: round 2) or none")
+    negatives_per_question: int = arg(1, "hard negative documents per question")
     max_doc_tokens: int = arg(192, "document-summary tokens the encoder reads")
     max_question_tokens: int = arg(48, "question tokens the encoder reads")
     max_train_examples: int | None = arg(None, "use only the first N training examples")
     max_validation_examples: int | None = arg(500, "validate on the first N examples")
     validation_docs: int = arg(0, "0: validate over every document; N: the positives and N random others")
-    save_steps: int = arg(0, "also checkpoint every N steps (0: each epoch only)")
-    seed: int = arg(13, "seed of data order and initialisation")
-    resume: bool = arg(False, "continue from OUT/checkpoint")

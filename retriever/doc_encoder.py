@@ -9,9 +9,8 @@ retrieves; scores are cosines, scaled by `scale` inside the training softmax.
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,14 +18,17 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from odqa.common.io import InputError, atomic_path, hash_files
-from odqa.retriever.lm import load_lm, read_config
+from odqa.common.io import InputError, hash_files
+from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
 from odqa.retriever.pooling import mean_pool
 
 
 def doc_summary(doc: dict) -> tuple[str, str]:
     """(title tree, abstract) of a documents.jsonl row."""
     return ", ".join([doc["title"], *doc.get("toc", [])]), doc.get("abstract") or ""
+
+
+CONFIG_FILE = "doc_encoder_config.json"
 
 
 @dataclass
@@ -59,26 +61,17 @@ class DocEncoder(nn.Module):
         return self.encode_questions(**questions), self.encode_docs(**docs)
 
     def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
-        with atomic_path(out_dir) as tmp:
-            tmp.mkdir()
-            self.question_lm.save_pretrained(tmp / "question_lm")
-            self.doc_lm.save_pretrained(tmp / "doc_lm")
-            (tmp / "doc_encoder_config.json").write_text(json.dumps(asdict(self.config), indent=2))
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp / "tokenizer")
+        with saving_checkpoint(out_dir, {"question_lm": self.question_lm, "doc_lm": self.doc_lm}, self.config,
+                               CONFIG_FILE, tokenizer):
+            pass   # nothing of its own beside the two LMs
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "DocEncoder":
-        path = Path(path)
-        cfg = path / "doc_encoder_config.json"
-        if not cfg.exists():
-            raise InputError(f"{path} is not a document encoder checkpoint (no doc_encoder_config.json)")
-        config = read_config(cfg, DocEncoderConfig)
-        return cls(config, {name: load_lm(path / name) for name in ("question_lm", "doc_lm")})
+        return cls(*open_checkpoint(path, CONFIG_FILE, DocEncoderConfig, ("question_lm", "doc_lm"), "document encoder"))
 
 
 def is_doc_checkpoint(path: str | os.PathLike) -> bool:
-    return (Path(path) / "doc_encoder_config.json").exists()
+    return (Path(path) / CONFIG_FILE).exists()
 
 
 def doc_encoder_hash(path: str | os.PathLike) -> str:

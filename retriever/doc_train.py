@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import asdict
-from pathlib import Path
 
 import faiss
 import numpy as np
@@ -42,7 +41,7 @@ from odqa.retriever.doc_encoder import (
     tokenize_questions,
 )
 from odqa.retriever.lm import load_tokenizer
-from odqa.retriever.train_loop import LoopConfig, train_epochs
+from odqa.retriever.train_loop import seeded, train_epochs
 
 log = logging.getLogger(__name__)
 NEGATIVES = ("abstract", "model", "none")
@@ -143,9 +142,7 @@ def _collate(tokenizer, table: DocumentTable, cfg: DocEncoderConfig, n_neg: int,
 def train_doc(args: DocTrainArgs) -> dict:
     if args.negatives not in NEGATIVES:
         raise InputError(f"negatives must be one of {NEGATIVES}, not {args.negatives!r}")
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    out = Path(args.out_dir)
+    out = seeded(args)
     if is_doc_checkpoint(args.encoder):
         model = DocEncoder.from_pretrained(args.encoder)
     else:
@@ -188,9 +185,8 @@ def train_doc(args: DocTrainArgs) -> dict:
         log.info("document retrieval on validation: %s", {k: round(v, 2) for k, v in metrics.items()})
         return metrics["Top-20"]
 
-    cfg = LoopConfig(args.epochs, steps_per_epoch, args.lr, args.weight_decay, args.warmup_ratio, args.max_grad_norm,
-                     args.save_steps, args.resume, desc="train-doc")
-    state = train_epochs(model, cfg, out, loader, DocLoss(model.config.scale), validate,
+
+    state = train_epochs(model, args, steps_per_epoch, "train-doc", out, loader, DocLoss(model.config.scale), validate,
                          lambda m, path: m.save_pretrained(path, tokenizer))
     summary = {"best_top20": state["best"], "validation_top20": state["validation"], "steps": state["global_step"],
                "validation": validation, "train_questions": len(train_ex), "with_negatives": with_neg,

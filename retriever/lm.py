@@ -3,14 +3,17 @@ dense encoders are made of, so that a checkpoint that is missing, truncated, mal
 kind is refused with its path (an InputError) wherever it is read."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
-from odqa.common.io import InputError, loading, read_json
+from odqa.common.io import InputError, atomic_path, loading, read_json
 
 
 def load_lm(name_or_path: str | os.PathLike, **kwargs) -> nn.Module:
@@ -48,3 +51,28 @@ def read_config(path: Path, cls, required: tuple[str, ...] = ("encoder",)):
         return cls(**raw)
     except (TypeError, ValueError) as e:
         raise InputError(f"{path}: {e}") from None
+
+
+@contextlib.contextmanager
+def saving_checkpoint(out_dir: str | os.PathLike, lms: dict[str, nn.Module | None], config, config_name: str,
+                      tokenizer=None) -> Iterator[Path]:
+    """Write an encoder checkpoint atomically: each LM a plain HF checkpoint in a folder of its name,
+    the config dataclass as `config_name`, the tokenizer in tokenizer/; yields the directory being
+    written, for the files of the encoder's own (its heads)."""
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        for name, lm in lms.items():
+            if lm is not None:
+                lm.save_pretrained(tmp / name)
+        (tmp / config_name).write_text(json.dumps(dataclasses.asdict(config), indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "tokenizer")
+        yield tmp
+
+
+def open_checkpoint(path: str | os.PathLike, config_name: str, cls, names: tuple[str, ...], what: str):
+    """(config, {name: LM}) of a checkpoint `saving_checkpoint` wrote; LMs it does not hold are left out."""
+    path = Path(path)
+    if not (path / config_name).exists():
+        raise InputError(f"{path} is not a {what} checkpoint (no {config_name})")
+    return read_config(path / config_name, cls), {name: load_lm(path / name) for name in names if (path / name).exists()}

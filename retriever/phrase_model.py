@@ -11,16 +11,18 @@ the phrase dump.
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from odqa.common.io import InputError, atomic_path, hash_files, loading
-from odqa.retriever.lm import load_lm, read_config
+from odqa.common.io import InputError, hash_files, loading
+from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
+
+CONFIG_FILE = "phrase_config.json"
+LMS = ("phrase_lm", "q_start_lm", "q_end_lm")
 
 
 @dataclass
@@ -98,30 +100,16 @@ class DensePhraseModel(nn.Module):
     # --- checkpoints: one directory, each LM a plain HF checkpoint, heads in heads.pt ---
 
     def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
-        with atomic_path(out_dir) as tmp:
-            tmp.mkdir()
-            for name in ("phrase_lm", "q_start_lm", "q_end_lm"):
-                lm = getattr(self, name)
-                if lm is not None:
-                    lm.save_pretrained(tmp / name)
+        lms = {name: getattr(self, name) for name in LMS}
+        with saving_checkpoint(out_dir, lms, self.config, CONFIG_FILE, tokenizer) as tmp:
             heads = {k: v for k, v in self.state_dict().items() if not k.split(".")[0].endswith("_lm")}
             torch.save({k: v for k, v in heads.items() if not k.startswith("q_")}, tmp / "phrase_heads.pt")
             torch.save({k: v for k, v in heads.items() if k.startswith("q_")}, tmp / "question_heads.pt")
-            (tmp / "phrase_config.json").write_text(json.dumps(asdict(self.config), indent=2))
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp / "tokenizer")
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "DensePhraseModel":
         path = Path(path)
-        cfg_path = path / "phrase_config.json"
-        if not cfg_path.exists():
-            raise InputError(f"{path} is not a phrase model checkpoint (no phrase_config.json)")
-        config = read_config(cfg_path, PhraseModelConfig)
-        lms = {}
-        for name in ("phrase_lm", "q_start_lm", "q_end_lm"):
-            if (path / name).exists():
-                lms[name] = load_lm(path / name)
+        config, lms = open_checkpoint(path, CONFIG_FILE, PhraseModelConfig, LMS, "phrase model")
         with loading(path, "the phrase model"):
             model = cls(config, lms)
         expected = model.state_dict()
@@ -134,7 +122,7 @@ class DensePhraseModel(nn.Module):
             for key, value in part.items():
                 if key in expected and getattr(value, "shape", None) != expected[key].shape:
                     raise InputError(f"{path / name}: {key} has shape {tuple(getattr(value, 'shape', ()))}, "
-                                     f"but {cfg_path.name} makes it {tuple(expected[key].shape)}")
+                                     f"but {CONFIG_FILE} makes it {tuple(expected[key].shape)}")
             heads.update(part)
         missing, unexpected = model.load_state_dict(heads, strict=False)
         bad = [k for k in missing if not k.split(".")[0].endswith("_lm")] + unexpected

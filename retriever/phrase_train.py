@@ -47,12 +47,13 @@ from odqa.retriever.phrase_data import (
     passage_title,
 )
 from odqa.retriever.phrase_model import (
+    CONFIG_FILE,
     DensePhraseModel,
     PhraseModelConfig,
     kept_tokens,
     phrase_encoder_hash,
 )
-from odqa.retriever.train_loop import LoopConfig, train_epochs
+from odqa.retriever.train_loop import seeded, train_epochs
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite
@@ -282,10 +283,8 @@ def mine_hard_negatives(examples: list[dict], args: PhraseTrainArgs) -> None:
 def train(args: PhraseTrainArgs) -> dict:
     if args.in_doc_negatives not in IN_DOC:
         raise InputError(f"in_doc_negatives must be one of {IN_DOC}, not {args.in_doc_negatives!r}")
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    out = Path(args.out_dir)
-    continuing = (Path(args.encoder) / "phrase_config.json").exists()
+    out = seeded(args)
+    continuing = (Path(args.encoder) / CONFIG_FILE).exists()
     if continuing:
         model = DensePhraseModel.from_pretrained(args.encoder)
     else:
@@ -310,9 +309,8 @@ def train(args: PhraseTrainArgs) -> dict:
         raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
-    loop = LoopConfig(args.epochs, steps_per_epoch, args.lr, args.weight_decay, args.warmup_ratio, args.max_grad_norm,
-                      args.save_steps, args.resume, desc="train-phrase")
-    state = train_epochs(model, loop, out, lambda epoch: _loader(train_ex, tokenizer, cfg, args, epoch), PhraseLoss(args),
+
+    state = train_epochs(model, args, steps_per_epoch, "train-phrase", out, lambda epoch: _loader(train_ex, tokenizer, cfg, args, epoch), PhraseLoss(args),
                          lambda m: validation_em(m, tokenizer, val_ex, cfg),
                          lambda m, path: m.save_pretrained(path, tokenizer))
     return {"best_em": state["best"], "validation_em": state["validation"], "steps": state["global_step"],

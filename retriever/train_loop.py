@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -23,24 +23,20 @@ from tqdm import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from odqa.common.io import InputError, publish, read_json, write_json
+from odqa.retriever.args import OptimArgs
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class LoopConfig:
-    epochs: int
-    steps_per_epoch: int
-    lr: float
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    save_steps: int = 0
-    resume: bool = False
-    desc: str = "train"
+def seeded(args: OptimArgs) -> Path:
+    """Seed Python's and torch's generators from the settings (initialisation, dropout); the output
+    directory of the run."""
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    return Path(args.out_dir)
 
 
-def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
+def train_epochs(model: torch.nn.Module, cfg: OptimArgs, steps_per_epoch: int, desc: str, out: Path,
                  loader_for_epoch: Callable[[int], torch.utils.data.DataLoader],
                  loss_fn: Callable[[torch.nn.Module, dict, int], tuple[torch.Tensor, dict]],
                  validate: Callable[[torch.nn.Module], float],
@@ -58,7 +54,7 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
     accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     main = accelerator.is_main_process
-    total = cfg.steps_per_epoch * cfg.epochs
+    total = steps_per_epoch * cfg.epochs
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -102,7 +98,7 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
             loader = accelerator.prepare_data_loader(loader_for_epoch(state["epoch"]))
         local_total = len(loader) * cfg.epochs
         bar = tqdm(accelerator.skip_first_batches(loader, state["step_in_epoch"]),
-                   desc=f"{cfg.desc} epoch {state['epoch'] + 1}/{cfg.epochs}", initial=state["step_in_epoch"],
+                   desc=f"{desc} epoch {state['epoch'] + 1}/{cfg.epochs}", initial=state["step_in_epoch"],
                    total=len(loader), disable=None if main else True)
         for batch in bar:
             skip = batch is None
@@ -117,7 +113,7 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
                 bar.set_postfix(loss=f"{parts['loss']:.3f}")
                 state["history"].append({"step": state["global_step"], **parts})
                 if main and bar.disable and state["global_step"] % max(1, min(50, local_total // 10)) == 0:
-                    log.info("%s step %d/%d: loss %.4f", cfg.desc, state["global_step"], local_total, parts["loss"])
+                    log.info("%s step %d/%d: loss %.4f", desc, state["global_step"], local_total, parts["loss"])
             scheduler.step()
             state["global_step"] += 1
             state["step_in_epoch"] += 1
@@ -130,7 +126,7 @@ def train_epochs(model: torch.nn.Module, cfg: LoopConfig, out: Path,
         state["epoch"] += 1
         state["step_in_epoch"] = 0
         state["validation"].append(score)
-        log.info("%s epoch %d: validation %.2f", cfg.desc, state["epoch"], score)
+        log.info("%s epoch %d: validation %.2f", desc, state["epoch"], score)
         improved = score > state["best"]
         state["best"] = max(score, state["best"])
         if main:

@@ -2,21 +2,14 @@
 is imported here, so that building the CLI's parser (and `odqa --help`) loads no torch."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-def arg(default=None, help: str = "", **meta):
-    return field(default=default, metadata={"help": help, **meta})
-
-
-def listed(default: list, help: str):
-    return field(default_factory=lambda: list(default), metadata={"help": help})
+from odqa.common.settings import OUT, arg, listed, required
 
 
 @dataclass
 class RunArgs:
-    out_dir: str = field(metadata={"help": "where the files and the report go", "flag": "--out",
-                                   "aliases": ["--out-dir"]})
+    out_dir: str = required("where the files and the report go", **OUT)
     index: str | None = arg(None, "phrase index directory (default: the default pipeline's)")
     model: str | None = arg(None, "phrase model checkpoint (default: the default pipeline's)")
     reader: str | None = arg(None, "FiD reader checkpoint (default: the default pipeline's)")

@@ -256,8 +256,8 @@ class Demo:
     def train_phrase(self, resume: bool) -> dict:
         from odqa.retriever.phrase_train import PhraseTrainArgs, train
         c, sup = self.cfg, self.p["supervision"]
-        r = train(PhraseTrainArgs(str(sup / "train.jsonl"), str(sup / "validation.jsonl"), str(self.p["phrase"]),
-                                  self.encoder, max_passage_tokens=c.max_passage_tokens, epochs=c.phrase_epochs,
+        r = train(PhraseTrainArgs(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
+                                  out_dir=str(self.p["phrase"]), encoder=self.encoder, max_passage_tokens=c.max_passage_tokens, epochs=c.phrase_epochs,
                                   batch_size=c.phrase_batch, max_train_examples=c.phrase_examples,
                                   max_validation_examples=c.validation_questions, resume=resume))
         return {"validation_em": r["best_em"], "steps": r["steps"]}
@@ -284,8 +284,8 @@ class Demo:
         from odqa.retriever.doc_index import build_doc_index
         from odqa.retriever.doc_train import DocTrainArgs, train_doc
         c, sup = self.cfg, self.p["supervision"]
-        base = DocTrainArgs(str(sup / "train.jsonl"), str(sup / "validation.jsonl"), str(self.corpus),
-                            str(self.p["doc-r1"]), self.encoder, negatives=c.doc_negatives, batch_size=c.doc_batch,
+        base = DocTrainArgs(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
+                            corpus=str(self.corpus), out_dir=str(self.p["doc-r1"]), encoder=self.encoder, negatives=c.doc_negatives, batch_size=c.doc_batch,
                             max_doc_tokens=c.max_doc_tokens, max_train_examples=c.doc_examples,
                             max_validation_examples=c.validation_questions, validation_docs=c.doc_validation_docs,
                             resume=resume)
@@ -315,7 +315,7 @@ class Demo:
         model, result = c.reader_model or self.init_reader(resume), {}
 
         def loop(out: Path, steps: int, batch: int) -> LoopArgs:
-            return LoopArgs(str(out), max_steps=steps, batch_size=batch, lr=c.reader_lr, new_lr=c.reader_new_lr,
+            return LoopArgs(out_dir=str(out), max_steps=steps, batch_size=batch, lr=c.reader_lr, new_lr=c.reader_new_lr,
                             warmup_steps=max(steps // 10, 1), eval_steps=steps, save_steps=max(steps // 2, 1),
                             resume=resume)
 
@@ -353,7 +353,7 @@ class Demo:
         if c.reader_init == "t5" and c.pretrain_steps:
             from odqa.reader.pretrain import PretrainArgs, pretrain_reader
             pretrain_reader(PretrainArgs(str(p["reader-init"]), str(self.corpus)),
-                            LoopArgs(str(p["reader-pretrain"]), max_steps=c.pretrain_steps, batch_size=32,
+                            LoopArgs(out_dir=str(p["reader-pretrain"]), max_steps=c.pretrain_steps, batch_size=32,
                                      lr=c.reader_lr, warmup_steps=max(c.pretrain_steps // 10, 1),
                                      eval_steps=max(c.pretrain_steps // 3, 1), save_steps=max(c.pretrain_steps // 3, 1),
                                      resume=resume))

@@ -90,7 +90,7 @@ def test_in_batch_and_pre_batch_losses_match_a_hand_computation():
     gold[0, 1] = gold[1, 2] = gold[2, 0] = gold[2, 3] = True
     batch = {"questions": {}, "passages": {}, "candidate": torch.ones(B, T, dtype=torch.bool),
              "gold_start": gold, "gold_end": gold}
-    loss_fn = PhraseLoss(PhraseTrainArgs("", "", "", "", pre_batch=1, pre_batch_warmup=1, filter_coef=0.0))
+    loss_fn = PhraseLoss(PhraseTrainArgs(train_file="", validation_file="", out_dir="", encoder="", pre_batch=1, pre_batch_warmup=1, filter_coef=0.0))
     _, parts = loss_fn(Fixed(q, h), batch, step=0)
     scores = torch.einsum("bd,btd->bt", q, h)
     single = torch.stack([torch.logsumexp(scores[b], 0) - torch.logsumexp(scores[b][gold[b]], 0) for b in range(B)]).mean()

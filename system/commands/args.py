@@ -86,6 +86,13 @@ def dataclass_from_args(cls, args):
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
+def command(parent, name: str, func, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand's parser, with the handler it runs."""
+    p = parent.add_parser(name, **kwargs)
+    p.set_defaults(func=func)
+    return p
+
+
 def corpus_arg(p: argparse.ArgumentParser) -> None:
     from odqa.common.paths import default_corpus
     p.add_argument("--corpus", type=Path, default=None,

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from odqa.reader.args import DECODING, PRESETS, ClozeArgs, LoopArgs, PretrainArgs, ReaderArgs
-from odqa.system.commands.args import add_dataclass_args, add_flag, corpus_arg, dataclass_from_args, positive_int
+from odqa.system.commands.args import add_dataclass_args, add_flag, command, corpus_arg, dataclass_from_args, positive_int
 
 LAUNCH = ("Runs as one process as is; for several, launch with `deepspeed`, `torchrun` or `accelerate launch` "
           "on `-m odqa.system.cli ...`.")
@@ -81,12 +81,13 @@ def cmd_read(args) -> None:
 def add(sub) -> None:
     from odqa.common.paths import default_corpus, odqa_home
     reader = sub.add_parser("reader", help="the FiD reader's model").add_subparsers(dest="reader_command", required=True)
-    p = reader.add_parser("init", help="a reader to train: warm-started from a BERT (--from) or a from-scratch T5",
-                          description="With --from: an encoder-decoder warm-started from a pretrained BERT (bert2bert): "
-                                      "the encoder as it is, a decoder of --decoder-layers copies of its layers with "
-                                      "cross-attention, one tied word embedding. Without: train a unigram SentencePiece "
-                                      "vocabulary on the corpus (T5's pad/eos/unk and 100 sentinels) and build a T5 of "
-                                      "the preset's shape. Either is saved as an HF checkpoint.")
+    p = command(reader, "init", cmd_reader_init,
+                help="a reader to train: warm-started from a BERT (--from) or a from-scratch T5",
+                description="With --from: an encoder-decoder warm-started from a pretrained BERT (bert2bert): "
+                            "the encoder as it is, a decoder of --decoder-layers copies of its layers with "
+                            "cross-attention, one tied word embedding. Without: train a unigram SentencePiece "
+                            "vocabulary on the corpus (T5's pad/eos/unk and 100 sentinels) and build a T5 of "
+                            "the preset's shape. Either is saved as an HF checkpoint.")
     p.add_argument("--from", dest="from_encoder", default=None, metavar="ENCODER_DIR",
                    help="BERT checkpoint to warm-start from, e.g. $ODQA_HOME/data/encoders/all-MiniLM-L6-v2")
     p.add_argument("--decoder-layers", type=positive_int, default=2, help="with --from: decoder depth (default 2)")
@@ -101,32 +102,31 @@ def add(sub) -> None:
                    help="vocabulary incl. sentinels (default: the preset's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the new weights (default 0)")
     corpus_arg(p)
-    p.set_defaults(func=cmd_reader_init)
 
-    p = reader.add_parser("cloze", help="cloze questions from the corpus: practice for a from-scratch reader",
-                          description="Turn a name or number in a passage's sentence into a wh-word: the sentence is the "
-                                      "question, the span the answer, the passage one of k with k-1 random others. "
-                                      "Writes a FiD file for `odqa train-reader`.")
+    p = command(reader, "cloze", cmd_reader_cloze,
+                help="cloze questions from the corpus: practice for a from-scratch reader",
+                description="Turn a name or number in a passage's sentence into a wh-word: the sentence is the "
+                            "question, the span the answer, the passage one of k with k-1 random others. "
+                            "Writes a FiD file for `odqa train-reader`.")
     add_dataclass_args(p, ClozeArgs, {"corpus": None, "out": str(odqa_home() / "runs" / "reader" / "cloze.jsonl")})
-    p.set_defaults(func=cmd_reader_cloze)
 
-    p = sub.add_parser("pretrain-reader", help="T5 span-corruption pretraining on the corpus (DeepSpeed)",
-                       description="Mask 15%% of each passage's tokens in spans of mean length 3 and train T5 to fill "
-                                   "them in. " + LAUNCH)
+    p = command(sub, "pretrain-reader", cmd_pretrain_reader,
+                help="T5 span-corruption pretraining on the corpus (DeepSpeed)",
+                description="Mask 15%% of each passage's tokens in spans of mean length 3 and train T5 to fill "
+                            "them in. " + LAUNCH)
     add_dataclass_args(p, PretrainArgs, {"model": str(default_reader_dir("tiny")), "corpus": str(default_corpus())})
     add_dataclass_args(p, LoopArgs, {"lr": 1e-3, "batch_size": 32, "warmup_steps": 200})
-    p.set_defaults(func=cmd_pretrain_reader)
 
-    p = sub.add_parser("train-reader", help="train the Fusion-in-Decoder reader on retrieval files (DeepSpeed)",
-                       description="FiD: each of the k passages encoded with the question on its own, the decoder "
-                                   "attends over all. Validation EM with greedy decoding; best checkpoint kept. " + LAUNCH)
+    p = command(sub, "train-reader", cmd_train_reader,
+                help="train the Fusion-in-Decoder reader on retrieval files (DeepSpeed)",
+                description="FiD: each of the k passages encoded with the question on its own, the decoder "
+                            "attends over all. Validation EM with greedy decoding; best checkpoint kept. " + LAUNCH)
     add_dataclass_args(p, ReaderArgs)
     add_dataclass_args(p, LoopArgs)
-    p.set_defaults(func=cmd_train_reader)
 
-    p = sub.add_parser("read", help="generate answers for a retrieval file with a FiD reader; print EM",
-                       description="Batched greedy (or beam) generation; writes {id, question, answers, prediction, em} "
-                                   "JSONL.")
+    p = command(sub, "read", cmd_read, help="generate answers for a retrieval file with a FiD reader; print EM",
+                description="Batched greedy (or beam) generation; writes {id, question, answers, prediction, em} "
+                            "JSONL.")
     p.add_argument("--model", required=True, help="reader checkpoint (train-reader OUT/best) or T5 name")
     p.add_argument("--input", type=Path, required=True, help="retrieval file (DPR/FiD JSON or JSONL)")
     p.add_argument("--out", type=Path, required=True, help="predictions JSONL")
@@ -139,4 +139,3 @@ def add(sub) -> None:
     p.add_argument("--decoding", choices=DECODING, default="spans",
                    help="spans: the answer is a span of an input passage; free: any tokens (default spans)")
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")
-    p.set_defaults(func=cmd_read)

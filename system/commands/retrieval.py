@@ -8,7 +8,7 @@ from pathlib import Path
 
 from odqa.common.io import InputError
 from odqa.retriever.args import DEFAULT_KEEP, DocTrainArgs, PhraseTrainArgs, QueryTrainArgs
-from odqa.system.commands.args import add_dataclass_args, corpus_arg, dataclass_from_args, positive_int
+from odqa.system.commands.args import add_dataclass_args, command, corpus_arg, dataclass_from_args, positive_int
 
 
 def phrase_searcher(args, lam=None):
@@ -164,8 +164,8 @@ def add(sub) -> None:
     from odqa.common.paths import default_corpus, default_encoder
     sup = default_corpus() / "supervision"
 
-    p = sub.add_parser("retrieve", help="retrieve passages for a question set into a DPR-format file",
-                       description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
+    p = command(sub, "retrieve", cmd_retrieve, help="retrieve passages for a question set into a DPR-format file",
+                description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
     p.add_argument("--retriever", choices=["bm25", "dense", "phrase"], default="bm25",
                    help="bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
                         "phrase: passages ranked by their best phrase (default bm25)")
@@ -183,20 +183,19 @@ def add(sub) -> None:
     p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
     prefilter_args(p)
     corpus_arg(p)
-    p.set_defaults(func=cmd_retrieve)
 
-    p = sub.add_parser("train-phrase", help="train the dense phrase and question encoders",
-                       description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "
-                                   "head; AdamW with warm-up and decay, clipping; through accelerate (`accelerate "
-                                   "launch -m odqa.system.cli train-phrase ...` for several processes or DeepSpeed).")
+    p = command(sub, "train-phrase", cmd_train_phrase, help="train the dense phrase and question encoders",
+                description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "
+                            "head; AdamW with warm-up and decay, clipping; through accelerate (`accelerate "
+                            "launch -m odqa.system.cli train-phrase ...` for several processes or DeepSpeed).")
     add_dataclass_args(p, PhraseTrainArgs, {
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "encoder": str(default_encoder()), "corpus": str(default_corpus())})
-    p.set_defaults(func=cmd_train_phrase)
 
-    p = sub.add_parser("dump-phrases", help="encode every passage's phrase start/end vectors (sharded, resumable)",
-                       description="Start/end vectors of the tokens whose filter logit passes --threshold, float16, "
-                                   "in chunk files with their metadata. Re-running resumes an interrupted shard.")
+    p = command(sub, "dump-phrases", cmd_dump_phrases,
+                help="encode every passage's phrase start/end vectors (sharded, resumable)",
+                description="Start/end vectors of the tokens whose filter logit passes --threshold, float16, "
+                            "in chunk files with their metadata. Re-running resumes an interrupted shard.")
     p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint (train-phrase OUT/best)")
     p.add_argument("--out", type=Path, required=True, help="dump directory (shards go inside)")
     p.add_argument("--shard", default="1/1", help="k/n: this process's slice of the corpus (default 1/1)")
@@ -204,11 +203,10 @@ def add(sub) -> None:
     p.add_argument("--batch-size", type=positive_int, default=32, help="passages per forward pass (default 32)")
     p.add_argument("--chunk-passages", type=positive_int, default=1024, help="passages per chunk file (default 1024)")
     corpus_arg(p)
-    p.set_defaults(func=cmd_dump_phrases)
 
-    p = sub.add_parser("build-index", help="merge dump shards into a faiss phrase index",
-                       description="One start and one end index from a faiss index_factory string, with a manifest "
-                                   "that records each file's sha256.")
+    p = command(sub, "build-index", cmd_build_index, help="merge dump shards into a faiss phrase index",
+                description="One start and one end index from a faiss index_factory string, with a manifest "
+                            "that records each file's sha256.")
     p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
     p.add_argument("--out", type=Path, required=True, help="index directory")
     p.add_argument("--factory", default=None, help="faiss index_factory string: Flat, IVF4096,SQ4, IVF256,PQ16 ... "
@@ -222,11 +220,11 @@ def add(sub) -> None:
     p.add_argument("--train-size", type=positive_int, default=200_000,
                    help="vectors sampled to train IVF/PQ (default 200000)")
     corpus_arg(p)
-    p.set_defaults(func=cmd_build_index)
 
-    p = sub.add_parser("train-filter", help="fit the phrase filter that decides which dumped tokens build-index keeps",
-                       description="An MLP over each token's dumped start/end vectors, trained to find answer "
-                                   "boundaries in supervision passages; prints tokens kept against answer phrases kept.")
+    p = command(sub, "train-filter", cmd_train_filter,
+                help="fit the phrase filter that decides which dumped tokens build-index keeps",
+                description="An MLP over each token's dumped start/end vectors, trained to find answer "
+                            "boundaries in supervision passages; prints tokens kept against answer phrases kept.")
     p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
     p.add_argument("--train-file", type=Path, default=sup / "train.jsonl", help="supervision examples (default: "
                                                                              "CORPUS/supervision/train.jsonl)")
@@ -236,43 +234,40 @@ def add(sub) -> None:
     p.add_argument("--epochs", type=positive_int, default=8, help="passes over the training tokens (default 8)")
     p.add_argument("--out", type=Path, default=None, help="filter directory (default: DUMP/filter)")
     corpus_arg(p)
-    p.set_defaults(func=cmd_train_filter)
 
-    p = sub.add_parser("train-query", help="query-side fine-tuning against a fixed phrase index",
-                       description="Maximise the retrieval probability of the top phrases that match an answer "
-                                   "(--label phrase), lie in an answer passage (passage) or document (document).")
+    p = command(sub, "train-query", cmd_train_query, help="query-side fine-tuning against a fixed phrase index",
+                description="Maximise the retrieval probability of the top phrases that match an answer "
+                            "(--label phrase), lie in an answer passage (passage) or document (document).")
     add_dataclass_args(p, QueryTrainArgs, {"corpus": str(default_corpus())})
-    p.set_defaults(func=cmd_train_query)
 
-    p = sub.add_parser("train-doc", help="train the document retriever (DHR) that pre-filters phrase search",
-                       description="A question/document dual encoder over title + table of contents + abstract, "
-                                   "in-batch and hard negatives; resumable; validation document Top-k each epoch.")
+    p = command(sub, "train-doc", cmd_train_doc,
+                help="train the document retriever (DHR) that pre-filters phrase search",
+                description="A question/document dual encoder over title + table of contents + abstract, "
+                            "in-batch and hard negatives; resumable; validation document Top-k each epoch.")
     add_dataclass_args(p, DocTrainArgs, {
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "corpus": str(default_corpus()), "encoder": str(default_encoder())})
-    p.set_defaults(func=cmd_train_doc)
 
-    p = sub.add_parser("build-doc-index", help="encode every document summary into a faiss document index")
+    p = command(sub, "build-doc-index", cmd_build_doc_index,
+                help="encode every document summary into a faiss document index")
     p.add_argument("--model", type=Path, required=True, help="document encoder checkpoint (train-doc OUT/best)")
     p.add_argument("--out", type=Path, required=True, help="index directory")
     p.add_argument("--factory", default="Flat", help="faiss index_factory string (default Flat)")
     corpus_arg(p)
-    p.set_defaults(func=cmd_build_doc_index)
 
-    p = sub.add_parser("tune-lambda", help="grid-search the rerank weight of the document score on validation",
-                       description="lambda in 0, 0.1, ..., 2 maximising validation Top-k of pre-filtered phrase "
-                                   "retrieval reranked by z(passage) + lambda z(document); stored with the document index.")
+    p = command(sub, "tune-lambda", cmd_tune_lambda,
+                help="grid-search the rerank weight of the document score on validation",
+                description="lambda in 0, 0.1, ..., 2 maximising validation Top-k of pre-filtered phrase "
+                            "retrieval reranked by z(passage) + lambda z(document); stored with the document index.")
     phrase_index_args(p)
     p.add_argument("--questions", type=Path, default=sup / "validation.jsonl",
                    help="validation questions with answers (default: the supervision validation split)")
     p.add_argument("--limit", type=positive_int, default=500, help="first N questions (default 500)")
     p.add_argument("--metric-k", type=positive_int, default=20, help="k of the Top-k to maximise (default 20)")
     corpus_arg(p)
-    p.set_defaults(func=cmd_tune_lambda)
 
-    p = sub.add_parser("verify", help="check an index's files against the checksums in its manifest",
-                       description="Hash every file of a phrase or document index (or a dense index under a "
-                                   "corpus) and compare with manifest.json. Opening an index checks every size but "
-                                   "hashes only files up to 256 MB; this checks the large ones too.")
+    p = command(sub, "verify", cmd_verify, help="check an index's files against the checksums in its manifest",
+                description="Hash every file of a phrase or document index (or a dense index under a "
+                            "corpus) and compare with manifest.json. Opening an index checks every size but "
+                            "hashes only files up to 256 MB; this checks the large ones too.")
     p.add_argument("path", type=Path, help="the index directory (holding manifest.json)")
-    p.set_defaults(func=cmd_verify)

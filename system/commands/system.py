@@ -6,7 +6,7 @@ from pathlib import Path
 
 from odqa.reader.args import DECODING
 from odqa.system.args import RunArgs
-from odqa.system.commands.args import add_dataclass_args, add_flag, corpus_arg, dataclass_from_args, positive_int
+from odqa.system.commands.args import add_dataclass_args, add_flag, command, corpus_arg, dataclass_from_args, positive_int
 from odqa.system.commands.retrieval import phrase_index_args, phrase_searcher
 
 
@@ -86,10 +86,10 @@ def cmd_serve(args) -> None:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("demo", help="run the whole system on the default data: train, index, evaluate, answer",
-                       description="Fetch the data, build the corpus, train the phrase, document and FiD models on "
-                                   "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
-                                   "the report and three answers. A rerun reuses every finished stage.")
+    p = command(sub, "demo", cmd_demo, help="run the whole system on the default data: train, index, evaluate, answer",
+                description="Fetch the data, build the corpus, train the phrase, document and FiD models on "
+                            "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
+                            "the report and three answers. A rerun reuses every finished stage.")
     p.add_argument("--preset", default="demo", help="demo (under 30 min on 2 CPU cores) or full (the README's "
                                                     "schedules, whole test sets)")
     p.add_argument("--out", type=Path, default=None,
@@ -100,22 +100,22 @@ def add(sub) -> None:
                                                    "(default: the data pack's MiniLM)")
     p.add_argument("--reader-model", default=None, help="a T5 checkpoint to train the reader from, e.g. t5-base "
                                                         "(default: a from-scratch T5 of the preset's size)")
-    p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("run", help="evaluate the system: extractive vs generated EM per question set and k, with plots",
-                       description="Phrase retrieval (with the document pre-filter if given), FiD at each k, a report "
-                                   "table, per-question JSONL and PNG plots in OUT; a rerun reuses what is done.")
+    p = command(sub, "run", cmd_run,
+                help="evaluate the system: extractive vs generated EM per question set and k, with plots",
+                description="Phrase retrieval (with the document pre-filter if given), FiD at each k, a report "
+                            "table, per-question JSONL and PNG plots in OUT; a rerun reuses what is done.")
     add_dataclass_args(p, RunArgs)
-    p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("ask", help="answer one question: the extractive and the generated answer, and the passages")
+    p = command(sub, "ask", cmd_ask,
+                help="answer one question: the extractive and the generated answer, and the passages")
     p.add_argument("question")
     p.add_argument("--k", type=positive_int, default=10, help="passages retrieved and read (default 10)")
     system_args(p)
-    p.set_defaults(func=cmd_ask)
 
-    p = sub.add_parser("serve", help="serve answers over HTTP (POST /answer, GET /health, /metrics, docs at /docs)",
-                       description="FastAPI service; concurrent requests are batched for the question encoders and FiD.")
+    p = command(sub, "serve", cmd_serve,
+                help="serve answers over HTTP (POST /answer, GET /health, /metrics, docs at /docs)",
+                description="FastAPI service; concurrent requests are batched for the question encoders and FiD.")
     system_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -130,4 +130,3 @@ def add(sub) -> None:
                                                                  "(default 30)")
     p.add_argument("--graceful-s", type=float, default=60.0, help="on shutdown, how long requests in flight may "
                                                                   "take to finish (default 60)")
-    p.set_defaults(func=cmd_serve)
