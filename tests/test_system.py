@@ -364,3 +364,20 @@ def test_a_kill_between_file_and_key_never_leaves_a_new_file_under_an_old_key(tm
         cached(path, {"model": "b"}, make("from b", crash=True))
     cached(path, {"model": "a"}, make("from a again"))     # the file on disk is b's: it must not be reused as a's
     assert made == ["from a", "from b", "from a again"] and path.read_text() == "from a again"
+
+
+def test_serve_threads_sets_the_models_cpu_threads(system, monkeypatch):
+    import torch
+
+    from odqa.common.defaults import record_pipeline
+    from odqa.system.cli import main
+    root = system["root"]
+    record_pipeline({"corpus": system["corpus"], "phrase_model": root / "phrase", "phrase_index": root / "index",
+                     "reader": root / "t5"}, by="test")
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: None)
+    before = torch.get_num_threads()
+    try:
+        assert main(["-q", "serve", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

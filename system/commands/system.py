@@ -77,6 +77,9 @@ def cmd_serve(args) -> None:
     from odqa.common.defaults import fill_defaults
     from odqa.system.serve import create_app
     fill_defaults(args, reader=True)     # a missing default is refused now, not after the server is up
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     app = create_app(load=lambda: pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      max_queue=args.max_queue, max_queue_s=None if args.max_queue_s < 0 else args.max_queue_s,
                      timeout_s=args.timeout_s,
@@ -128,5 +131,8 @@ def add(sub) -> None:
                                                                    "when idle; negative: no such limit; default 1)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="a request not answered in this time gets 503 "
                                                                  "(default 30)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for the models (default: torch's choice, every core); fewer leave cores to "
+                        "other processes on the machine")
     p.add_argument("--graceful-s", type=float, default=60.0, help="on shutdown, how long requests in flight may "
                                                                   "take to finish (default 60)")
