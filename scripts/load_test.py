@@ -7,7 +7,9 @@ server's RSS before and after.
     python scripts/load_test.py [--levels 1 8 32 128] [--seconds 30] [--k 10] [serve flags: --max-batch ...]
 
 The server is `odqa serve` on the default pipeline (`odqa demo`) unless --index/--model/--reader name
-others; it is stopped with SIGTERM at the end, as a service manager would.
+others; it is stopped with SIGTERM at the end, as a service manager would. Unless --no-pin, the clients
+run on a core of their own and the server on the others (`--threads` to match), so that the load
+generator, which would be another machine, does not take the server's CPU or wait for it.
 """
 from __future__ import annotations
 
@@ -84,14 +86,25 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=30.0, help="each level's duration (default 30)")
     p.add_argument("--questions", default="nq-test")
     p.add_argument("--k", type=int, default=10)
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="let server and clients share every core (default: the clients get a core of their own and "
+                        "the server the rest, with --threads to match, as if the load came from another machine)")
     p.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                    help="the rest goes to `odqa serve` (e.g. --max-batch 16 --max-queue 32 --index ...)")
     args = p.parse_args()
     questions = [q.question for q in load_questions(args.questions, limit=2000)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "odqa.system.cli", "-q", "serve", "--port", str(port), *args.serve_args],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = args.pin and len(cores) >= 2
+    server_cores, client_cores = (cores[:-1], cores[-1:]) if pinned else (cores, cores)
+    serve_args = list(args.serve_args)
+    if pinned and "--threads" not in serve_args:
+        serve_args += ["--threads", str(len(server_cores))]
+    server = subprocess.Popen([sys.executable, "-m", "odqa.system.cli", "-q", "serve", "--port", str(port), *serve_args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: os.sched_setaffinity(0, server_cores))
+    os.sched_setaffinity(0, client_cores)
     try:
         while True:
             if server.poll() is not None:
@@ -113,8 +126,10 @@ def main() -> int:
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(60)
+    where = (f"server on cores {server_cores} ({len(server_cores)} thread(s)), clients on core {client_cores}" if pinned
+             else f"{len(cores)} cores shared by server and clients")
     print(f"`odqa serve` on loopback, k = {args.k}, max_batch {health['max_batch']}, max_queue {health['max_queue']}, "
-          f"max_queue_s {health.get('max_queue_s')}, timeout {health['timeout_s']:g} s; {args.seconds:g} s a level, {os.cpu_count()} CPUs shared with the clients")
+          f"max_queue_s {health.get('max_queue_s')}, timeout {health['timeout_s']:g} s; {args.seconds:g} s a level; {where}")
     print("| clients | answered/s | p50 ms | p99 ms | server p50 ms | server p99 ms | 429 | failed |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -126,7 +141,7 @@ def main() -> int:
         print(f"{kind.replace('_', ' ')}: throughput peaks at {peak['clients']} clients ({peak[kind]:.0f} ms); the worst "
               f"at or beyond it is {worst / peak[kind]:.2f}x that")
     print(f"failed other than 429: {sum(r['failed'] for r in rows)} (p99: as the clients see it; server p99: from "
-          f"arrival to answer inside the server, without the clients' own waiting for the shared CPU)")
+          f"arrival to answer inside the server, without the clients' own waiting)")
     print(f"server RSS {before:.0f} MB before, {after:.0f} MB after; exit code on SIGTERM: {code}")
     return 0
 
