@@ -343,6 +343,9 @@ def test_serve_with_no_flags_serves_the_default_pipeline(system, monkeypatch):
             time.sleep(0.05)
         health = client.get("/health").json()
         assert health["status"] == "ready" and health["index"] == "index" and health["prefilter"] is None
+        from odqa.common.device import pick_device
+        from odqa.system.commands.system import SERVE_LIMITS
+        assert (health["max_batch"], health["max_queue_s"]) == SERVE_LIMITS[pick_device()]   # the device's defaults
         r = client.post("/answer", json={"question": "how tall is mount everest", "k": 2})
         assert r.status_code == 200 and len(r.json()["passages"]) == 2
 
@@ -381,3 +384,10 @@ def test_serve_threads_sets_the_models_cpu_threads(system, monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_serve_limits_follow_the_device_unless_flags_name_them():
+    from odqa.system.commands.system import serve_limits
+    assert serve_limits(None, None, "cpu") == (1, 0.0)      # a CPU batch saves nothing: one at a time, when idle
+    assert serve_limits(None, None, "cuda") == (16, 1.0)
+    assert serve_limits(8, -1.0, "cpu") == (8, -1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from odqa.common.device import pick_device
 from odqa.reader.args import DECODING
 from odqa.system.args import RunArgs
 from odqa.system.commands.args import add_dataclass_args, add_flag, command, corpus_arg, dataclass_from_args, positive_int
@@ -71,6 +72,19 @@ def cmd_ask(args) -> None:
     print(f"retrieve {t['retrieve_ms']:.0f} ms, read {t['read_ms']:.0f} ms")
 
 
+# Measured on 2 CPU cores (docs/system.md): a batch of n questions costs n times one, so batching adds
+# no throughput on a CPU and only makes every request in a batch wait for all of them; admitting a
+# request only when the server is idle then keeps the answered requests' p99 near one question's time
+# under any load. On a GPU a batch costs little more than one question: batch, and queue a second.
+SERVE_LIMITS = {"cpu": (1, 0.0), "cuda": (16, 1.0)}
+
+
+def serve_limits(max_batch: int | None, max_queue_s: float | None, device: str) -> tuple[int, float]:
+    """--max-batch and --max-queue-s as given, or the device's defaults."""
+    batch, queue_s = SERVE_LIMITS["cpu" if device == "cpu" else "cuda"]
+    return (batch if max_batch is None else max_batch), (queue_s if max_queue_s is None else max_queue_s)
+
+
 def cmd_serve(args) -> None:
     import uvicorn
 
@@ -80,8 +94,9 @@ def cmd_serve(args) -> None:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    app = create_app(load=lambda: pipeline(args), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     max_queue=args.max_queue, max_queue_s=None if args.max_queue_s < 0 else args.max_queue_s,
+    max_batch, max_queue_s = serve_limits(args.max_batch, args.max_queue_s, pick_device())
+    app = create_app(load=lambda: pipeline(args), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
+                     max_queue=args.max_queue, max_queue_s=None if max_queue_s < 0 else max_queue_s,
                      timeout_s=args.timeout_s,
                      info={"index": shown(args.index), "reader": shown(args.reader),
                            "prefilter": shown(args.doc_index) if args.doc_index else None})
@@ -122,13 +137,15 @@ def add(sub) -> None:
     system_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--max-batch", type=positive_int, default=16, help="requests answered together at most (default 16)")
+    p.add_argument("--max-batch", type=positive_int, default=None,
+                   help="requests answered together at most (default: 1 on a CPU, where a batch saves nothing; 16 on "
+                        "a GPU)")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait for more requests after the first (default 10)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more are answered 429 with "
                                                              "Retry-After (default 64)")
-    p.add_argument("--max-queue-s", type=float, default=1.0, help="refuse (429) a request with more than this many "
-                                                                   "seconds of work ahead of it, as measured (0: only "
-                                                                   "when idle; negative: no such limit; default 1)")
+    p.add_argument("--max-queue-s", type=float, default=None,
+                   help="refuse (429) a request with more than this many seconds of work ahead of it, as measured "
+                        "(0: only when idle; negative: no such limit; default: 0 on a CPU, 1 on a GPU)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="a request not answered in this time gets 503 "
                                                                  "(default 30)")
     p.add_argument("--threads", type=positive_int, default=None,
