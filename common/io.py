@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -185,16 +186,19 @@ def read_json(path: str | os.PathLike) -> Any:
 
 def hash_files(root: str | os.PathLike, files) -> str:
     """A short sha256 of the named files' paths (relative to root) and bytes: identifies a model part."""
-    import hashlib
     h = hashlib.sha256()
     root = Path(root)
     for f in files:
         if f.is_file():
             h.update(f.relative_to(root).as_posix().encode())
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
+            _hash_into(h, f)
     return h.hexdigest()[:16]
+
+
+def _hash_into(h, path: str | os.PathLike) -> None:
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
 
 
 # Files up to this size are hashed each time their index is opened (10 MB takes a few ms); larger ones
@@ -203,11 +207,8 @@ VERIFY_ON_OPEN_BYTES = 256 << 20
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    import hashlib
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    _hash_into(h, path)
     return h.hexdigest()
 
 
