@@ -43,6 +43,15 @@ def test_the_direction_check_sees_a_module_that_reaches_back_up(tmp_path):
     assert odqa_imports(bad) == {"system"}
 
 
+def _can_build_wheels() -> bool:
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    version = tuple(int(x) for x in setuptools.__version__.split(".")[:2] if x.isdigit())
+    return version >= (70, 1) or importlib.util.find_spec("wheel") is not None
+
+
 def test_the_installed_distribution_holds_only_the_odqa_name(tmp_path):
     """Build the wheel (from a copy of the sources, so the checkout gets no build/ folder) and list the
     top-level names it installs into site-packages."""
@@ -52,8 +61,9 @@ def test_the_installed_distribution_holds_only_the_odqa_name(tmp_path):
         shutil.copy(ROOT / name, src / name)
     for name in ("odqa", *PACKAGES):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    # The installed setuptools where there is one (no download); else pip's isolated build fetches it.
-    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    # The installed setuptools where it can build a wheel itself (70.1 on, or with `wheel`): no download;
+    # else pip's isolated build fetches one.
+    isolation = ["--no-build-isolation"] if _can_build_wheels() else []
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w",
                     str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
     wheel, = (tmp_path / "dist").glob("odqa-*.whl")
