@@ -1,5 +1,5 @@
-"""Bad input never ends in a traceback or a wrong answer: the 20 inputs of issue 23's probe table are each
-refused with one line naming them (exit 2), `--debug` shows the traceback behind it, corrupted indexes are
+"""Bad input never ends in a traceback or a wrong answer: twenty inputs that once ended in a traceback are
+each refused with one line naming them (exit 2), `--debug` shows the traceback behind it, corrupted indexes are
 refused by their checksums, and random bytes and JSON given to every input reader give a named InputError
 or a result, never another exception."""
 import gzip
@@ -35,7 +35,7 @@ from odqa.system.cli import main
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory):
     """A corpus, an (untrained) phrase model and its Flat index, a tiny T5 reader and a FiD file, each with
-    broken copies: the inputs of the probe table."""
+    broken copies: the inputs of TABLE."""
     root = tmp_path_factory.mktemp("bad_input")
     docs = write_jsonl(root / "docs.jsonl", TINY_DOCS)
     corpus = root / "corpus"
@@ -92,7 +92,7 @@ def kit(tmp_path_factory):
     return k
 
 
-# The probe's table: (command, argv, what the one-line error says). `{name}` is a path of the kit.
+# The inputs: (command, argv, what the one-line error says). `{name}` is a path of the kit.
 TABLE = [
     ("corpus build, a gzip file", "corpus build --input {root}/gzip.jsonl --out {tmp}/c", "gzip.jsonl:1: not UTF-8 text (byte 1 is 0x8b)"),
     ("corpus build, Latin-1", "corpus build --input {root}/latin1.jsonl --out {tmp}/c", "latin1.jsonl:1: not UTF-8 text (byte 38 is 0xe9)"),
@@ -126,7 +126,7 @@ def _run(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize("argv, message", [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
-def test_each_probe_input_is_refused_with_one_named_line(kit, tmp_path, capsys, argv, message):
+def test_each_bad_input_is_refused_with_one_named_line(kit, tmp_path, capsys, argv, message):
     assert _run(["-q", *argv.format(tmp=tmp_path, **kit).split()]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
