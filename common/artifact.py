@@ -31,6 +31,12 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _plain(key: dict) -> dict:
+    """`key` as it reads back from JSON (paths as strings, tuples as lists), so a recorded key and a
+    fresh one compare equal."""
+    return json.loads(json.dumps(key, default=str))
+
+
 def path_fingerprint(path: str | os.PathLike | None) -> str | None:
     """Identifies a model or index directory (or a file) by its files' names, sizes and modification
     times: cheap, not a hash of gigabytes."""
@@ -59,7 +65,7 @@ def current_manifest(directory: str | os.PathLike, key: dict) -> dict | None:
     manifest = read_manifest(directory)
     if manifest is None:
         return None
-    if manifest.get("key") != json.loads(json.dumps(key, default=str)):
+    if manifest.get("key") != _plain(key):
         log.info("%s was built with other inputs or settings: building it again", directory)
         return None
     problems = verify_checksums(directory, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
@@ -73,7 +79,7 @@ def current_manifest(directory: str | os.PathLike, key: dict) -> dict | None:
 def build_dir(directory: str | os.PathLike, key: dict, **info) -> Iterator[tuple[Path, dict]]:
     """Yield (a temporary directory to fill, the manifest to complete); when the block ends, the
     manifest gets the key and the checksums of the files, and the directory is renamed into place."""
-    manifest = {"key": json.loads(json.dumps(key, default=str)), **info}
+    manifest = {"key": _plain(key), **info}
     with atomic_path(directory) as tmp:
         tmp.mkdir()
         yield tmp, manifest
@@ -86,7 +92,7 @@ def cached_file(path: str | os.PathLike, key: dict, make: Callable[[], None], de
     (and, for a ranked file, at least `depth` results a question: a deeper file serves every smaller
     k); returns the key of what is there."""
     path = Path(path)
-    key = json.loads(json.dumps(key, default=str))
+    key = _plain(key)
     key_path = path.with_name(f"{path.name}.key.json")
     if path.exists() and key_path.exists():
         saved = read_json(key_path)
