@@ -8,6 +8,9 @@ still work, with a deprecation line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from odqa.common.io import InputError
 
 
 def arg(default=None, help: str = "", **meta):
@@ -28,15 +31,57 @@ def listed(default: list, help: str):
 OUT = dict(flag="--out", aliases=["--out-dir"])   # every output directory is --out; --out-dir until 0.3
 
 
+BACKENDS = ("accelerate", "deepspeed")
+CONFIG_DIR = Path(__file__).parent / "configs"   # DeepSpeed JSONs: zero2.json, zero3_offload.json
+
+
 @dataclass(kw_only=True)
 class OptimArgs:
-    """The optimiser settings every trainer embeds (AdamW with warm-up and decay, clipping); each
-    trainer's settings class may give them defaults of its own."""
+    """The settings of the one training loop (`odqa.common.trainer.train`), embedded whole in every
+    trainer's settings; each trainer may give them defaults of its own. The DeepSpeed JSON's "auto"
+    values are filled from these."""
     epochs: int = arg(2, "passes over the training examples")
-    batch_size: int = arg(16, "examples per step (per process)")
-    lr: float = arg(5e-5, "peak learning rate (AdamW, warm-up then linear decay)")
+    max_steps: int | None = arg(None, "optimizer steps (default: --epochs over the data)")
+    batch_size: int = arg(16, "examples per micro-batch (per process)")
+    accumulation: int = arg(1, "micro-batches per optimizer step (gradient accumulation)")
+    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up then linear decay)")
     weight_decay: float = arg(0.01, "AdamW weight decay")
+    warmup_steps: int | None = arg(None, "steps of linear warm-up (default: --warmup-ratio of the steps)")
+    warmup_ratio: float = arg(0.1, "share of the steps spent warming the rate up, without --warmup-steps")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    save_steps: int = arg(0, "also checkpoint every N steps (0: each epoch only)")
+    eval_steps: int = arg(0, "evaluate (and keep the best) every N steps (0: after each epoch) and at the end")
+    save_steps: int = arg(0, "also checkpoint every N steps (a checkpoint is written after each epoch and at "
+                             "the end)")
+    log_steps: int = arg(10, "log the loss every N steps")
     seed: int = arg(13, "seed of data order and initialisation")
     resume: bool = arg(False, "continue from OUT/checkpoint")
+    backend: str = arg("accelerate", "accelerate (one process, or DDP under torchrun / accelerate launch) or "
+                                     "deepspeed (ZeRO; under deepspeed, torchrun or accelerate launch)")
+    deepspeed_config: str = arg(str(CONFIG_DIR / "zero2.json"), "with --backend deepspeed: the DeepSpeed JSON; "
+                                                                "its \"auto\" values come from these flags")
+    zero_stage: int | None = arg(None, "with --backend deepspeed: override the JSON's ZeRO stage (0-3)")
+    offload: bool = arg(False, "with --backend deepspeed: optimizer (stage 3: also parameters) offloaded to CPU")
+    precision: str = arg("auto", "auto: bf16 with DeepSpeed on CUDA (accelerate: its launch config), else fp32; "
+                                 "or bf16, fp32")
+
+    def __post_init__(self):
+        # Refused here, before any model loads, rather than after a training step.
+        for name in ("epochs", "batch_size", "accumulation", "log_steps"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        for name in ("eval_steps", "save_steps"):
+            if getattr(self, name) < 0:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 0, not {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise InputError(f"--max-steps must be at least 1, not {self.max_steps}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise InputError(f"--warmup-steps must be at least 0, not {self.warmup_steps}")
+        if self.backend not in BACKENDS:
+            raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise InputError(f"--precision must be auto, bf16 or fp32, not {self.precision!r}")
+        if self.backend != "deepspeed" and (self.zero_stage is not None or self.offload):
+            raise InputError("--zero-stage and --offload are DeepSpeed settings: add --backend deepspeed")
+
+    def warmup(self, total_steps: int) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * total_steps)

@@ -5,12 +5,10 @@ here, so that building the CLI's parser (and `odqa --help`) loads no torch. Fiel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from odqa.common.io import InputError
 from odqa.common.settings import OUT, OptimArgs, arg, listed, required
 
-CONFIG_DIR = Path(__file__).parent / "configs"
 DECODING = ("spans", "free")     # answers are passage spans | any tokens
 # `odqa reader init --preset`: from-scratch T5 shapes.
 PRESETS = {
@@ -22,35 +20,28 @@ PRESETS = {
 
 @dataclass(kw_only=True)
 class LoopArgs(OptimArgs):
-    """The DeepSpeed training loop's settings (`odqa.reader.trainer.train_loop`)."""
+    """The reader trainers' loop settings: the shared loop's (`odqa.common.trainer`) with the reader's
+    defaults (DeepSpeed, evaluation and checkpoints by steps), its output directory and two of its own."""
     epochs: int = arg(1, "passes over the training data")
     batch_size: int = arg(4, "micro-batch per process")
     lr: float = arg(1e-4, "peak learning rate")
-    save_steps: int = arg(500, "DeepSpeed checkpoint every N steps and at the end")
+    warmup_steps: int | None = arg(100, "steps of linear warm-up")
+    eval_steps: int = arg(500, "evaluate (and keep the best) every N steps and at the end")
+    save_steps: int = arg(500, "checkpoint every N steps, after each epoch and at the end")
     seed: int = arg(0, "seed of data order and initialisation")
-    out_dir: str = required("checkpoint/ (DeepSpeed), best/ and last/ (plain HF checkpoints) go here", **OUT)
-    max_steps: int | None = arg(None, "optimizer steps (default: --epochs over the data)")
-    accumulation: int = arg(1, "gradient accumulation steps")
+    backend: str = arg("deepspeed", "deepspeed (ZeRO; under deepspeed, torchrun or accelerate launch) or accelerate")
+    out_dir: str = required("checkpoint/, best/ and last/ (plain HF checkpoints) go here", **OUT)
     new_lr: float | None = arg(None, "peak rate of the weights a warm start made anew (cross-attention, LM head); "
                                      "default --lr")
-    warmup_steps: int = arg(100, "steps of linear warm-up")
-    eval_steps: int = arg(500, "evaluate (and keep the best) every N steps and at the end")
-    log_steps: int = arg(10, "log the loss every N steps")
-    deepspeed_config: str = arg(str(CONFIG_DIR / "zero2.json"), "DeepSpeed JSON; its \"auto\" values come from "
-                                                                "these flags")
-    zero_stage: int | None = arg(None, "override the JSON's ZeRO stage (0-3)")
-    offload: bool = arg(False, "optimizer (stage 3: also parameters) offloaded to CPU")
-    precision: str = arg("auto", "auto: bf16 on CUDA, fp32 on CPU; or bf16, fp32")
     gradient_checkpointing: bool = arg(False, "recompute the encoder blocks in backward (memory for time)")
 
     def __post_init__(self):
-        # Refused here, before any model loads, rather than after a training step (eval_steps 0 is a
-        # modulo by zero) or inside DeepSpeed's scheduler (warmup_steps 0).
-        for name in ("epochs", "batch_size", "accumulation", "warmup_steps", "eval_steps", "save_steps", "log_steps"):
-            if getattr(self, name) < 1:
+        super().__post_init__()
+        # eval_steps 0 would evaluate once an epoch, which for a reader run by --max-steps may be never
+        # before the end; warmup_steps 0 fails inside DeepSpeed's scheduler.
+        for name in ("warmup_steps", "eval_steps", "save_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise InputError(f"--max-steps must be at least 1, not {self.max_steps}")
 
 
 @dataclass

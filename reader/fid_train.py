@@ -1,4 +1,5 @@
-"""`odqa train-reader`: FiD training on retrieval files, through the DeepSpeed loop of reader/trainer.py.
+"""`odqa train-reader`: FiD training on retrieval files, through the shared training loop
+(odqa.common.trainer; DeepSpeed by default).
 
 Without a separate validation file the training files' questions are split by the same question hash
 as `odqa supervise`, so the reader is validated on dev questions it never trains on. Validation is
@@ -11,13 +12,14 @@ from dataclasses import asdict
 
 import torch
 
+from odqa.common import trainer
 from odqa.common.io import InputError, write_json
 from odqa.common.metrics.answers import answer_em
 from odqa.common.questions import split_of
 from odqa.reader.args import DECODING, LoopArgs, ReaderArgs
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
 from odqa.reader.read import generate_answers, load_reader
-from odqa.reader.trainer import Task, setup_distributed, train_loop
+from odqa.reader.task import reader_task
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +63,19 @@ def make_evaluate(validation: list[FiDExample], tokenizer, args: ReaderArgs, dev
 def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
     if args.decoding not in DECODING:   # checked before any training step, not at the first evaluation
         raise InputError(f"--decoding must be one of {', '.join(DECODING)}, not {args.decoding!r}")
-    rank, world, device = setup_distributed()
-    train, validation = split_examples(args)
+    engine = trainer.make_engine(loop)
+    rank, world, device = engine.rank, engine.world, engine.device
+    train_ex, validation = split_examples(args)
     if not validation:
         raise InputError("no validation questions: pass --validation-file or a larger --validation-percent")
     model, tokenizer = load_reader(args.model, "cpu")
     collator = FiDCollator(tokenizer, args.n_passages, args.text_maxlength, args.answer_maxlength, args.span_loss)
-    log.info("FiD on %d training / %d validation questions, k=%d, %d processes", len(train), len(validation),
+    log.info("FiD on %d training / %d validation questions, k=%d, %d processes", len(train_ex), len(validation),
              args.n_passages, world)
     if rank == 0:
-        write_json(f"{loop.out_dir}/reader_args.json", {**asdict(args), "train_questions": len(train),
+        write_json(f"{loop.out_dir}/reader_args.json", {**asdict(args), "train_questions": len(train_ex),
                                                          "validation_questions": len(validation)})
-    task = Task(examples=train,
-                make_batch=lambda exs, rng: collator(exs, rng if args.random_answer else None),
-                evaluate=make_evaluate(validation, tokenizer, args, device), metric="em")
-    state = train_loop(model, tokenizer, task, loop, rank, world, device)
-    return {"train_questions": len(train), "validation_questions": len(validation), **state}
+    task = reader_task(model, tokenizer, train_ex, lambda exs, rng: collator(exs, rng if args.random_answer else None),
+                       make_evaluate(validation, tokenizer, args, device), "em", loop)
+    state = trainer.train(task, loop, engine, loop.out_dir, "train-reader")
+    return {"train_questions": len(train_ex), "validation_questions": len(validation), **state}

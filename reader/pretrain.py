@@ -16,12 +16,13 @@ from pathlib import Path
 
 import torch
 
+from odqa.common import trainer
 from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, write_json
 from odqa.reader.args import LoopArgs, PretrainArgs
 from odqa.reader.read import load_reader
 from odqa.reader.t5_init import SENTINELS, passage_text
-from odqa.reader.trainer import Task, setup_distributed, train_loop
+from odqa.reader.task import reader_task
 
 log = logging.getLogger(__name__)
 
@@ -98,17 +99,18 @@ def make_evaluate(validation: list[list[int]], collator: SpanCorruptionCollator,
 
 
 def pretrain_reader(args: PretrainArgs, loop: LoopArgs) -> dict:
-    rank, world, device = setup_distributed()
+    engine = trainer.make_engine(loop)
+    rank, world, device = engine.rank, engine.world, engine.device
     model, tokenizer = load_reader(args.model, "cpu")
     passages = tokenize_passages(args.corpus, tokenizer, args.input_length)
     random.Random(0).shuffle(passages)
-    validation, train = passages[: args.validation_passages], passages[args.validation_passages:]
-    if not train:
+    validation, passages_train = passages[: args.validation_passages], passages[args.validation_passages:]
+    if not passages_train:
         raise InputError(f"{args.corpus}: too few passages to pretrain on")
     collator = SpanCorruptionCollator(tokenizer, args.input_length, args.noise_density, args.mean_span_length)
-    log.info("span corruption on %d passages (%d held out), %d processes", len(train), len(validation), world)
+    log.info("span corruption on %d passages (%d held out), %d processes", len(passages_train), len(validation), world)
     if rank == 0:
         write_json(Path(loop.out_dir) / "pretrain_args.json", asdict(args))
-    task = Task(examples=train, make_batch=collator,
-                evaluate=make_evaluate(validation, collator, args.eval_batch_size, device), metric="neg_loss")
-    return train_loop(model, tokenizer, task, loop, rank, world, device)
+    task = reader_task(model, tokenizer, passages_train, collator,
+                       make_evaluate(validation, collator, args.eval_batch_size, device), "neg_loss", loop)
+    return trainer.train(task, loop, engine, loop.out_dir, "pretrain-reader")

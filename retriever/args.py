@@ -15,13 +15,7 @@ DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index
 
 
 @dataclass(kw_only=True)
-class RetrieverOptimArgs(OptimArgs):
-    """The retriever trainers' optimiser settings: warm-up as a share of the steps (`retriever.train_loop`)."""
-    warmup_ratio: float = arg(0.1, "share of the steps spent warming the rate up")
-
-
-@dataclass(kw_only=True)
-class PhraseTrainArgs(RetrieverOptimArgs):
+class PhraseTrainArgs(OptimArgs):
     train_file: str = required("supervision examples from `odqa supervise`")
     validation_file: str = required("supervision examples to validate on")
     out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT)
@@ -49,24 +43,25 @@ class PhraseTrainArgs(RetrieverOptimArgs):
     max_validation_examples: int | None = arg(500, "validate on the first N examples")
 
 
-@dataclass
-class QueryTrainArgs:
+@dataclass(kw_only=True)
+class QueryTrainArgs(OptimArgs):
+    # the query side's own defaults for the loop settings: no warm-up, a low rate
+    epochs: int = arg(2, "passes over the questions (candidates retrieved anew each time)")
+    batch_size: int = arg(16, "questions per step (per process)")
+    lr: float = arg(3e-5, "peak learning rate (AdamW, linear decay)")
+    warmup_ratio: float = arg(0.0, "share of the steps spent warming the rate up")
     model: str = required("phrase model checkpoint the index was built with")
     index: str = required("phrase index directory")
     corpus: str = required("the corpus the index was built from")
-    out_dir: str = required("where the query-tuned checkpoint goes", **OUT)
+    out_dir: str = required("where checkpoint/ and last/ (the query-tuned model) go", **OUT)
     questions: str = arg("nq-dev", "training question set")
     label: str = arg("phrase", "phrase, passage or document: what makes a retrieved phrase a positive")
     top_k: int = arg(100, "phrases retrieved per question")
-    epochs: int = arg(2, "passes over the questions (candidates retrieved anew each time)")
-    batch_size: int = arg(16, "questions per step")
-    lr: float = arg(3e-5, "AdamW learning rate")
     max_questions: int | None = arg(None, "use only the first N questions")
-    seed: int = arg(13, "seed of data order")
 
 
 @dataclass(kw_only=True)
-class DocTrainArgs(RetrieverOptimArgs):
+class DocTrainArgs(OptimArgs):
     # the document encoder's own defaults for the optimiser settings
     epochs: int = arg(1, "passes over the training examples")
     batch_size: int = arg(32, "questions per step (per process)")

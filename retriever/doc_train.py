@@ -18,17 +18,18 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import asdict
+from pathlib import Path
 
 import faiss
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 from odqa.common.answer_index import AnswerIndex
 from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_jsonl, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
+from odqa.common.trainer import MicroBatches, Task, make_engine, permuted_batches, seeded, train
 from odqa.retriever.args import DocTrainArgs
 from odqa.retriever.bm25 import BM25Index
 from odqa.retriever.doc_encoder import (
@@ -41,7 +42,6 @@ from odqa.retriever.doc_encoder import (
     tokenize_questions,
 )
 from odqa.retriever.lm import load_tokenizer
-from odqa.retriever.train_loop import seeded, train_epochs
 
 log = logging.getLogger(__name__)
 NEGATIVES = ("abstract", "model", "none")
@@ -142,7 +142,8 @@ def _collate(tokenizer, table: DocumentTable, cfg: DocEncoderConfig, n_neg: int,
 def train_doc(args: DocTrainArgs) -> dict:
     if args.negatives not in NEGATIVES:
         raise InputError(f"negatives must be one of {NEGATIVES}, not {args.negatives!r}")
-    out = seeded(args)
+    out = Path(args.out_dir)
+    seeded(args.seed)
     if is_doc_checkpoint(args.encoder):
         model = DocEncoder.from_pretrained(args.encoder)
     else:
@@ -164,32 +165,32 @@ def train_doc(args: DocTrainArgs) -> dict:
         mine_negatives(train_ex, model_ranking(model, tokenizer, table, questions, MINE_DEPTH), args.negatives_per_question)
     with_neg = sum(bool(e.get("negatives")) for e in train_ex)
     log.info("%d training questions (%d with %s negatives), %d validation", len(train_ex), with_neg, args.negatives, len(val_ex))
-    steps_per_epoch = len(train_ex) // args.batch_size
-    if steps_per_epoch == 0:
+    if len(train_ex) < args.batch_size:
         raise InputError(f"{args.train_file}: {len(train_ex)} questions, fewer than one batch of {args.batch_size}")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
 
-    def loader(epoch: int) -> DataLoader:
-        g = torch.Generator().manual_seed(args.seed + epoch)  # the same order (and negatives) after a resume
-        return DataLoader(train_ex, batch_size=args.batch_size, shuffle=True, generator=g, drop_last=True,
-                          collate_fn=_collate(tokenizer, table, model.config, args.negatives_per_question,
-                                              args.seed + epoch))
+    def batches(epoch: int) -> MicroBatches:
+        # the same order (and negatives) after a resume
+        collate = _collate(tokenizer, table, model.config, args.negatives_per_question, args.seed + epoch)
+        return MicroBatches(train_ex, permuted_batches(len(train_ex), args.batch_size, args.seed + epoch),
+                            lambda exs, m: collate(exs))
 
-    validation = []
     val_rows = validation_rows(table, val_ex, args.validation_docs, args.seed)
 
-    def validate(m: DocEncoder) -> float:
+    def evaluate(m: DocEncoder, rank: int, world: int) -> dict:
         metrics = doc_metrics(m, tokenizer, table, val_ex, val_rows)
-        validation.append(metrics)
         log.info("document retrieval on validation: %s", {k: round(v, 2) for k, v in metrics.items()})
-        return metrics["Top-20"]
+        return metrics
 
-
-    state = train_epochs(model, args, steps_per_epoch, "train-doc", out, loader, DocLoss(model.config.scale), validate,
-                         lambda m, path: m.save_pretrained(path, tokenizer))
-    summary = {"best_top20": state["best"], "validation_top20": state["validation"], "steps": state["global_step"],
-               "validation": validation, "train_questions": len(train_ex), "with_negatives": with_neg,
+    task = Task(model=model, n_batches=len(train_ex) // args.batch_size, batches=batches,
+                loss=DocLoss(model.config.scale), save=lambda m, path: m.save_pretrained(path, tokenizer),
+                evaluate=evaluate, metric="Top-20")
+    state = train(task, args, make_engine(args), out, "train-doc")
+    validation = [{k: v for k, v in e.items() if k not in ("step", "epoch")} for e in state["evals"]]
+    summary = {"best_top20": state["best"]["value"], "validation_top20": [e["Top-20"] for e in validation],
+               "steps": state["global_step"], "validation": validation, "train_questions": len(train_ex),
+               "with_negatives": with_neg,
                "final_loss": state["history"][-1]["loss"] if state["history"] else None}
     write_json(out / "summary.json", summary)
     return summary

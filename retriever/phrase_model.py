@@ -88,11 +88,13 @@ class DensePhraseModel(nn.Module):
             return cls_s[:, : self.dim], cls_e[:, self.dim:]
         return cls_s, cls_e
 
-    def forward(self, questions: dict, passages: dict, negatives: dict | None = None) -> dict:
-        """One training step's encodings. Training calls this rather than the two methods above because
-        DDP and DeepSpeed synchronise gradients only for work done inside the wrapped model's forward."""
+    def forward(self, questions: dict, passages: dict | None = None, negatives: dict | None = None) -> dict:
+        """One training step's encodings (the questions' alone for query-side training). Training calls
+        this rather than the two methods above because DDP and DeepSpeed synchronise gradients only for
+        work done inside the wrapped model's forward."""
         out = dict(zip(("q_start", "q_end"), self.encode_questions(**questions)))
-        out.update(zip(("h_start", "h_end", "filter"), self.encode_passages(**passages)))
+        if passages is not None:
+            out.update(zip(("h_start", "h_end", "filter"), self.encode_passages(**passages)))
         if negatives is not None:
             out.update(zip(("neg_start", "neg_end"), self.encode_passages(**negatives)[:2]))
         return out

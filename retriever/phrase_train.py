@@ -30,13 +30,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_json, read_jsonl, write_json
 from odqa.common.metrics.answers import exact_match
 from odqa.common.metrics.has_answer import has_answer
+from odqa.common.trainer import MicroBatches, Task, make_engine, permuted_batches, seeded
+from odqa.common.trainer import train as train_loop
 from odqa.retriever.args import PhraseTrainArgs
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import (
@@ -53,7 +54,6 @@ from odqa.retriever.phrase_model import (
     kept_tokens,
     phrase_encoder_hash,
 )
-from odqa.retriever.train_loop import seeded, train_epochs
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite
@@ -220,11 +220,11 @@ def filter_report(model_dir: str | os.PathLike, examples: list[dict], thresholds
              "examples": len(examples), "answerable": answerable} for t in thresholds]
 
 
-def _loader(examples, tokenizer, cfg, args, epoch):
-    g = torch.Generator().manual_seed(args.seed + epoch)  # the same order after a resume
-    return DataLoader(examples, batch_size=args.batch_size, shuffle=True, generator=g, drop_last=True,
-                      collate_fn=lambda b: collate(tokenizer, b, cfg.max_passage_tokens, cfg.max_question_tokens,
-                                                   cfg.max_span_len, cfg.title_path))
+def _batches(examples, tokenizer, cfg: PhraseModelConfig, args: PhraseTrainArgs, epoch: int) -> MicroBatches:
+    order = permuted_batches(len(examples), args.batch_size, args.seed + epoch)  # the same order after a resume
+    return MicroBatches(examples, order, lambda exs, m: collate(tokenizer, exs, cfg.max_passage_tokens,
+                                                                cfg.max_question_tokens, cfg.max_span_len,
+                                                                cfg.title_path))
 
 
 def with_passage_context(examples: list[dict], args: PhraseTrainArgs, corpus_dir: str) -> None:
@@ -283,7 +283,8 @@ def mine_hard_negatives(examples: list[dict], args: PhraseTrainArgs) -> None:
 def train(args: PhraseTrainArgs) -> dict:
     if args.in_doc_negatives not in IN_DOC:
         raise InputError(f"in_doc_negatives must be one of {IN_DOC}, not {args.in_doc_negatives!r}")
-    out = seeded(args)
+    out = Path(args.out_dir)
+    seeded(args.seed)
     continuing = (Path(args.encoder) / CONFIG_FILE).exists()
     if continuing:
         model = DensePhraseModel.from_pretrained(args.encoder)
@@ -304,14 +305,15 @@ def train(args: PhraseTrainArgs) -> dict:
             raise InputError(f"--hard-negatives mines with a round-1 phrase model; {args.encoder} is not one")
         out.mkdir(parents=True, exist_ok=True)
         mine_hard_negatives(train_ex, args)
-    steps_per_epoch = len(train_ex) // args.batch_size
-    if steps_per_epoch == 0:
+    if len(train_ex) < args.batch_size:
         raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
-
-    state = train_epochs(model, args, steps_per_epoch, "train-phrase", out, lambda epoch: _loader(train_ex, tokenizer, cfg, args, epoch), PhraseLoss(args),
-                         lambda m: validation_em(m, tokenizer, val_ex, cfg),
-                         lambda m, path: m.save_pretrained(path, tokenizer))
-    return {"best_em": state["best"], "validation_em": state["validation"], "steps": state["global_step"],
+    task = Task(model=model, n_batches=len(train_ex) // args.batch_size,
+                batches=lambda epoch: _batches(train_ex, tokenizer, cfg, args, epoch), loss=PhraseLoss(args),
+                save=lambda m, path: m.save_pretrained(path, tokenizer),
+                evaluate=lambda m, rank, world: {"em": validation_em(m, tokenizer, val_ex, cfg)}, metric="em")
+    state = train_loop(task, args, make_engine(args), out, "train-phrase")
+    return {"best_em": state["best"]["value"], "validation_em": [e["em"] for e in state["evals"]],
+            "steps": state["global_step"],
             "final_loss": state["history"][-1]["loss"] if state["history"] else math.nan}

@@ -1,4 +1,4 @@
-"""`odqa train-query`: query-side fine-tuning (DensePhrases Eq. 11).
+"""`odqa train-query`: query-side fine-tuning (DensePhrases Eq. 11), through the shared training loop.
 
 The phrase index stays fixed; only the question encoders learn. Each epoch, the current model
 retrieves the top `top_k` phrases of every training question, and the loss is
@@ -7,21 +7,26 @@ with the phrase vectors taken from the index: the stored float16 vectors for Fla
 reconstructed from the codes for a compressed (SQ/PQ) index, so training sees what search sees.
 A phrase is positive (`label`): "phrase" if its text matches an answer; "passage" if its passage
 contains an answer; "document" if its document has a passage that does ("Too" paper, Eq. 5).
+An epoch's candidates are kept in OUT/candidates/, so a resumed run trains on the ones it was given.
 """
 from __future__ import annotations
 
 import logging
 import random
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from odqa.common.io import InputError, write_json
+from odqa.common.io import InputError, read_json, write_json
 from odqa.common.metrics.answers import answer_em
 from odqa.common.metrics.has_answer import has_answer
 from odqa.common.questions import load_questions
+from odqa.common.trainer import Task, make_engine, seeded, train
 from odqa.retriever.args import QueryTrainArgs
 from odqa.retriever.phrase_data import encode_questions
 from odqa.retriever.searcher import UNITS as LABELS
@@ -47,61 +52,106 @@ def positives(searcher: Searcher, phrases, question, label: str, doc_cache: dict
     return np.array(out)
 
 
+def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: int) -> list[dict]:
+    """The questions with a positive among the current model's top phrases: their phrase ids and labels."""
+    was_training = searcher.model.training
+    searcher.model.eval()
+    with torch.no_grad():
+        q_start, q_end = searcher.encode([q.question for q in questions])
+    searcher.model.train(was_training)
+    retrieved, doc_cache, found = [], {}, []
+    for a in tqdm(range(0, len(questions), 64), desc=f"train-query candidates {epoch + 1}", disable=None):
+        retrieved += searcher.search_phrases(q_start[a:a + 64], q_end[a:a + 64], args.top_k)  # batched MIPS
+    for i, (q, phrases) in enumerate(zip(questions, retrieved)):
+        phrases = phrases[:args.top_k]
+        pos = positives(searcher, phrases, q, args.label, doc_cache)
+        if pos.any():
+            found.append({"question": i, "start": [int(p.start_vec) for p in phrases],
+                          "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist()})
+    log.info("epoch %d: %d of %d questions have a positive among the top %d phrases",
+             epoch + 1, len(found), len(questions), args.top_k)
+    if not found:
+        raise InputError("no training question has a positive phrase among its top phrases")
+    return found
+
+
+class CandidateBatches(Sequence):
+    """An epoch's candidates, shuffled by (seed, epoch), in batches of `batch_size` questions; past the
+    last, None (the loop's step count is fixed, the number of questions with a positive is not)."""
+
+    def __init__(self, searcher: Searcher, questions, found: list[dict], n_batches: int, args: QueryTrainArgs,
+                 epoch: int):
+        self.searcher, self.questions, self.args, self.n = searcher, questions, args, n_batches
+        self.found = list(found)
+        random.Random(f"{args.seed}-{epoch}").shuffle(self.found)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, m: int):
+        chunk = self.found[m * self.args.batch_size:(m + 1) * self.args.batch_size]
+        if not chunk:
+            return None
+        index = self.searcher.index
+        return {"questions": dict(encode_questions(self.searcher.tokenizer, [self.questions[c["question"]].question
+                                                                           for c in chunk],
+                                                   self.searcher.model.config.max_question_tokens)),
+                "start": [torch.from_numpy(index.vectors("start", c["start"])).float() for c in chunk],
+                "end": [torch.from_numpy(index.vectors("end", c["end"])).float() for c in chunk],
+                "positive": [torch.tensor(c["positive"]) for c in chunk]}
+
+
+def query_loss(model, batch: dict, step: int):
+    enc = model(batch["questions"])
+    qs, qe = enc["q_start"], enc["q_end"]
+    loss = 0.0
+    for b, (s_vec, e_vec, pos) in enumerate(zip(batch["start"], batch["end"], batch["positive"])):
+        scores = qs[b] @ s_vec.T + qe[b] @ e_vec.T
+        loss = loss + torch.logsumexp(scores, 0) - torch.logsumexp(scores[pos], 0)
+    loss = loss / len(batch["positive"])
+    return loss, {"loss": loss.item()}
+
+
 def train_query(args: QueryTrainArgs) -> dict:
     if args.label not in LABELS:
         raise InputError(f"--label must be one of {LABELS}")
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    out = Path(args.out_dir)
+    seeded(args.seed)
     searcher = Searcher(args.index, args.model, args.corpus)
-    model = searcher.model.train()
-    params = [p for n, p in model.named_parameters() if n.startswith("q_")]
+    model = searcher.model
     for n, p in model.named_parameters():
         p.requires_grad_(n.startswith("q_"))
-    optimizer = torch.optim.AdamW(params, lr=args.lr)
     questions = load_questions(args.questions, limit=args.max_questions)
+    engine = make_engine(args)
+    cache = out / "candidates"
+    if engine.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if not args.resume and cache.exists():   # another run's: mined with another model
+            shutil.rmtree(cache)
+        write_json(out / "train_args.json", asdict(args))
+    engine.barrier()
+    n_batches = -(-len(questions) // args.batch_size)
+
+    def batches(epoch: int) -> CandidateBatches:
+        path = cache / f"epoch-{epoch + 1}.json"
+        if path.exists():
+            found = read_json(path)
+        else:
+            found = mine_candidates(searcher, questions, args, epoch)
+            if engine.rank == 0:
+                cache.mkdir(exist_ok=True)
+                write_json(path, found, indent=None)
+        return CandidateBatches(searcher, questions, found, n_batches, args, epoch)
+
+    task = Task(model=model, n_batches=n_batches, batches=batches, loss=query_loss,
+                save=lambda m, path: m.save_pretrained(path, searcher.tokenizer))
+    state = train(task, args, engine, out, "train-query")
+    per_epoch = max(n_batches // (engine.world * args.accumulation), 1)
     history = []
-    for epoch in range(args.epochs):
-        # Candidates from the current model: what it would retrieve now.
-        model.eval()
-        q_start, q_end = searcher.encode([q.question for q in questions])
-        candidates = []
-        doc_cache: dict = {}
-        retrieved = []
-        for a in tqdm(range(0, len(questions), 64), desc=f"train-query candidates {epoch + 1}", disable=None):
-            retrieved += searcher.search_phrases(q_start[a:a + 64], q_end[a:a + 64], args.top_k)  # batched MIPS
-        for q, phrases in zip(questions, retrieved):
-            phrases = phrases[:args.top_k]
-            pos = positives(searcher, phrases, q, args.label, doc_cache)
-            if pos.any():
-                s_ids = np.array([p.start_vec for p in phrases])
-                e_ids = np.array([p.end_vec for p in phrases])
-                candidates.append((q.question, searcher.index.vectors("start", s_ids),
-                                   searcher.index.vectors("end", e_ids), pos))
-        log.info("epoch %d: %d of %d questions have a positive among the top %d phrases",
-                 epoch + 1, len(candidates), len(questions), args.top_k)
-        if not candidates:
-            raise InputError("no training question has a positive phrase among its top phrases")
-        model.train()
-        random.shuffle(candidates)
-        losses = []
-        for a in tqdm(range(0, len(candidates), args.batch_size), desc=f"train-query epoch {epoch + 1}", disable=None):
-            batch = candidates[a:a + args.batch_size]
-            enc = encode_questions(searcher.tokenizer, [c[0] for c in batch], model.config.max_question_tokens)
-            qs, qe = model.encode_questions(**{k: v.to(searcher.device) for k, v in enc.items()})
-            loss = 0.0
-            for b, (_, s_vec, e_vec, pos) in enumerate(batch):
-                scores = qs[b] @ torch.from_numpy(s_vec).T + qe[b] @ torch.from_numpy(e_vec).T
-                mask = torch.from_numpy(pos)
-                loss = loss + torch.logsumexp(scores, 0) - torch.logsumexp(scores[mask], 0)
-            loss = loss / len(batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
-        history.append({"epoch": epoch + 1, "questions": len(candidates), "loss": float(np.mean(losses))})
-        log.info("epoch %d: loss %.4f", epoch + 1, history[-1]["loss"])
-    model.eval()
-    model.save_pretrained(args.out_dir, searcher.tokenizer)
-    write_json(Path(args.out_dir) / "train_query.json", {"args": vars(args), "history": history})
-    return {"history": history}
+    for epoch in range(1, state["epoch"] + 1):
+        losses = [h["loss"] for h in state["history"] if (h["step"] - 1) // per_epoch + 1 == epoch]
+        history.append({"epoch": epoch, "questions": len(read_json(cache / f"epoch-{epoch}.json")),
+                         "loss": float(np.mean(losses)) if losses else None})
+    if engine.rank == 0:
+        write_json(out / "train_query.json", {"args": asdict(args), "history": history})
+    return {"history": history, "steps": state["global_step"]}

@@ -81,7 +81,7 @@ def test_train_doc_learns_which_document_answers(doc_model):
 
 
 def test_train_doc_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
-    from odqa.retriever import train_loop
+    from odqa.common import trainer as train_loop
     root = world["root"]
 
     def args(out, resume=False):

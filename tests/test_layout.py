@@ -74,5 +74,5 @@ def test_the_installed_distribution_holds_only_the_odqa_name(tmp_path):
     sources = {f"odqa/{p.relative_to(ROOT).as_posix()}" for package in PACKAGES for p in (ROOT / package).rglob("*.py")
                if "__pycache__" not in p.parts}
     assert sources - set(names) == set()
-    for expected in ("odqa/__init__.py", "odqa/reader/configs/zero2.json", "odqa/system/static/index.html"):
+    for expected in ("odqa/__init__.py", "odqa/common/configs/zero2.json", "odqa/system/static/index.html"):
         assert expected in names

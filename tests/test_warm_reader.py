@@ -13,12 +13,12 @@ from tiny_models import make_tiny_bert
 from transformers import AutoTokenizer, EncoderDecoderModel
 
 from odqa.common.io import InputError
+from odqa.reader.args import LoopArgs
 from odqa.reader.fid import FiDEncoderDecoder
 from odqa.reader.fid_data import FiDCollator, FiDExample
 from odqa.reader.fid_train import ReaderArgs, train_reader
 from odqa.reader.read import generate_answers, load_reader, read
 from odqa.reader.spans import PassageSpans
-from odqa.reader.trainer import LoopArgs
 from odqa.reader.warm_start import decoder_layer_sources, init_warm_reader
 
 TEXTS = ([f"the code of {n} is {d} ." for n in CODE_NAMES for d in range(10)]

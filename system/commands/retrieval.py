@@ -110,7 +110,7 @@ def cmd_train_query(args) -> None:
     result = train_query(dataclass_from_args(QueryTrainArgs, args))
     for h in result["history"]:
         print(f"epoch {h['epoch']}: {h['questions']} questions with a positive, loss {h['loss']:.4f}")
-    print(f"query-tuned model -> {args.out_dir}")
+    print(f"query-tuned model -> {args.out_dir}/last")
 
 
 def cmd_train_doc(args) -> None:
