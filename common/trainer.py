@@ -154,7 +154,8 @@ def deepspeed_config(args: OptimArgs, total_steps: int, world: int, device: torc
         "lr": args.lr, "warmup_max_lr": group_lrs if group_lrs and len(set(group_lrs)) > 1 else args.lr,
         "weight_decay": args.weight_decay,
         "total_num_steps": max(total_steps, 1),
-        "warmup_num_steps": min(args.warmup(total_steps), max(total_steps - 1, 0)),
+        # DeepSpeed's WarmupLR refuses 0 (and warms up over at least 2 steps whatever it is given).
+        "warmup_num_steps": max(min(args.warmup(total_steps), total_steps - 1), 1),
         # On CPU without offload, torch's AdamW rather than DeepSpeed's CUDA-only FusedAdam;
         # with offload, DeepSpeedCPUAdam.
         "torch_adam": not cuda and not offloaded,

@@ -6,6 +6,12 @@ import shutil
 
 import numpy as np
 import pytest
+from loop_checks import (
+    assert_two_processes_train_as_one_with_twice_the_accumulation,
+    assert_zero3_trains_like_zero2,
+    losses,
+    without_dropout,
+)
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
@@ -107,6 +113,34 @@ def test_train_doc_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
     resumed = train_loop.read_json(tmp_path / "cut" / "checkpoint" / "trainer_state.json")["history"]
     assert [h["step"] for h in resumed] == [h["step"] for h in full]
     assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in full], rel=1e-4)
+
+
+def _doc_run(world, encoder):
+    root = world["root"]
+
+    def run(out, **loop):
+        train_doc(DocTrainArgs(train_file=str(root / "sup" / "train.jsonl"),
+                               validation_file=str(root / "sup" / "validation.jsonl"), corpus=str(world["corpus"]),
+                               out_dir=str(out), encoder=str(encoder), epochs=2, batch_size=2, lr=1e-3, warmup_steps=2,
+                               max_doc_tokens=64, **loop))
+        return losses(out), DocEncoder.from_pretrained(out / "last").state_dict()
+    return run
+
+
+def test_train_doc_at_zero3_trains_like_zero2(world, tmp_path):
+    assert_zero3_trains_like_zero2(_doc_run(world, world["bert"]), tmp_path)
+
+
+def test_train_doc_in_two_processes_trains_as_one_with_twice_the_accumulation(world, tmp_path):
+    root, encoder = world["root"], without_dropout(world["bert"], tmp_path / "bert")
+
+    def command(out):
+        return ["train-doc", "--train-file", str(root / "sup" / "train.jsonl"), "--validation-file",
+                str(root / "sup" / "validation.jsonl"), "--corpus", str(world["corpus"]), "--out", str(out),
+                "--encoder", str(encoder), "--epochs", "2", "--batch-size", "2", "--lr", "1e-3", "--warmup-steps", "1",
+                "--max-doc-tokens", "64", "--backend", "deepspeed"]
+    assert_two_processes_train_as_one_with_twice_the_accumulation(command, tmp_path,
+                                                                  lambda d: DocEncoder.from_pretrained(d).state_dict())
 
 
 def test_a_document_index_of_another_encoder_is_refused(world, doc_model, tmp_path):

@@ -11,6 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loop_checks import (
+    assert_same_training,
+    assert_two_processes_train_as_one_with_twice_the_accumulation,
+    assert_zero3_trains_like_zero2,
+    losses,
+    without_dropout,
+)
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
@@ -21,6 +28,7 @@ from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_index import build_index
 from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.phrase_train import PhraseTrainArgs, train
+from odqa.retriever.query_train import QueryTrainArgs, train_query
 from odqa.retriever.searcher import Searcher
 from odqa.retriever.supervise import supervise
 
@@ -377,6 +385,74 @@ def test_two_processes_train_phrases_as_one_with_twice_the_batch(world, tmp_path
     moved = sum(((one[k] - start[k]) ** 2).sum() for k in one)
     apart = sum(((one[k] - two[k]) ** 2).sum() for k in one)
     assert moved > 1.0 and apart / moved < 1e-6
+
+
+def test_train_phrase_at_zero3_trains_like_zero2(world, tmp_path):
+    root = world["root"]
+
+    def run(out, **loop):
+        train(PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+                              out_dir=str(out), encoder=str(world["encoder"]), epochs=1, batch_size=4, lr=2e-3,
+                              max_passage_tokens=64, max_question_tokens=16, **loop))
+        return losses(out), DensePhraseModel.from_pretrained(out / "last").state_dict()
+
+    assert_zero3_trains_like_zero2(run, tmp_path)
+
+
+def _query_run(world, index, tmp_path, model=None):
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"question": f"where was {n} born", "answers": [c]}
+                                                   for n, c in world["born"].items()])
+
+    def run(out, **loop):
+        train_query(QueryTrainArgs(model=str(model or world["model"]), index=str(index), corpus=str(world["corpus"]),
+                                   out_dir=str(out), questions=str(questions), top_k=30, epochs=2, batch_size=2,
+                                   lr=2e-3, **loop))
+        return losses(out), DensePhraseModel.from_pretrained(out / "last").state_dict()
+    return run
+
+
+def test_an_interrupted_query_training_resumes_with_the_same_losses(world, index, tmp_path, monkeypatch):
+    from odqa.retriever import query_train
+    run = _query_run(world, index, tmp_path)
+    straight = run(tmp_path / "straight", save_steps=2)
+    calls = {"n": 0}
+    real = query_train.query_loss
+
+    def interrupt(*a, **k):
+        calls["n"] += 1
+        if calls["n"] > 9:   # in the second epoch, after the step-8 checkpoint
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(query_train, "query_loss", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "resumed", save_steps=2)
+    monkeypatch.setattr(query_train, "query_loss", real)
+    again = run(tmp_path / "resumed", save_steps=2, resume=True)
+    assert_same_training(straight, again, rel=1e-5, atol=1e-6)
+
+
+def test_train_query_at_zero3_trains_like_zero2(world, index, tmp_path):
+    assert_zero3_trains_like_zero2(_query_run(world, index, tmp_path), tmp_path)
+
+
+def test_train_query_in_two_processes_trains_as_one_with_twice_the_accumulation(world, index, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(world["model"], model)
+    for lm in ("q_start_lm", "q_end_lm"):   # dropout off: its masks depend on the rank
+        if (model / lm / "config.json").exists():
+            without_dropout(model / lm, tmp_path / "nodrop")
+            shutil.rmtree(model / lm)
+            (tmp_path / "nodrop").rename(model / lm)
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"question": f"where was {n} born", "answers": [c]}
+                                                   for n, c in world["born"].items()])
+
+    def command(out):
+        return ["train-query", "--model", str(model), "--index", str(index), "--corpus", str(world["corpus"]),
+                "--out", str(out), "--questions", str(questions), "--top-k", "30", "--epochs", "2",
+                "--batch-size", "2", "--lr", "2e-3"]
+    assert_two_processes_train_as_one_with_twice_the_accumulation(
+        command, tmp_path, lambda d: DensePhraseModel.from_pretrained(d).state_dict())
 
 
 def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, tmp_path, monkeypatch):

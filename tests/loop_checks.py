@@ -1,0 +1,61 @@
+"""Checks that every trainer of the shared loop (odqa.common.trainer) passes the same way: the ZeRO stage
+and the process count must not change the updates. Each trainer's test gives `run(out,
+**settings)`, which trains into `out` with those loop settings and returns (losses, weights)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).parent.parent
+
+
+def losses(out: Path) -> list[float]:
+    return [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["history"]]
+
+
+def assert_same_training(a, b, rel: float = 1e-4, atol: float = 1e-5) -> None:
+    (losses_a, weights_a), (losses_b, weights_b) = a, b
+    assert len(losses_a) == len(losses_b) > 0
+    assert losses_a == pytest.approx(losses_b, rel=rel)
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert weights_a[name].shape == weights_b[name].shape, name
+        assert torch.allclose(weights_a[name], weights_b[name], atol=atol), name
+
+
+def assert_zero3_trains_like_zero2(run, tmp_path: Path) -> None:
+    """Stage 3 shards the parameters; the losses and the gathered checkpoint must not notice."""
+    assert_same_training(run(tmp_path / "z2", backend="deepspeed", zero_stage=2),
+                         run(tmp_path / "z3", backend="deepspeed", zero_stage=3))
+
+
+def torchrun(command: list[str], nproc: int) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+           "-m", "odqa.system.cli", "-q", *command]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def assert_two_processes_train_as_one_with_twice_the_accumulation(command, out: Path, load_weights) -> None:
+    """`command(out)`: a CLI training command writing to `out`; each process of two takes every other
+    micro-batch, so they make the updates one process makes accumulating two."""
+    torchrun([*command(out / "two"), "--accumulation", "1"], nproc=2)
+    torchrun([*command(out / "one"), "--accumulation", "2"], nproc=1)
+    assert_same_training((losses(out / "two"), load_weights(out / "two" / "last")),
+                         (losses(out / "one"), load_weights(out / "one" / "last")))
+
+
+def without_dropout(encoder: Path, out: Path) -> Path:
+    """A copy of a BERT checkpoint with dropout off, for checks that compare updates across process
+    counts or engines (dropout masks depend on the rank and on the engine's seeding)."""
+    import shutil
+    shutil.copytree(encoder, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
