@@ -327,7 +327,7 @@ def _upgrade(state: dict) -> dict:
 def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str = "train") -> dict:
     """Train `task` as `args` say; returns the loop's state (history, evaluations, best)."""
     out = Path(out)
-    rank, world, W, A = engine.rank, engine.world, engine.world, args.accumulation
+    rank, W, A = engine.rank, engine.world, args.accumulation   # the names of the module's docstring
     per_step = W * A
     steps_per_epoch = task.n_batches // per_step
     if steps_per_epoch == 0:
@@ -348,7 +348,7 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
             log.warning("--resume: no checkpoint in %s, starting from scratch", ckpt)
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
-        write_json(out / "train_config.json", {"loop": asdict(args), args.backend: config, "world_size": world,
+        write_json(out / "train_config.json", {"loop": asdict(args), args.backend: config, "world_size": W,
                                                "steps_per_epoch": steps_per_epoch, "total_steps": total})
 
     def save_model(name: str, info: dict) -> None:
@@ -375,7 +375,7 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
 
     def evaluate() -> None:
         engine.module.eval()
-        result = task.evaluate(engine.module, rank, world)
+        result = task.evaluate(engine.module, rank, W)
         engine.module.train()
         value = result[task.metric]
         state["evals"].append({"step": state["global_step"], "epoch": state["epoch"], **result})
