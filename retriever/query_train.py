@@ -76,8 +76,10 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
 
 
 class CandidateBatches(Sequence):
-    """An epoch's candidates, shuffled by (seed, epoch), in batches of `batch_size` questions; past the
-    last, None (the loop's step count is fixed, the number of questions with a positive is not)."""
+    """An epoch's candidates, shuffled by (seed, epoch), in `n_batches` batches of `batch_size` questions.
+    The loop's step count is fixed before training, the number of questions with a positive is not: it
+    is set by the first epoch's, a later epoch with more trains on a random `n_batches` of them, and one
+    with fewer gives None (a skipped step) past its last."""
 
     def __init__(self, searcher: Searcher, questions, found: list[dict], n_batches: int, args: QueryTrainArgs,
                  epoch: int):
@@ -130,18 +132,23 @@ def train_query(args: QueryTrainArgs) -> dict:
             shutil.rmtree(cache)
         write_json(out / "train_args.json", asdict(args))
     engine.barrier()
-    n_batches = -(-len(questions) // args.batch_size)
 
-    def batches(epoch: int) -> CandidateBatches:
+    def candidates(epoch: int) -> list[dict]:
         path = cache / f"epoch-{epoch + 1}.json"
         if path.exists():
-            found = read_json(path)
-        else:
-            found = mine_candidates(searcher, questions, args, epoch)
-            if engine.rank == 0:
-                cache.mkdir(exist_ok=True)
-                write_json(path, found, indent=None)
-        return CandidateBatches(searcher, questions, found, n_batches, args, epoch)
+            return read_json(path)
+        found = mine_candidates(searcher, questions, args, epoch)
+        if engine.rank == 0:
+            cache.mkdir(exist_ok=True)
+            write_json(path, found, indent=None)
+        return found
+
+    # Counted on the first epoch's candidates (mined before training, kept for epoch 1): a count over
+    # all questions would schedule the rate over steps that most questions, without a positive, skip.
+    n_batches = -(-len(candidates(0)) // args.batch_size)
+
+    def batches(epoch: int) -> CandidateBatches:
+        return CandidateBatches(searcher, questions, candidates(epoch), n_batches, args, epoch)
 
     task = Task(model=model, n_batches=n_batches, batches=batches, loss=query_loss,
                 save=lambda m, path: m.save_pretrained(path, searcher.tokenizer))
