@@ -313,17 +313,6 @@ def make_engine(args: OptimArgs):
     return ENGINES[args.backend](args)
 
 
-def _upgrade(state: dict) -> dict:
-    """A trainer_state.json of the loops this one replaced (the retrievers' kept a bare best score)."""
-    if not isinstance(state.get("best"), (dict, type(None))):
-        best = state.pop("best")
-        state["best"] = None if best == float("-inf") else {"step": None, "value": best}
-    state.pop("best_em", None)
-    state.setdefault("evals", [{"epoch": i + 1, "value": v}
-                               for i, v in enumerate(state.pop("validation", state.pop("validation_em", [])))])
-    return state
-
-
 def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str = "train") -> dict:
     """Train `task` as `args` say; returns the loop's state (history, evaluations, best)."""
     out = Path(out)
@@ -341,7 +330,7 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
     ckpt = out / "checkpoint"
     if args.resume:
         if (ckpt / "trainer_state.json").exists():
-            state = _upgrade(read_json(ckpt / "trainer_state.json"))
+            state = read_json(ckpt / "trainer_state.json")
             engine.load(ckpt)
             log.info("%s: resumed from %s at step %d", desc, ckpt, state["global_step"])
         else:

@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader
 
 from odqa.common.io import InputError
 from odqa.common.settings import OptimArgs
-from odqa.common.trainer import _upgrade, permuted_batches, shuffled_batches
+from odqa.common.trainer import permuted_batches, shuffled_batches
 
 
 @pytest.mark.parametrize("n, batch, seed", [(53, 4, 13), (10, 3, 14), (8, 8, 0)])
@@ -32,10 +32,3 @@ def test_an_epochs_order_depends_on_seed_and_epoch_alone():
 def test_settings_that_cannot_train_are_refused_before_anything_loads(bad, message):
     with pytest.raises(InputError, match=message):
         OptimArgs(**bad)
-
-
-def test_a_checkpoint_of_the_retrievers_earlier_loop_resumes():
-    old = {"epoch": 1, "step_in_epoch": 0, "global_step": 3, "best": 42.0, "history": [], "validation": [42.0]}
-    state = _upgrade(old)
-    assert state["best"] == {"step": None, "value": 42.0} and state["evals"] == [{"epoch": 1, "value": 42.0}]
-    assert _upgrade({**old, "best": float("-inf"), "validation": []})["best"] is None
