@@ -398,7 +398,8 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
                         sums[k] = sums.get(k, 0.0) + v / A
                 keys = sorted(sums)
                 values = engine.mean(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=engine.device))
-                state["history"].append({"step": step + 1, **dict(zip(keys, values.tolist())), "lr": engine.lr()})
+                state["history"].append({"step": step + 1, "epoch": state["epoch"] + 1,
+                                         **dict(zip(keys, values.tolist())), "lr": engine.lr()})
                 running.append(state["history"][-1]["loss"])
             state["global_step"] = step + 1
             state["step_in_epoch"] = s + 1

@@ -133,15 +133,19 @@ def train_query(args: QueryTrainArgs) -> dict:
         write_json(out / "train_args.json", asdict(args))
     engine.barrier()
 
+    mined: dict[int, list[dict]] = {}   # per process: epoch 1's are asked for twice, and a search is costly
+
     def candidates(epoch: int) -> list[dict]:
-        path = cache / f"epoch-{epoch + 1}.json"
-        if path.exists():
-            return read_json(path)
-        found = mine_candidates(searcher, questions, args, epoch)
-        if engine.rank == 0:
-            cache.mkdir(exist_ok=True)
-            write_json(path, found, indent=None)
-        return found
+        if epoch not in mined:
+            path = cache / f"epoch-{epoch + 1}.json"
+            if path.exists():
+                mined[epoch] = read_json(path)
+            else:
+                mined[epoch] = mine_candidates(searcher, questions, args, epoch)
+                if engine.rank == 0:
+                    cache.mkdir(exist_ok=True)
+                    write_json(path, mined[epoch], indent=None)
+        return mined[epoch]
 
     # Counted on the first epoch's candidates (mined before training, kept for epoch 1): a count over
     # all questions would schedule the rate over steps that most questions, without a positive, skip.
@@ -153,12 +157,11 @@ def train_query(args: QueryTrainArgs) -> dict:
     task = Task(model=model, n_batches=n_batches, batches=batches, loss=query_loss,
                 save=lambda m, path: m.save_pretrained(path, searcher.tokenizer))
     state = train(task, args, engine, out, "train-query")
-    per_epoch = max(n_batches // (engine.world * args.accumulation), 1)
     history = []
     for epoch in range(1, state["epoch"] + 1):
-        losses = [h["loss"] for h in state["history"] if (h["step"] - 1) // per_epoch + 1 == epoch]
-        history.append({"epoch": epoch, "questions": len(read_json(cache / f"epoch-{epoch}.json")),
-                         "loss": float(np.mean(losses)) if losses else None})
+        losses = [h["loss"] for h in state["history"] if h["epoch"] == epoch]
+        history.append({"epoch": epoch, "questions": len(candidates(epoch - 1)),
+                        "loss": float(np.mean(losses)) if losses else None})
     if engine.rank == 0:
         write_json(out / "train_query.json", {"args": asdict(args), "history": history})
     return {"history": history, "steps": state["global_step"]}
