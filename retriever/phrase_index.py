@@ -164,17 +164,33 @@ class PhraseIndex:
 
 
 class IVFPQCodes:
-    """The codes of a plain IVF-PQ index (8-bit codes of residuals to the coarse centroids) in vector-id
-    order, for scoring and decoding vectors by id: x = c[list(x)] + concat_m C_m[code_m(x)]."""
+    """The codes of an IVF-PQ index (8-bit codes of residuals to the coarse centroids), optionally behind
+    an orthonormal rotation such as OPQ's, in vector-id order, for scoring and decoding vectors by id:
+    R x = c[list(x)] + concat_m C_m[code_m(x)], so q . x = (R q) . (R x) without rotating any vector."""
 
-    def __init__(self, centroids: np.ndarray, pq_centroids: np.ndarray, codes: np.ndarray, list_of: np.ndarray):
+    def __init__(self, centroids: np.ndarray, pq_centroids: np.ndarray, codes: np.ndarray, list_of: np.ndarray,
+                 rotation: np.ndarray | None = None):
         self.centroids, self.pq_centroids, self.codes, self.list_of = centroids, pq_centroids, codes, list_of
+        self.rotation = rotation
         self._m = np.arange(codes.shape[1])
 
     @classmethod
     def of(cls, index: faiss.Index, n: int) -> "IVFPQCodes | None":
-        """The codes of `index` when it is a plain IVF-PQ (no pre-transform, 8-bit, by residual), else None."""
+        """The codes of `index` when it is an 8-bit IVF-PQ by residual, alone or behind one orthonormal
+        linear transform without bias (OPQ), else None."""
         index = faiss.downcast_index(index)
+        rotation = None
+        if isinstance(index, faiss.IndexPreTransform):
+            if index.chain.size() != 1:
+                return None
+            transform = faiss.downcast_VectorTransform(index.chain.at(0))
+            if not isinstance(transform, faiss.LinearTransform) or transform.have_bias \
+                    or transform.d_in != transform.d_out:
+                return None
+            rotation = faiss.vector_to_array(transform.A).reshape(transform.d_out, transform.d_in)
+            if not np.allclose(rotation @ rotation.T, np.eye(len(rotation)), atol=1e-4):
+                return None
+            index = faiss.downcast_index(index.index)
         if type(index) is not faiss.IndexIVFPQ or index.pq.nbits != 8 or not index.by_residual:
             return None
         m, dsub = index.pq.M, index.pq.dsub
@@ -188,13 +204,16 @@ class IVFPQCodes:
                 list_of[ids] = lst
         centroids = index.quantizer.reconstruct_n(0, index.nlist)
         pq_centroids = faiss.vector_to_array(index.pq.centroids).reshape(m, 256, dsub)
-        return cls(centroids, pq_centroids, codes, list_of)
+        return cls(centroids, pq_centroids, codes, list_of, rotation)
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         parts = self.pq_centroids[self._m, self.codes[ids]]            # (n, M, dsub)
-        return self.centroids[self.list_of[ids]] + parts.reshape(len(ids), -1)
+        rotated = self.centroids[self.list_of[ids]] + parts.reshape(len(ids), -1)
+        return rotated if self.rotation is None else rotated @ self.rotation
 
     def scores(self, ids: np.ndarray, q: np.ndarray) -> np.ndarray:
+        if self.rotation is not None:
+            q = self.rotation @ q
         m, dsub = self.pq_centroids.shape[0], self.pq_centroids.shape[2]
         table = np.einsum("mkd,md->mk", self.pq_centroids, q.reshape(m, dsub))   # (M, 256) partial products
         lists = self.list_of[ids]

@@ -528,24 +528,30 @@ def test_the_phrase_filter_keeps_answer_tokens_and_build_index_keeps_its_share(w
         build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.0)
 
 
-def test_ivf_pq_scores_from_codes_equal_decoded_vectors():
+@pytest.mark.parametrize("factory", ["default", "OPQ8,IVF16,PQ8"])
+def test_ivf_pq_scores_from_codes_equal_decoded_vectors(factory):
     import faiss
 
     from odqa.retriever.phrase_index import IVFPQCodes, default_factory
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6000, 48)).astype(np.float32)
-    index = faiss.index_factory(48, default_factory(len(x), 48), faiss.METRIC_INNER_PRODUCT)
-    assert isinstance(faiss.downcast_index(index), faiss.IndexIVFPQ)
+    index = faiss.index_factory(48, default_factory(len(x), 48) if factory == "default" else factory,
+                                faiss.METRIC_INNER_PRODUCT)
     index.train(x)
     index.add(x)
     codes = IVFPQCodes.of(index, len(x))
+    assert (codes.rotation is not None) == factory.startswith("OPQ")
     ids = rng.choice(len(x), 500)
     q = rng.standard_normal(48).astype(np.float32)
     faiss.extract_index_ivf(index).make_direct_map()
     decoded = index.reconstruct_batch(ids)
     assert np.allclose(codes.vectors(ids), decoded, atol=1e-5)
     assert np.allclose(codes.scores(ids, q), decoded @ q, atol=1e-4)
+    # The index's own search scores its hits the same way.
+    top, hit = index.search(q[None], 10)
+    assert np.allclose(codes.scores(hit[0], q), top[0], atol=1e-4)
     assert IVFPQCodes.of(faiss.index_factory(48, "IVF4,SQ8", faiss.METRIC_INNER_PRODUCT), 0) is None
+    assert IVFPQCodes.of(faiss.index_factory(48, "PCA16,IVF4,PQ4", faiss.METRIC_INNER_PRODUCT), 0) is None
 
 
 def test_default_factory_is_ivf_pq_at_about_a_kilobyte_a_passage():
