@@ -18,12 +18,21 @@ plain T5 checkpoint; a FiDEncoderDecoder saves its tied embedding once, so it lo
 """
 from __future__ import annotations
 
+import math
 import re
 import warnings
+from dataclasses import dataclass
 
 import torch
 from transformers import EncoderDecoderModel, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
+
+
+@dataclass
+class FusedEncoderOutput(BaseModelOutput):
+    """The encoder's output with the token ids it encoded, (B, k * L): a pointer scores those tokens at
+    every decoding step, when `generate()` hands the model only this output."""
+    input_ids: torch.LongTensor | None = None
 
 
 class FusedEncoder:
@@ -40,15 +49,16 @@ class FusedEncoder:
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 passage_length: int | None = None, **kwargs) -> BaseModelOutput:
         if input_ids.dim() == 2 and passage_length is None:
-            return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            return FusedEncoderOutput(out.last_hidden_state, out.hidden_states, out.attentions, input_ids)
         if input_ids.dim() == 2:
             input_ids = input_ids.reshape(input_ids.size(0), -1, passage_length)
         b, k, length = input_ids.shape
         if attention_mask is not None:
             attention_mask = attention_mask.reshape(b * k, length)
         out = self.encoder(input_ids=input_ids.reshape(b * k, length), attention_mask=attention_mask, **kwargs)
-        out.last_hidden_state = out.last_hidden_state.reshape(b, k * length, -1)
-        return out
+        return FusedEncoderOutput(out.last_hidden_state.reshape(b, k * length, -1), out.hidden_states, out.attentions,
+                                  input_ids.reshape(b, k * length))
 
 
 class FiD:
@@ -57,8 +67,10 @@ class FiD:
     def get_encoder(self, modality: str | None = None):
         return FusedEncoder(self.encoder)
 
+    pointing = False   # see FiDEncoderDecoder
+
     def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None,
-                label_allowed=None, **kwargs):
+                label_allowed=None, labels=None, **kwargs):
         """`label_allowed` (B, T, A), token ids padded with -1: the loss at target step t is a softmax over
         those tokens alone (what span-constrained decoding may choose there); a row of -1 leaves the
         step unconstrained."""
@@ -67,16 +79,27 @@ class FiD:
                                                  passage_length=passage_length, return_dict=True)
         if attention_mask is not None and attention_mask.dim() == 3:
             attention_mask = attention_mask.flatten(1)   # the decoder's cross-attention mask over k * L tokens
-        if label_allowed is None or kwargs.get("labels") is None:
-            return super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs, **kwargs)
-        labels = kwargs.pop("labels")
-        kwargs["decoder_input_ids"] = self.prepare_decoder_input_ids_from_labels(labels)
+        if not self.pointing and label_allowed is None:
+            return super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs, labels=labels,
+                                   **kwargs)
+        if labels is not None:
+            kwargs["decoder_input_ids"] = self.prepare_decoder_input_ids_from_labels(labels)
+        if self.pointing:
+            if not kwargs.get("output_hidden_states"):
+                kwargs.pop("output_hidden_states", None)   # it would override the decoder's flag below
+            kwargs["decoder_output_hidden_states"] = True
         out = super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs, **kwargs)
-        vocab = out.logits.size(-1)
-        index = torch.where(label_allowed < 0, vocab, label_allowed)      # -1 -> a column dropped below
-        allowed = torch.zeros(*out.logits.shape[:-1], vocab + 1, dtype=torch.bool, device=out.logits.device)
-        allowed = allowed.scatter_(-1, index, True)[..., :vocab] | (label_allowed < 0).all(-1, keepdim=True)
-        logits = out.logits.masked_fill(~allowed, torch.finfo(out.logits.dtype).min)
+        if self.pointing:
+            out.logits = self.point(out, encoder_outputs.input_ids, attention_mask)
+        if labels is None:
+            return out
+        logits = out.logits
+        if label_allowed is not None:
+            vocab = logits.size(-1)
+            index = torch.where(label_allowed < 0, vocab, label_allowed)      # -1 -> a column dropped below
+            allowed = torch.zeros(*logits.shape[:-1], vocab + 1, dtype=torch.bool, device=logits.device)
+            allowed = allowed.scatter_(-1, index, True)[..., :vocab] | (label_allowed < 0).all(-1, keepdim=True)
+            logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
         out.loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
         return out
 
@@ -114,12 +137,35 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
     # a new job) and the LM head's transform and bias.
     NEW = re.compile(r"\.crossattention\.|^decoder\.cls\.predictions\.(transform\.|bias$)")
 
+    @property
+    def pointing(self) -> bool:
+        """`config.pointer` (`odqa reader init --pointer`): the output distribution mixes the vocabulary's
+        with a pointer over the passages' tokens (See et al. 2017's copy, without the gate). A token's
+        pointer score is the decoder state against the token's encoder state, which knows its passage
+        and the question; the tied vocabulary row of "2006" is the same in every passage. It adds no
+        weights, so a trained reader can be switched to it."""
+        return bool(getattr(self.config, "pointer", False))
+
+    def point(self, out, source_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """logits (B, T, V) -> log(exp(logits) + sum over source positions s holding v of exp(score[s]))."""
+        query = self.decoder.cls.predictions.transform(out.decoder_hidden_states[-1])          # (B, T, d)
+        scores = torch.einsum("btd,bsd->bts", query, out.encoder_last_hidden_state) / math.sqrt(query.size(-1))
+        if attention_mask is not None:
+            scores = scores.masked_fill(attention_mask[:, None, :] == 0, float("-inf"))
+        top = scores.amax(-1, keepdim=True).clamp_min(-1e4)
+        mass = torch.zeros_like(out.logits).scatter_add_(-1, source_ids[:, None, :].expand_as(scores),
+                                                         (scores - top).exp())
+        # log(0) only where no source token is: there the pointer adds nothing (and no NaN gradient).
+        pointer = torch.where(mass > 0, mass.clamp_min(torch.finfo(mass.dtype).tiny).log(), float("-inf")) + top
+        return torch.logaddexp(out.logits, pointer)
+
     def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None,
-                label_allowed=None, **kwargs):
+                label_allowed=None, labels=None, **kwargs):
         with warnings.catch_warnings():
             # EncoderDecoderModel warns on every call with labels that it computes the loss itself (since 4.12).
             warnings.filterwarnings("ignore", category=FutureWarning, message="Version v4.12.0")
-            return super().forward(input_ids, attention_mask, encoder_outputs, passage_length, label_allowed, **kwargs)
+            return super().forward(input_ids, attention_mask, encoder_outputs, passage_length, label_allowed, labels,
+                                   **kwargs)
 
     def new_parameters(self) -> set[str]:
         return {name for name, _ in self.named_parameters() if self.NEW.search(name)}

@@ -8,7 +8,9 @@
   begins from a pretrained attention rather than from noise;
 - word embeddings: one matrix for encoder input, decoder input and decoder output (declared tied in
   `FiDEncoderDecoder`); the LM head's transform is new;
-- the tokenizer is the encoder's: [CLS] starts the answer, [SEP] ends it, [PAD] pads.
+- the tokenizer is the encoder's: [CLS] starts the answer, [SEP] ends it, [PAD] pads;
+- with `pointer`, the output also points at the passages' tokens (`FiDEncoderDecoder.pointing`; no
+  new weights, a flag in the config).
 
 The output is an HF checkpoint plus `reader_init.json`. The tied embedding is saved once, so load it
 with `FiDEncoderDecoder.from_pretrained` (or reader.read.load_reader): a plain
@@ -37,7 +39,8 @@ def decoder_layer_sources(encoder_layers: int, decoder_layers: int) -> list[int]
     return [i * encoder_layers // decoder_layers for i in range(decoder_layers)]
 
 
-def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0, dropout: float = 0.0):
+def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0, dropout: float = 0.0,
+               pointer: bool = False):
     """(FiDEncoderDecoder, tokenizer, the encoder layer each decoder layer copies) built from the BERT
     checkpoint at `encoder_dir`. Dropout is off by
     default: a CPU schedule trains for few steps, where underfitting, not overfitting, is the risk."""
@@ -64,7 +67,7 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
         layer.crossattention.load_state_dict(source.attention.state_dict())
     config = EncoderDecoderConfig.from_encoder_decoder_configs(encoder.config, dec_config)
     config.update(dict(decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
-                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True))
+                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, pointer=pointer))
     model = FiDEncoderDecoder(config, encoder=encoder, decoder=decoder)
     model.tie_weights()
     model.generation_config.update(decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
@@ -73,14 +76,14 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
 
 
 def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike, decoder_layers: int = 2,
-                     seed: int = 0, dropout: float = 0.0) -> dict:
+                     seed: int = 0, dropout: float = 0.0, pointer: bool = False) -> dict:
     """The warm-started reader, written atomically to `out_dir`."""
-    model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed, dropout)
+    model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed, dropout, pointer)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         info = {"kind": "bert2bert", "from": str(Path(encoder_dir)), "decoder_layers": decoder_layers,
-                "decoder_layer_sources": sources, "dropout": dropout, "parameters": model.num_parameters(),
+                "decoder_layer_sources": sources, "dropout": dropout, "pointer": pointer, "parameters": model.num_parameters(),
                 "new_parameters": sum(p.numel() for n, p in model.named_parameters() if n in model.new_parameters())}
         write_json(tmp / "reader_init.json", info)
     log.info("bert2bert from %s: %d decoder layers (copies of %s), %d parameters -> %s", encoder_dir, decoder_layers,

@@ -262,3 +262,50 @@ def test_an_unknown_decoding_is_refused_before_training(b2b, data, tmp_path):
     with pytest.raises(InputError, match="--decoding"):
         train_reader(reader, loop)
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.fixture(scope="module")
+def b2b_pointer(b2b):
+    out = b2b.parent / "init-pointer"
+    init_warm_reader(next(b2b.parent.glob("bert")), out, decoder_layers=2, pointer=True)
+    return out
+
+
+def test_the_pointer_adds_the_passages_tokens_to_the_vocabulary_distribution(b2b, b2b_pointer):
+    """Same weights; where a token occurs in the input, its probability mass grows by the pointer's, and
+    nowhere else do the logits change. The flag survives save and load; generate() (greedy and beams)
+    decodes what forward() scores."""
+    plain, tok = load_reader(b2b)
+    model, _ = load_reader(b2b_pointer)
+    assert model.pointing and not plain.pointing and json.loads((b2b_pointer / "reader_init.json").read_text())["pointer"]
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))
+    v = len(tok)
+    ids = torch.randint(5, v // 2, (2, 3, 7))       # source tokens from the lower half of the vocabulary only
+    mask = torch.ones_like(ids)
+    mask[1, 2] = 0                                  # an empty passage: its tokens must not be pointed at
+    labels = torch.randint(5, v, (2, 4))
+    a = model(input_ids=ids, attention_mask=mask, labels=labels)
+    b = plain(input_ids=ids, attention_mask=mask, labels=labels)
+    source = torch.zeros(2, v, dtype=torch.bool)
+    for r in range(2):
+        source[r, ids[r][mask[r] == 1]] = True
+    gained = a.logits > b.logits + 1e-6
+    assert torch.equal(gained, source[:, None, :].expand_as(gained))
+    assert torch.allclose(a.logits[~gained], b.logits[~gained])
+    a.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.zero_grad()
+    for beams in (1, 3):
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, num_beams=beams)
+        assert out.shape[0] == 2
+    greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    dec = greedy[:, :1]
+    for _ in range(greedy.shape[1] - 1):
+        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits[:, -1]
+        dec = torch.cat([dec, logits.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(greedy, dec)
+
+
+def test_a_tiny_pointer_reader_learns_the_k_passage_task(b2b_pointer, data, tmp_path):
+    result = train_reader(*_args(b2b_pointer, data, tmp_path / "run", max_steps=150, eval_steps=150, save_steps=150))
+    assert result["best"]["value"] >= 40.0

@@ -25,10 +25,10 @@ def cmd_reader_init(args) -> None:
     if args.from_encoder is not None:
         from odqa.reader.warm_start import init_warm_reader
         out = args.out or default_warm_reader_dir()
-        info = init_warm_reader(args.from_encoder, out, args.decoder_layers, args.seed, args.dropout)
+        info = init_warm_reader(args.from_encoder, out, args.decoder_layers, args.seed, args.dropout, args.pointer)
         print(f"bert2bert: {info['parameters']:,} parameters ({info['new_parameters']:,} new), "
-              f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']} "
-              f"-> {out}")
+              f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']}"
+              f"{', pointer' if args.pointer else ''} -> {out}")
         return
     from odqa.common.corpus import PassageStore
     from odqa.common.paths import default_corpus
@@ -93,6 +93,9 @@ def add(sub) -> None:
     p.add_argument("--decoder-layers", type=positive_int, default=2, help="with --from: decoder depth (default 2)")
     p.add_argument("--dropout", type=float, default=0.0, help="with --from: dropout of encoder and decoder (default 0: "
                                                               "short CPU schedules underfit)")
+    p.add_argument("--pointer", action="store_true",
+                   help="with --from: the output also points at the passages' tokens through their encoder states "
+                        "(a copy distribution; no new weights)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
                    help="without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) "
                         "(default tiny)")
