@@ -87,20 +87,31 @@ def build_dir(directory: str | os.PathLike, key: dict, **info) -> Iterator[tuple
         write_json(tmp / MANIFEST, manifest)
 
 
+def cached_key(path: str | os.PathLike, key: dict, depth: int | None = None) -> dict | None:
+    """The saved key of `path` when the file exists and was made with `key` (and at least `depth`
+    results a question), else None."""
+    path = Path(path)
+    key_path = path.with_name(f"{path.name}.key.json")
+    if path.exists() and key_path.exists():
+        saved = read_json(key_path)
+        if {k: v for k, v in saved.items() if k != "depth"} == _plain(key) and (depth is None or saved.get("depth", 0) >= depth):
+            return saved
+    return None
+
+
 def cached_file(path: str | os.PathLike, key: dict, make: Callable[[], None], depth: int | None = None) -> dict:
     """Make `path` (by calling `make`, which writes it atomically) unless it exists with the same key
     (and, for a ranked file, at least `depth` results a question: a deeper file serves every smaller
     k); returns the key of what is there."""
     path = Path(path)
-    key = _plain(key)
+    saved = cached_key(path, key, depth)
+    if saved is not None:
+        log.info("reusing %s", path)
+        return saved
     key_path = path.with_name(f"{path.name}.key.json")
-    if path.exists() and key_path.exists():
-        saved = read_json(key_path)
-        if {k: v for k, v in saved.items() if k != "depth"} == key and (depth is None or saved.get("depth", 0) >= depth):
-            log.info("reusing %s", path)
-            return saved
     key_path.unlink(missing_ok=True)
     make()
+    key = _plain(key)
     key = {**key, "depth": depth} if depth is not None else key
     write_json(key_path, key)
     return key

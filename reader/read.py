@@ -22,7 +22,7 @@ from odqa.common.device import pick_device
 from odqa.common.io import InputError, loading
 from odqa.common.metrics.answers import answer_em
 from odqa.reader.args import DECODING
-from odqa.reader.fid import reader_class
+from odqa.reader.fid import FusedEncoderOutput, reader_class
 from odqa.reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
 from odqa.reader.spans import PassageSpans, strip_generated
 
@@ -75,30 +75,50 @@ def _start_id(model) -> int:
 def generate_answers(model, tokenizer, examples: list[FiDExample], n_passages: int, batch_size: int = 8,
                      text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
                      device: str | torch.device = "cpu", progress: bool = True, decoding: str = "spans") -> list[str]:
+    return generate_answers_by_k(model, tokenizer, examples, [n_passages], batch_size, text_maxlength, max_new_tokens,
+                                 num_beams, device, progress, decoding)[n_passages]
+
+
+@torch.no_grad()
+def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list[int], batch_size: int = 8,
+                          text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
+                          device: str | torch.device = "cpu", progress: bool = True,
+                          decoding: str = "spans") -> dict[int, list[str]]:
+    """Answers from the best k passages for each k in `ks`. FiD encodes each passage on its own, so
+    the encoder runs once, over the largest k, and each k decodes from the first k passages' outputs:
+    reading at k = 5, 10 and 25 costs the encoder what k = 25 alone does."""
     if decoding not in DECODING:
         raise InputError(f"decoding must be one of {', '.join(DECODING)}, not {decoding!r}")
-    collator = FiDCollator(tokenizer, n_passages, text_maxlength)
+    ks = sorted(set(ks))
+    collator = FiDCollator(tokenizer, ks[-1], text_maxlength)
     end, pad, start = answer_end_id(tokenizer), tokenizer.pad_token_id, _start_id(model)
     was_training = model.training
     model.eval()
-    out = []
-    for i in tqdm(range(0, len(examples), batch_size), desc=f"read k={n_passages}", unit=" batch",
+    out = {k: [] for k in ks}
+    for i in tqdm(range(0, len(examples), batch_size), desc=f"read k={','.join(map(str, ks))}", unit=" batch",
                   disable=not progress or None, mininterval=2):
         batch = collator.encode_passages(examples[i:i + batch_size], offsets=True)
-        spans = PassageSpans(batch["input_ids"], batch["offset_mapping"], batch["fields"], end, pad)
-        constrain = {}
-        if decoding == "spans":
-            constrain["prefix_allowed_tokens_fn"] = lambda b, ids: spans.allowed(b, strip_generated(
-                ids.tolist(), -1, None, start))
-        ids = model.generate(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                             max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=False,
-                             eos_token_id=end, pad_token_id=pad, **constrain)
-        for b, row in enumerate(ids.tolist()):
-            answer = strip_generated(row, end, pad, start)
-            surface = spans.surface(b, answer)
-            out.append(surface if surface is not None else tokenizer.decode(answer, skip_special_tokens=True))
+        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
+        b, _, length = ids.shape
+        for k in ks:
+            spans = PassageSpans(batch["input_ids"][:, :k], batch["offset_mapping"][:, :k],
+                                 [f[:k] for f in batch["fields"]], end, pad)
+            constrain = {}
+            if decoding == "spans":
+                constrain["prefix_allowed_tokens_fn"] = lambda row, prefix, spans=spans: spans.allowed(
+                    row, strip_generated(prefix.tolist(), -1, None, start))
+            first = FusedEncoderOutput(last_hidden_state=encoded.last_hidden_state[:, :k * length],
+                                       input_ids=encoded.input_ids[:, :k * length])
+            generated = model.generate(encoder_outputs=first, attention_mask=mask[:, :k].reshape(b, k * length),
+                                       max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=False,
+                                       eos_token_id=end, pad_token_id=pad, **constrain)
+            for row, seq in enumerate(generated.tolist()):
+                answer = strip_generated(seq, end, pad, start)
+                surface = spans.surface(row, answer)
+                out[k].append(surface if surface is not None else tokenizer.decode(answer, skip_special_tokens=True))
     model.train(was_training)
-    return [p.strip() for p in out]
+    return {k: [p.strip() for p in answers] for k, answers in out.items()}
 
 
 def read(model_path: str | os.PathLike, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
@@ -114,13 +134,26 @@ def read_with(model, tokenizer, fid_file: str | os.PathLike, out: str | os.PathL
               batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
               limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans") -> dict:
     """`read` with a reader already loaded (`load_reader`), for callers that read many files."""
+    return read_with_ks(model, tokenizer, fid_file, {n_passages: out}, batch_size, text_maxlength, max_new_tokens,
+                        num_beams, limit, device, decoding)[n_passages]
+
+
+def read_with_ks(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, str | os.PathLike],
+                 batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
+                 limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans") -> dict:
+    """Predictions at several k (`outs`: k -> file) from one pass of the encoder; k -> summary."""
     examples = load_fid_file(fid_file, limit=limit)
     start = time.perf_counter()
-    predictions = generate_answers(model, tokenizer, examples, n_passages, batch_size, text_maxlength,
-                                   max_new_tokens, num_beams, device, decoding=decoding)
+    by_k = generate_answers_by_k(model, tokenizer, examples, list(outs), batch_size, text_maxlength, max_new_tokens,
+                                 num_beams, device, decoding=decoding)
     seconds = time.perf_counter() - start
-    correct = [answer_em(p, ex.answers, ex.regex) for p, ex in zip(predictions, examples)]
-    write_predictions(out, examples, predictions, correct)
-    em = 100.0 * sum(correct) / len(correct)
-    log.info("EM %.2f on %d questions, k=%d, %.1f questions/s", em, len(correct), n_passages, len(correct) / seconds)
-    return {"questions": len(correct), "em": em, "k": n_passages, "seconds": seconds}
+    summaries = {}
+    for k, predictions in by_k.items():
+        correct = [answer_em(p, ex.answers, ex.regex) for p, ex in zip(predictions, examples)]
+        write_predictions(outs[k], examples, predictions, correct)
+        em = 100.0 * sum(correct) / len(correct)
+        log.info("EM %.2f on %d questions, k=%d", em, len(correct), k)
+        summaries[k] = {"questions": len(correct), "em": em, "k": k, "seconds": seconds}
+    log.info("read %d questions at k=%s, %.1f questions/s", len(examples), ",".join(map(str, by_k)),
+             len(examples) / seconds)
+    return summaries

@@ -17,7 +17,7 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-from odqa.common.artifact import cached_file, path_fingerprint
+from odqa.common.artifact import cached_file, cached_key, path_fingerprint
 from odqa.common.corpus import PassageStore
 from odqa.common.defaults import fill_defaults
 from odqa.common.device import pick_device
@@ -26,7 +26,7 @@ from odqa.common.metrics.answers import answer_em
 from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
 from odqa.common.retrieval_file import read_results, write_results
-from odqa.reader.read import load_reader, read_with
+from odqa.reader.read import load_reader, read_with_ks
 from odqa.retriever.retrieve import retrieve, retrieve_phrases
 from odqa.system.args import RunArgs
 from odqa.system.report import write_report
@@ -77,18 +77,28 @@ def run(args: RunArgs) -> list[dict]:
         curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}
         if set(args.baselines) - {"none"}:
             curves[ds].update(_baselines(args, corpus, name, ds, questions, max_k, out))
-        per_k = {}
+        per_k, fid_files, pred_files, p_keys = {}, {}, {}, {}
         for k in sorted(args.k):
-            fid_file, pred_file = out / f"fid-{ds}-k{k}.jsonl", out / f"pred-{ds}-k{k}.jsonl"
+            fid_files[k], pred_files[k] = out / f"fid-{ds}-k{k}.jsonl", out / f"pred-{ds}-k{k}.jsonl"
             f_key = {"retrieval": r_key, "k": k}
-            cached_file(fid_file, f_key, lambda: write_jsonl(fid_file, ({**e, "ctxs": e["ctxs"][:k]} for e in entries)))
-            p_key = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding}
-            cached_file(pred_file, p_key, lambda: read_with(*reader(), fid_file, pred_file, n_passages=k,
-                                                       batch_size=args.batch_size, text_maxlength=args.text_maxlength,
-                                                       device=device, decoding=args.decoding))
-            per_k[k] = [obj for _, obj in read_jsonl(pred_file)]
+            cached_file(fid_files[k], f_key, lambda: write_jsonl(fid_files[k], ({**e, "ctxs": e["ctxs"][:k]}
+                                                                                for e in entries)))
+            p_keys[k] = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding}
+        # Every k still to read is read in one pass over the largest one's file: the encoder runs once.
+        stale = [k for k in sorted(args.k) if cached_key(pred_files[k], p_keys[k]) is None]
+        read_now = set()
+
+        def make_predictions():
+            if not read_now:
+                read_with_ks(*reader(), fid_files[stale[-1]], {k: pred_files[k] for k in stale},
+                             batch_size=args.batch_size, text_maxlength=args.text_maxlength, device=device,
+                             decoding=args.decoding)
+                read_now.update(stale)
+        for k in sorted(args.k):
+            cached_file(pred_files[k], p_keys[k], make_predictions)
+            per_k[k] = [obj for _, obj in read_jsonl(pred_files[k])]
             if len(per_k[k]) != len(entries):
-                raise InputError(f"{pred_file} has {len(per_k[k])} predictions for {len(entries)} questions: delete it")
+                raise InputError(f"{pred_files[k]} has {len(per_k[k])} predictions for {len(entries)} questions: delete it")
         for i, e in enumerate(entries):
             records.append({"dataset": ds, "id": e["id"], "question": e["question"], "answers": e["answers"],
                             "extractive": e.get("prediction", ""),

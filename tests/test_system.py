@@ -68,7 +68,7 @@ def test_a_reader_error_is_a_500_and_the_server_keeps_serving(system, monkeypatc
     with TestClient(create_app(pipeline)) as client:
         def broken(*a, **k):
             raise RuntimeError("reader exploded")
-        monkeypatch.setattr(pipeline, "model", type("Broken", (), {"generate": broken, "training": False,
+        monkeypatch.setattr(pipeline, "model", type("Broken", (), {"generate": broken, "get_encoder": lambda self: broken, "training": False,
                                                                    "generation_config": pipeline.model.generation_config,
                                                                    "eval": lambda self: self, "train": lambda self, m: self})())
         r = client.post("/answer", json={"question": "how tall is mount everest"})

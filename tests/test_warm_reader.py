@@ -17,7 +17,7 @@ from odqa.reader.args import LoopArgs
 from odqa.reader.fid import FiDEncoderDecoder
 from odqa.reader.fid_data import FiDCollator, FiDExample
 from odqa.reader.fid_train import ReaderArgs, train_reader
-from odqa.reader.read import generate_answers, load_reader, read
+from odqa.reader.read import generate_answers, generate_answers_by_k, load_reader, read
 from odqa.reader.spans import PassageSpans
 from odqa.reader.warm_start import decoder_layer_sources, init_warm_reader
 
@@ -153,6 +153,19 @@ def test_constrained_answers_are_always_spans_of_the_passages(b2b):
     assert len(free) == len(examples)
     with pytest.raises(InputError, match="decoding"):
         generate_answers(model, tok, examples, 3, decoding="beam-me-up")
+
+
+@pytest.mark.parametrize("pointer", [False, True])
+def test_several_k_from_one_encoder_pass_equal_separate_reads(b2b, b2b_pointer, pointer):
+    model, tok = load_reader(b2b_pointer if pointer else b2b)
+    examples = [FiDExample(str(i), w["question"], w["answers"], [(c["title"], c["text"]) for c in w["ctxs"]])
+                for i, w in enumerate(code_world(10, 4, 2))]
+    by_k = generate_answers_by_k(model, tok, examples, [4, 1, 2], batch_size=4, text_maxlength=32, max_new_tokens=4,
+                                 progress=False)
+    assert list(by_k) == [1, 2, 4]
+    for k, answers in by_k.items():
+        assert answers == generate_answers(model, tok, examples, k, batch_size=4, text_maxlength=32, max_new_tokens=4,
+                                           progress=False)
 
 
 def _args(model, data, out, **loop):
