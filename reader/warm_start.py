@@ -9,8 +9,8 @@
 - word embeddings: one matrix for encoder input, decoder input and decoder output (declared tied in
   `FiDEncoderDecoder`); the LM head's transform is new;
 - the tokenizer is the encoder's: [CLS] starts the answer, [SEP] ends it, [PAD] pads;
-- with `pointer`, the output also points at the passages' tokens (`FiDEncoderDecoder.pointing`; no
-  new weights, a flag in the config).
+- `pointer` (default): the output also points at the passages' tokens (`FiDEncoderDecoder.pointing`;
+  no new weights, a flag in the config). It reads far better on this machine's budgets (docs/reader.md).
 
 The output is an HF checkpoint plus `reader_init.json`. The tied embedding is saved once, so load it
 with `FiDEncoderDecoder.from_pretrained` (or reader.read.load_reader): a plain
@@ -40,7 +40,7 @@ def decoder_layer_sources(encoder_layers: int, decoder_layers: int) -> list[int]
 
 
 def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0, dropout: float = 0.0,
-               pointer: bool = False):
+               pointer: bool = True):
     """(FiDEncoderDecoder, tokenizer, the encoder layer each decoder layer copies) built from the BERT
     checkpoint at `encoder_dir`. Dropout is off by
     default: a CPU schedule trains for few steps, where underfitting, not overfitting, is the risk."""
@@ -76,7 +76,7 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
 
 
 def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike, decoder_layers: int = 2,
-                     seed: int = 0, dropout: float = 0.0, pointer: bool = False) -> dict:
+                     seed: int = 0, dropout: float = 0.0, pointer: bool = True) -> dict:
     """The warm-started reader, written atomically to `out_dir`."""
     model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed, dropout, pointer)
     with atomic_path(out_dir) as tmp:

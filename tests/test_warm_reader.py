@@ -30,7 +30,7 @@ TEXTS = ([f"the code of {n} is {d} ." for n in CODE_NAMES for d in range(10)]
 def b2b(tmp_path_factory):
     root = tmp_path_factory.mktemp("b2b")
     bert = make_tiny_bert(root / "bert", TEXTS, hidden=64, layers=2)
-    init_warm_reader(bert, root / "init", decoder_layers=2)
+    init_warm_reader(bert, root / "init", decoder_layers=2, pointer=False)
     return root / "init"
 
 
@@ -218,6 +218,7 @@ def test_reader_init_cli_warm_starts_from_an_encoder(b2b, tmp_path, capsys):
     assert "bert2bert" in capsys.readouterr().out
     model, tok = load_reader(out)
     assert model.config.decoder.num_hidden_layers == 1 and model.config.decoder_start_token_id == tok.cls_token_id
+    assert model.pointing      # the default
     assert main(["reader", "init", "--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
     assert "--from" in capsys.readouterr().err and not (tmp_path / "x").exists()
 

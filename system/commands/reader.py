@@ -1,6 +1,7 @@
 """The reader's commands: `reader init`, `reader cloze`, `pretrain-reader`, `train-reader` and `read`."""
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -93,9 +94,9 @@ def add(sub) -> None:
     p.add_argument("--decoder-layers", type=positive_int, default=2, help="with --from: decoder depth (default 2)")
     p.add_argument("--dropout", type=float, default=0.0, help="with --from: dropout of encoder and decoder (default 0: "
                                                               "short CPU schedules underfit)")
-    p.add_argument("--pointer", action="store_true",
+    p.add_argument("--pointer", action=argparse.BooleanOptionalAction, default=True,
                    help="with --from: the output also points at the passages' tokens through their encoder states "
-                        "(a copy distribution; no new weights)")
+                        "(a copy distribution; no new weights; default on)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
                    help="without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) "
                         "(default tiny)")
