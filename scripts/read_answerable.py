@@ -1,0 +1,57 @@
+"""Generated EM at several k over a whole question set, reading only the questions whose top-k passages
+hold an answer: a span-constrained reader cannot answer the others (their passages hold no answer), so
+the EM over every question is the same at a fraction of the reading time.
+
+    python scripts/read_answerable.py --model READER --retrieval RETRIEVAL.json --ks 5 10 25 --out-dir DIR
+
+RETRIEVAL.json is what `odqa retrieve` writes (with has_answer and the top phrase as "prediction").
+Prints one JSON line: Top-k, the extractive answer's EM, generated EM at each k and its share of Top-k.
+For the whole-set measurement, `odqa run` reads every question.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from odqa.common.metrics.answers import answer_em
+from odqa.reader.read import load_reader, read_with_ks
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--retrieval", required=True, help="`odqa retrieve` output (JSON list)")
+    p.add_argument("--ks", type=int, nargs="+", default=[5, 10, 25])
+    p.add_argument("--out-dir", required=True, help="the subset and the predictions at each k go here")
+    p.add_argument("--text-maxlength", type=int, default=160)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    full = json.loads(Path(args.retrieval).read_text(encoding="utf-8"))
+    ks, out = sorted(set(args.ks)), Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    subset = [e for e in full if any(c["has_answer"] for c in e["ctxs"][:ks[-1]])]
+    name = Path(args.retrieval).stem
+    (out / f"{name}-answerable.json").write_text(json.dumps(subset, ensure_ascii=False), encoding="utf-8")
+    model, tokenizer = load_reader(args.model)
+    read = read_with_ks(model, tokenizer, out / f"{name}-answerable.json",
+                        {k: out / f"{name}-pred-k{k}.jsonl" for k in ks}, text_maxlength=args.text_maxlength)
+    n = len(full)
+    extractive = sum(answer_em(e.get("prediction", ""), e["answers"], bool(e.get("regex"))) for e in full)
+    row = {"questions": n, "read": len(subset), "seconds": round(read[ks[0]]["seconds"]),
+           "extractive_em": round(100 * extractive / n, 2)}
+    for k in ks:
+        hits = sum(any(c["has_answer"] for c in e["ctxs"][:k]) for e in full)
+        correct = read[k]["em"] * read[k]["questions"] / 100
+        row.update({f"top{k}": round(100 * hits / n, 2), f"em{k}": round(100 * correct / n, 2),
+                    f"em{k}/top{k}": round(100 * correct / max(hits, 1), 1)})
+    print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
