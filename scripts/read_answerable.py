@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from odqa.common.metrics.answers import answer_em
+from odqa.common.retrieval_eval import evaluate_results
 from odqa.reader.read import load_reader, read_with_ks
 
 
@@ -40,15 +40,13 @@ def main() -> int:
     model, tokenizer = load_reader(args.model)
     read = read_with_ks(model, tokenizer, out / f"{name}-answerable.json",
                         {k: out / f"{name}-pred-k{k}.jsonl" for k in ks}, text_maxlength=args.text_maxlength)
-    n = len(full)
-    extractive = sum(answer_em(e.get("prediction", ""), e["answers"], bool(e.get("regex"))) for e in full)
+    n, metrics = len(full), evaluate_results(full, ks=ks)["all"]     # Top-k and the extractive answer's EM
     row = {"questions": n, "read": len(subset), "seconds": round(read[ks[0]]["seconds"]),
-           "extractive_em": round(100 * extractive / n, 2)}
+           "extractive_em": round(metrics["EM"], 2)}
     for k in ks:
-        hits = sum(any(c["has_answer"] for c in e["ctxs"][:k]) for e in full)
         correct = read[k]["em"] * read[k]["questions"] / 100
-        row.update({f"top{k}": round(100 * hits / n, 2), f"em{k}": round(100 * correct / n, 2),
-                    f"em{k}/top{k}": round(100 * correct / max(hits, 1), 1)})
+        row.update({f"top{k}": round(metrics[f"Top-{k}"], 2), f"em{k}": round(100 * correct / n, 2),
+                    f"em{k}/top{k}": round(100 * correct / max(metrics[f"Top-{k}"] * n / 100, 1), 1)})
     print(json.dumps(row))
     return 0
 
