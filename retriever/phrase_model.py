@@ -139,6 +139,10 @@ def kept_tokens(candidate: torch.Tensor, filter_logits: torch.Tensor, threshold:
     return candidate if threshold is None else candidate & (filter_logits.max(-1).values >= threshold)
 
 
+def is_phrase_checkpoint(path: str | os.PathLike) -> bool:
+    return (Path(path) / CONFIG_FILE).exists()
+
+
 def phrase_encoder_hash(path: str | os.PathLike) -> str:
     """Identifies the phrase side of a checkpoint (phrase LM and its heads), which a phrase index is
     built with; query-side fine-tuning leaves it unchanged."""

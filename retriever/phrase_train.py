@@ -48,9 +48,9 @@ from odqa.retriever.phrase_data import (
     passage_title,
 )
 from odqa.retriever.phrase_model import (
-    CONFIG_FILE,
     DensePhraseModel,
     PhraseModelConfig,
+    is_phrase_checkpoint,
     kept_tokens,
     phrase_encoder_hash,
 )
@@ -285,7 +285,7 @@ def train(args: PhraseTrainArgs) -> dict:
         raise InputError(f"in_doc_negatives must be one of {IN_DOC}, not {args.in_doc_negatives!r}")
     out = Path(args.out_dir)
     seeded(args.seed)
-    continuing = (Path(args.encoder) / CONFIG_FILE).exists()
+    continuing = is_phrase_checkpoint(args.encoder)
     if continuing:
         model = DensePhraseModel.from_pretrained(args.encoder)
     else:

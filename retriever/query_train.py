@@ -52,6 +52,10 @@ def positives(searcher: Searcher, phrases, question, label: str, doc_cache: dict
     return np.array(out)
 
 
+class NoPositives(InputError):
+    """No training question has a positive among its top phrases: the model has nothing to learn from."""
+
+
 def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: int) -> list[dict]:
     """The questions with a positive among the current model's top phrases: their phrase ids and labels."""
     was_training = searcher.model.training
@@ -71,7 +75,7 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
     log.info("epoch %d: %d of %d questions have a positive among the top %d phrases",
              epoch + 1, len(found), len(questions), args.top_k)
     if not found:
-        raise InputError("no training question has a positive phrase among its top phrases")
+        raise NoPositives(f"no training question has a positive {args.label} among its top {args.top_k} phrases")
     return found
 
 

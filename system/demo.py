@@ -4,6 +4,7 @@
     supervise  answer-bearing passages for the training questions (NQ-dev, TQA-dev)
     phrase     train the phrase and question encoders (retriever.phrase_train)
     index      dump every passage's phrase vectors; faiss phrase index
+    query      query-side fine-tuning of the question encoders against that index (DensePhrases Eq. 11)
     doc        train the document encoder (DHR), one or two rounds; document index; tune lambda
     reader     a T5 (SentencePiece + preset, or any checkpoint), optional span-corruption pretraining,
                FiD training on the BM25 passages of the training questions (DeepSpeed)
@@ -57,6 +58,9 @@ class DemoConfig:
     max_passage_tokens: int = 160
     index_factory: str | None = None        # faiss index_factory string; None: OPQ + IVF-PQ sized to the index
     index_keep: float = DEFAULT_KEEP        # share of tokens indexed, by the phrase filter (1: all, no filter)
+    query_epochs: int = 0                   # query-side fine-tuning against the index (0: none, no stage; the
+                                            # demo's model gains nothing from 1 epoch of 1,000: docs/commands.md)
+    query_examples: int | None = None       # its training questions (None: all)
     # document pre-filter
     doc_examples: int | None = 512
     doc_batch: int = 32
@@ -97,7 +101,7 @@ PRESETS = {
     # The schedules of the README's measurements (hours on 2 CPU cores; a GPU makes them minutes).
     "full": DemoConfig(phrase_examples=None, max_passage_tokens=192, validation_questions=400,
                        doc_examples=2048, doc_rounds=2, doc_negatives="abstract", max_doc_tokens=128,
-                       doc_validation_docs=0, lambda_questions=500, reader_gold_steps=300, reader_steps=100,
+                       doc_validation_docs=0, lambda_questions=500, query_epochs=2, query_examples=None, reader_gold_steps=300, reader_steps=100,
                        reader_questions=None, reader_validation=200, text_maxlength=160, run_limit=None,
                        run_k=[5, 10, 25, 50], baselines=["bm25", "dense"]),
 }
@@ -111,6 +115,7 @@ REFERENCE = dict(
     # index_s: OPQ16,IVF256,PQ16 over 202k vectors a side took 5.8 CPU-minutes (1 thread, shared machine)
     phrase_step_s=4.8,        # batch 16 at 192 passage tokens
     phrase_encode_s=0.035,    # a passage through the phrase encoder (dump, validation)
+    query_q_s=0.1,            # a question an epoch of query-side tuning: its search and its share of the steps
     doc_step_doc_s=0.2,       # per document of a training batch
     doc_encode_s=0.031,       # a document summary at 128 tokens
     search_q_s=0.15,          # a pre-filtered phrase search, k = 100
@@ -141,7 +146,7 @@ class Demo:
         self.speed = 1.0                     # this machine's time / the reference machine's
         self._test_sizes: dict[str, int] = {}  # stages() runs before every stage: count each set once
         self.p = {name: self.out / name for name in (
-            "supervision", "phrase", "phrase-dump", "phrase-index", "doc-r1", "doc-r2", "doc-index",
+            "supervision", "phrase", "phrase-dump", "phrase-index", "query", "doc-r1", "doc-r2", "doc-index",
             "reader-init", "reader-pretrain", "reader-data", "reader-gold", "reader", "run")}
 
     # --- the stages, in order -------------------------------------------------------------------
@@ -174,6 +179,11 @@ class Demo:
                   self.build_phrase_index, {"factory": c.index_factory or "default: OPQ,IVF,PQ", "keep": c.index_keep},
                   [p["phrase-index"]],
                   [p["phrase-dump"], p["phrase-index"]]),
+            *([Stage("query", f"query-side fine-tuning against the index ({c.query_epochs} epochs of "
+                              f"{min(c.query_examples or n_train, n_train):,} questions)",
+                     c.query_epochs * min(c.query_examples or n_train, n_train) * ref["query_q_s"], self.tune_query,
+                     {"query_epochs": c.query_epochs, "query_examples": c.query_examples}, [], [p["query"]])]
+              if c.query_epochs else []),
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
                   ref["doc_start_s"] + doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
                   * c.max_doc_tokens / 128
@@ -284,6 +294,29 @@ class Demo:
                 "vectors_per_passage": round(m["vectors_per_passage"], 1),
                 "bytes_per_passage": round(m["bytes_per_passage"])}
 
+    def tune_query(self, resume: bool) -> dict:
+        """Train the question encoders against the vectors the index holds (reconstructed from its codes),
+        which wins back what compression costs the phrase encoder's own questions (docs/retrieval.md)."""
+        from odqa.retriever.args import QueryTrainArgs
+        from odqa.retriever.query_train import NoPositives, train_query
+        try:
+            r = train_query(QueryTrainArgs(model=str(self.p["phrase"] / "best"), index=str(self.p["phrase-index"]),
+                                           corpus=str(self.corpus), out_dir=str(self.p["query"]),
+                                           questions=str(self.p["supervision"] / "train.jsonl"),
+                                           epochs=self.cfg.query_epochs, max_questions=self.cfg.query_examples,
+                                           resume=resume))
+        except NoPositives as e:   # a phrase model too weak to find any answer: search with it as it is
+            shutil.rmtree(self.p["query"], ignore_errors=True)
+            return {"epochs": 0, "skipped": str(e)}
+        return {"epochs": len(r["history"]), "questions_with_positive": [h["questions"] for h in r["history"]],
+                "loss": [round(h["loss"], 4) for h in r["history"] if h["loss"] is not None]}
+
+    def phrase_model(self) -> Path:
+        """The phrase model searches run with: the query-tuned one where the query stage made it."""
+        from odqa.retriever.phrase_model import is_phrase_checkpoint
+        tuned = self.p["query"] / "last"
+        return tuned if self.cfg.query_epochs and is_phrase_checkpoint(tuned) else self.p["phrase"] / "best"
+
     def train_doc(self, resume: bool) -> dict:
         from odqa.retriever.doc_index import build_doc_index
         from odqa.retriever.doc_train import DocTrainArgs, train_doc
@@ -309,7 +342,7 @@ class Demo:
 
     def searcher(self):
         from odqa.retriever.searcher import open_searcher
-        return open_searcher(self.p["phrase-index"], self.p["phrase"] / "best", self.corpus, self.p["doc-index"],
+        return open_searcher(self.p["phrase-index"], self.phrase_model(), self.corpus, self.p["doc-index"],
                              self.doc_model(), self.cfg.top_docs)
 
     def train_reader(self, resume: bool) -> dict:
@@ -396,7 +429,7 @@ class Demo:
     def run(self, resume: bool) -> dict:
         from odqa.system.run import RunArgs, run
         c = self.cfg
-        rows = run(RunArgs(str(self.p["run"]), index=str(self.p["phrase-index"]), model=str(self.p["phrase"] / "best"),
+        rows = run(RunArgs(str(self.p["run"]), index=str(self.p["phrase-index"]), model=str(self.phrase_model()),
                            reader=str(self.p["reader"] / "best"), questions=c.test_questions, k=c.run_k, limit=c.run_limit,
                            doc_index=str(self.p["doc-index"]), doc_model=str(self.doc_model()), top_docs=c.top_docs,
                            corpus=str(self.corpus), baselines=c.baselines, text_maxlength=c.text_maxlength))
@@ -464,7 +497,7 @@ class Demo:
 
     def record(self) -> None:
         """Make what is built so far the default pipeline, for `odqa ask`, `serve`, `run` and `retrieve`."""
-        built = {"corpus": self.corpus, "phrase_model": self.p["phrase"] / "best", "phrase_index": self.p["phrase-index"],
+        built = {"corpus": self.corpus, "phrase_model": self.phrase_model(), "phrase_index": self.p["phrase-index"],
                  "doc_model": self.doc_model(), "doc_index": self.p["doc-index"], "reader": self.p["reader"] / "best"}
         record_pipeline({k: v for k, v in built.items() if Path(v).exists()}, by=f"odqa demo -> {self.out}")
 

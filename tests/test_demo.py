@@ -1,18 +1,20 @@
 """`odqa demo` end to end on a tiny world with tiny models: every stage runs and the report comes
 out; a rerun reuses every stage; a changed setting reruns its stage and the later ones only; an
 interrupted stage resumes and one started with other settings starts over."""
+import json
 import random
+from dataclasses import replace
 
 import pytest
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
-from odqa.system.demo import Demo, DemoConfig, Stage, run_demo
+from odqa.system.demo import PRESETS, Demo, DemoConfig, Stage, run_demo
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo"]
 CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "dakar", "riga"]
 FILLER = "the weather was mild and the river ran slowly past old mills and quiet farms".split()
-STAGES = ["data", "supervise", "phrase", "index", "doc", "reader", "run"]
+STAGES = ["data", "supervise", "phrase", "index", "query", "doc", "reader", "run"]
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,7 @@ def world(tmp_path_factory):
         test_questions=[str(root / "questions.jsonl")], validation_percent=50, validation_questions=4,
         encoder=str(make_tiny_bert(root / "bert", texts)),
         phrase_examples=None, phrase_batch=2, max_passage_tokens=48,
+        query_epochs=1,                                                              # off in the demo preset
         doc_examples=None, doc_batch=2, max_doc_tokens=48, doc_validation_docs=4, top_docs=6, lambda_questions=4,
         reader_gold_steps=2, reader_gold_batch=2, reader_steps=3, reader_batch=2,   # bert2bert from the tiny BERT
         reader_k=2, reader_questions=None, reader_validation=2, text_maxlength=40,
@@ -53,20 +56,24 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     assert (out / "run" / "report.json").exists() and (out / "run" / "topk.png").exists()
     # The reader was warm-started from the encoder and trained on the gold passages first.
     assert (out / "reader-init" / "reader_init.json").exists() and (out / "reader-gold" / "best").exists()
+    # The question encoders were tuned against the index, on the questions whose top phrases hold an answer.
+    query = json.loads((out / "stages" / "query.json").read_text())["result"]
+    assert query["epochs"] == 1 and query["questions_with_positive"][0] > 0
 
 
 def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
-    for name in ("build_data", "supervise", "train_phrase", "build_phrase_index", "train_doc", "train_reader", "run"):
+    for name in ("build_data", "supervise", "train_phrase", "build_phrase_index", "tune_query", "train_doc",
+                 "train_reader", "run"):
         monkeypatch.setattr(Demo, name, lambda self, resume, name=name: pytest.fail(f"{name} ran again"))
     assert run_demo(world["root"] / "out", cfg=world["cfg"]).split("example questions")[0] == \
         first_run.split("example questions")[0]
 
 
 def test_a_changed_setting_reruns_that_stage_and_the_later_ones(world, first_run, monkeypatch):
-    from dataclasses import replace
     ran = []
     for name, stage in (("build_data", "data"), ("supervise", "supervise"), ("train_phrase", "phrase"),
-                        ("build_phrase_index", "index"), ("train_doc", "doc"), ("train_reader", "reader"),
+                        ("build_phrase_index", "index"), ("tune_query", "query"), ("train_doc", "doc"),
+                        ("train_reader", "reader"),
                         ("run", "run")):
         real = getattr(Demo, name)
         monkeypatch.setattr(Demo, name, lambda self, resume, real=real, stage=stage: ran.append(stage) or real(self, resume))
@@ -101,9 +108,26 @@ def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
     assert calls[1:] == [(False, False)]  # the other run's output was cleared, no resume
 
 
-def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_run, tmp_path, capsys):
-    import json
+def test_query_side_tuning_is_a_stage_of_the_full_preset_only(tmp_path):
+    def names(cfg):
+        return [s.name for s in Demo(replace(cfg, corpus=str(tmp_path / "corpus")), tmp_path / "out").stages()]
+    assert names(PRESETS["demo"]) == [s for s in STAGES if s != "query"] and names(PRESETS["full"]) == STAGES
 
+
+def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path, monkeypatch):
+    import odqa.retriever.query_train as query_train
+
+    def finds_none(args):
+        (tmp_path / "out" / "query" / "checkpoint").mkdir(parents=True)
+        raise query_train.NoPositives("no training question has a positive phrase among its top 100 phrases")
+    monkeypatch.setattr(query_train, "train_query", finds_none)
+    demo = Demo(DemoConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), tmp_path / "out")
+    assert demo.tune_query(resume=False)["epochs"] == 0
+    assert not (tmp_path / "out" / "query").exists()
+    assert demo.phrase_model() == tmp_path / "out" / "phrase" / "best"
+
+
+def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_run, tmp_path, capsys):
     from odqa.common.defaults import default_pipeline
     from odqa.system.cli import main
     run_demo(world["root"] / "out", cfg=world["cfg"])   # every stage reused; records the pipeline in this $ODQA_HOME
@@ -111,6 +135,7 @@ def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_ru
     pipeline = default_pipeline()
     assert pipeline["phrase_index"] == (out / "phrase-index").resolve()
     assert pipeline["reader"] == (out / "reader" / "best").resolve()
+    assert pipeline["phrase_model"] == (out / "query" / "last").resolve()   # the query-tuned model
     assert pipeline["doc_index"] == (out / "doc-index").resolve()
     capsys.readouterr()
     run = tmp_path / "r.json"
