@@ -101,8 +101,8 @@ PRESETS = {
     # The schedules of the README's measurements (hours on 2 CPU cores; a GPU makes them minutes).
     "full": DemoConfig(phrase_examples=None, max_passage_tokens=192, validation_questions=400,
                        doc_examples=2048, doc_rounds=2, doc_negatives="abstract", max_doc_tokens=128,
-                       doc_validation_docs=0, lambda_questions=500, query_epochs=2, query_examples=None, reader_gold_steps=300, reader_steps=100,
-                       reader_questions=None, reader_validation=200, text_maxlength=160, run_limit=None,
+                       doc_validation_docs=0, lambda_questions=500, query_epochs=2, reader_gold_steps=300,
+                       reader_steps=100, reader_questions=None, reader_validation=200, text_maxlength=160, run_limit=None,
                        run_k=[5, 10, 25, 50], baselines=["bm25", "dense"]),
 }
 
