@@ -4,7 +4,8 @@
     supervise  answer-bearing passages for the training questions (NQ-dev, TQA-dev)
     phrase     train the phrase and question encoders (retriever.phrase_train)
     index      dump every passage's phrase vectors; faiss phrase index
-    query      query-side fine-tuning of the question encoders against that index (DensePhrases Eq. 11)
+    query      query-side fine-tuning of the question encoders against that index (DensePhrases Eq. 11);
+               a stage only where query_epochs > 0 (the full preset)
     doc        train the document encoder (DHR), one or two rounds; document index; tune lambda
     reader     a T5 (SentencePiece + preset, or any checkpoint), optional span-corruption pretraining,
                FiD training on the BM25 passages of the training questions (DeepSpeed)
