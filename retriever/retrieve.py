@@ -37,14 +37,19 @@ def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Ques
 def retrieve_phrases(searcher, questions: Sequence[Question], k: int,
                      batch_size: int = 64) -> list[dict]:
     """DPR-format entries of a phrase `Searcher`: a passage's score is its best phrase's, each ctx
-    carries that phrase, and the top phrase is the entry's (extractive) "prediction"."""
+    carries that phrase, and the first passage's phrase (`searcher.top_phrase`) is the entry's
+    (extractive) "prediction"."""
+    # Imported here: the searcher has loaded it already, and bm25/dense retrieval need no faiss.
+    from odqa.retriever.searcher import top_phrase
+
     entries, tokens = [], _token_cache()
     for batch in _batches(questions, batch_size):
         for q, r in zip(batch, searcher.search([q.question for q in batch], k, unit="passage")):
             ps = r["passages"]   # read by the searcher already: only their tokens are made here (once a row)
             entry = make_entry(q, ps, np.array([p["score"] for p in ps], dtype=np.float32),
                                [tokens(p["row"], p["text"]) for p in ps])
-            entry["prediction"] = r["phrases"][0]["text"] if r["phrases"] else ""
+            top = top_phrase(r)
+            entry["prediction"] = top["text"] if top else ""
             for ctx, p in zip(entry["ctxs"], ps):
                 ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "char_start", "char_end", "score")}
             entries.append(entry)

@@ -1,7 +1,8 @@
 """One `Searcher` over a phrase index: phrases, passages and documents from the same vectors.
 
 Phrase search (DensePhrases): top-k' MIPS over start vectors and over end vectors; for each start hit
-the best end within L tokens of the same passage, for each end hit the best start; score = start + end,
+the best end within L tokens of the same passage, for each end hit the best start (L: the index's, or a
+shorter `max_answer_tokens` at search time); score = start + end,
 both read back from the index (decoded from the codes for SQ/PQ); duplicates merged. A passage's score is the max of
 its phrases' scores ("Phrase Retrieval Learns Passage Retrieval, Too", Eq. 3), a document's the max of
 its passages'. k' starts at 2k and doubles until k distinct passages (documents) come back.
@@ -28,6 +29,7 @@ import torch
 from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
 from odqa.common.device import pick_device
 from odqa.common.io import InputError
+from odqa.retriever.args import MAX_ANSWER_TOKENS
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_questions
 from odqa.retriever.phrase_index import PhraseIndex
@@ -70,10 +72,16 @@ class Phrases(Sequence):
 class Searcher:
     def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
                  nprobe: int = 64, device: str | None = None, batch_size: int = 64,
-                 prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100):
+                 prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100,
+                 max_answer_tokens: int | None = None):
         """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` defaults to the
-        value `odqa tune-lambda` stored with its index, else 0."""
+        value `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
+        returned, in tokens; the index's L when None or larger (no longer phrase is indexed)."""
+        if max_answer_tokens is not None and max_answer_tokens < 1:
+            raise InputError(f"max_answer_tokens must be positive, not {max_answer_tokens}")
         self.index = PhraseIndex(index_dir, nprobe)
+        L = self.index.max_span_len
+        self.max_answer_tokens = min(max_answer_tokens or L, L)
         if phrase_encoder_hash(model_dir) != self.index.manifest["encoder_hash"]:
             raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}")
         if corpus_info(corpus_dir)["fingerprint"] != self.index.manifest["fingerprint"]:
@@ -146,7 +154,7 @@ class Searcher:
         return faiss.IDSelectorBatch(ids), len(ids)
 
     def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> Phrases:
-        meta, L, n_vec = self.index.meta, self.index.max_span_len, self.index.manifest["vectors"]
+        meta, L, n_vec = self.index.meta, self.max_answer_tokens, self.index.manifest["vectors"]
         rows, tokens = meta["passage_row"], meta["token"]
         start_hits, end_hits = start_hits[start_hits >= 0], end_hits[end_hits >= 0]
         offsets = np.arange(L)
@@ -299,16 +307,29 @@ class Searcher:
         return rows, scores
 
 
+def top_phrase(result: dict) -> dict | None:
+    """The extractive answer of one `Searcher.search` result: the phrase of its first passage (document).
+    Without a rerank that is the top phrase itself (a passage scores as its best phrase); behind the
+    pre-filter's rerank it is the phrase that the final ranking, document score included, puts first."""
+    units = result.get("passages") or result.get("documents")
+    if units:
+        return units[0]["phrase"]
+    return result["phrases"][0] if result["phrases"] else None
+
+
 def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: str | os.PathLike,
                   doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
-                  top_docs: int = 100, lam: float | None = None, nprobe: int = 64) -> Searcher:
+                  top_docs: int = 100, lam: float | None = None, nprobe: int = 64,
+                  max_answer_tokens: int | None = MAX_ANSWER_TOKENS) -> Searcher:
     """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
-    `doc_index` is given (with the `doc_model` it was built with). The CLI (and so the server),
-    `odqa run` and the demo make theirs here."""
+    `doc_index` is given (with the `doc_model` it was built with), answers capped at
+    `max_answer_tokens` (None: the index's L). The CLI (and so the server), `odqa run` and the demo
+    make theirs here."""
     prefilter = None
     if doc_index:
         if not doc_model:
             raise InputError("--doc-index needs --doc-model (the document encoder it was built with)")
         from odqa.retriever.doc_index import DocRetriever
         prefilter = DocRetriever(doc_index, doc_model, corpus)
-    return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam)
+    return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam,
+                    max_answer_tokens=max_answer_tokens)

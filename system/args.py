@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odqa.common.settings import OUT, arg, listed, required
+from odqa.retriever.args import MAX_ANSWER_TOKENS
 
 
 @dataclass
@@ -27,3 +28,4 @@ class RunArgs:
     text_maxlength: int = arg(200, "reader tokens per question+passage")
     decoding: str = arg("spans", "the reader's decoding: spans (answers are passage spans) or free")
     nprobe: int = arg(64, "IVF lists probed per search")
+    max_answer_tokens: int = arg(MAX_ANSWER_TOKENS, "longest phrase returned, in word pieces, at most the index's L")

@@ -5,7 +5,7 @@
           "generated": str, "passages": [{id, title, text, score, phrase}], "timings": {...}}]
 
 One phrase search (behind the document pre-filter when the searcher has one) yields both the top
-phrase, the extractive answer, and the top-k passages, which the FiD reader reads to generate the
+passage's phrase, the extractive answer, and the top-k passages, which the FiD reader reads to generate the
 other answer. Timings are per batch, in milliseconds, for each stage.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from odqa.common.device import pick_device
 from odqa.common.io import InputError
 from odqa.reader.fid_data import FiDExample
 from odqa.reader.read import generate_answers, load_reader
+from odqa.retriever.searcher import top_phrase
 
 MAX_K = 100
 
@@ -61,7 +62,7 @@ class Pipeline:
         timings = {"retrieve_ms": 1000 * (t1 - t0), "read_ms": 1000 * (t2 - t1), "questions_in_batch": len(questions)}
         out = []
         for q, r, g in zip(questions, results, generated):
-            top = r["phrases"][0] if r["phrases"] else None
+            top = top_phrase(r)
             out.append({"question": q,
                         "extractive": None if top is None else {key: top[key] for key in
                                                                 ("text", "score", "passage_id", "char_start", "char_end")},

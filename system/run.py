@@ -1,6 +1,6 @@
 """`odqa run`: the evaluation of the whole system on question sets, per k, into one directory.
 
-    OUT/retrieval-SET.json        phrase retrieval (DPR format, top max(k), "prediction" = top phrase)
+    OUT/retrieval-SET.json        phrase retrieval (DPR format, top max(k), "prediction" = first passage's phrase)
     OUT/fid-SET-kK.jsonl          the reader's input: each question with its top K passages
     OUT/pred-SET-kK.jsonl         FiD's generated answers
     OUT/bm25-SET.json, dense-SET.json   baseline retrievers for the Top-k curves
@@ -46,7 +46,8 @@ def run(args: RunArgs) -> list[dict]:
     max_k = max(args.k)
     base_key = {"index": path_fingerprint(args.index), "model": path_fingerprint(args.model), "corpus": corpus,
                 "doc_index": path_fingerprint(args.doc_index), "doc_model": path_fingerprint(args.doc_model),
-                "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam, "limit": args.limit}
+                "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam, "limit": args.limit,
+                "nprobe": args.nprobe, "max_answer_tokens": args.max_answer_tokens}
     write_json(out / "run_args.json", asdict(args))
     searcher = None
     reader_fp = path_fingerprint(args.reader)
@@ -70,7 +71,7 @@ def run(args: RunArgs) -> list[dict]:
             if searcher is None:
                 from odqa.retriever.searcher import open_searcher
                 searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
-                                         args.top_docs, args.lam, args.nprobe)
+                                         args.top_docs, args.lam, args.nprobe, args.max_answer_tokens)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
         entries = read_results(retrieval)

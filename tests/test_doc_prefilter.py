@@ -25,7 +25,7 @@ from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_index import build_index
 from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.rerank import Candidates, combined
-from odqa.retriever.searcher import Searcher
+from odqa.retriever.searcher import Searcher, top_phrase
 from odqa.retriever.supervise import supervise
 from odqa.retriever.tune_lambda import tune_lambda
 
@@ -196,6 +196,10 @@ def test_rerank_sorts_by_standardised_passage_plus_lambda_document_score(world, 
         order = np.argsort(-final, kind="stable")[:4]
         assert [p["passages"][i]["id"] for i in order] == [x["id"] for x in r["passages"]]
         assert [x["score"] for x in r["passages"]] == pytest.approx(final[order].tolist())
+        # the extractive answer follows the final ranking: the first passage's phrase, not the top phrase
+        assert top_phrase(r) == r["passages"][0]["phrase"]
+        assert top_phrase(p) == p["phrases"][0]   # without a rerank they are one phrase
+    assert any(r["phrases"][0] != r["passages"][0]["phrase"] for r in reranked)
 
 
 def test_lambda_tuning_picks_the_planted_best():
@@ -234,6 +238,7 @@ def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, caps
                  "--k", "4", "--out", str(tmp_path / "run.json")]) == 0
     entries = read_results(tmp_path / "run.json")
     assert len(entries) == len(NAMES) and all(len(e["ctxs"]) == 4 for e in entries)
+    assert all(e["prediction"] == e["ctxs"][0]["phrase"]["text"] for e in entries)
     assert main(["retrieve", "--retriever", "phrase", "--index", str(root / "index"), "--model", str(root / "phrase"),
                  "--doc-index", str(tmp_path / "di"), "--questions", str(root / "questions.jsonl"), "--out",
                  str(tmp_path / "x.json"), "--corpus", corpus]) == 2

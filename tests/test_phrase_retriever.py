@@ -138,7 +138,7 @@ def test_dump_index_search_returns_the_planted_span(world, tmp_path):
     assert result["passages"][0]["id"] == "planted"
 
 
-def brute_force_top_phrase(searcher, question):
+def brute_force_top_phrase(searcher, question, max_len=None):
     """Every span (i, j), i <= j < i + L, of every passage, scored with the model directly."""
     import torch
 
@@ -153,7 +153,7 @@ def brute_force_top_phrase(searcher, question):
         hs, he, _ = searcher.model.encode_passages(**enc.batch)
     s = torch.einsum("d,btd->bt", torch.from_numpy(q_start[0]), hs)
     e = torch.einsum("d,btd->bt", torch.from_numpy(q_end[0]), he)
-    for row, (i, j, score) in enumerate(best_spans(s, e, enc.candidate, searcher.model.config.max_span_len)):
+    for row, (i, j, score) in enumerate(best_spans(s, e, enc.candidate, max_len or searcher.model.config.max_span_len)):
         if best is None or score > best[0]:
             best = (score, row, int(enc.offsets[row, i, 0]), int(enc.offsets[row, j, 1]))
     return best
@@ -167,6 +167,23 @@ def test_search_equals_brute_force_over_every_span(world, index):
         top = searcher.search([question], k=1, unit="phrase")[0]["phrases"][0]
         assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
         assert top["score"] == pytest.approx(score, rel=1e-2)  # the dump stores float16
+
+
+def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
+    L = Searcher(index, world["model"], world["corpus"]).max_answer_tokens
+    assert L == 20 and Searcher(index, world["model"], world["corpus"], max_answer_tokens=50).max_answer_tokens == L
+    tokens = Searcher(index, world["model"], world["corpus"]).index.meta["token"]
+    for cap in (1, 3):
+        searcher = Searcher(index, world["model"], world["corpus"], max_answer_tokens=cap)
+        q_start, q_end = searcher.encode(["where was bob born"])
+        phrases = searcher.search_phrases(q_start, q_end, k=10_000)[0]
+        assert len(phrases) and (tokens[phrases.end_vec] - tokens[phrases.start_vec] < cap).all()
+        for name in NAMES[:3]:
+            score, row, start, end = brute_force_top_phrase(searcher, f"where was {name} born", max_len=cap)
+            top = searcher.search([f"where was {name} born"], k=1, unit="phrase")[0]["phrases"][0]
+            assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
+    with pytest.raises(InputError, match="max_answer_tokens"):
+        Searcher(index, world["model"], world["corpus"], max_answer_tokens=0)
 
 
 def test_passage_and_document_scores_are_the_max_of_their_phrases(world, index):
@@ -316,6 +333,11 @@ def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
                  "--k", "3", "--out", str(run)]) == 0
     entries = json.loads(run.read_text())
     assert all("prediction" in e and "phrase" in e["ctxs"][0] for e in entries)
+    one_word = tmp_path / "one-word.json"
+    assert main(["-q", "retrieve", "--retriever", "phrase", "--index", str(tmp_path / "index"), "--model",
+                 str(world["model"]), "--questions", str(root / "questions.jsonl"), "--corpus", corpus,
+                 "--k", "3", "--max-answer-tokens", "1", "--out", str(one_word)]) == 0
+    assert all(len(e["prediction"].split()) == 1 for e in json.loads(one_word.read_text()))
     assert main(["-q", "eval-retrieval", str(run), "--corpus", corpus, "--topk", "1", "3"]) == 0
     table = capsys.readouterr().out
     assert "| EM |" in table or " EM |" in table.splitlines()[0]

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from odqa.common.io import InputError
-from odqa.retriever.args import DEFAULT_KEEP, DocTrainArgs, PhraseTrainArgs, QueryTrainArgs
+from odqa.retriever.args import DEFAULT_KEEP, MAX_ANSWER_TOKENS, DocTrainArgs, PhraseTrainArgs, QueryTrainArgs
 from odqa.system.commands.args import add_dataclass_args, command, corpus_arg, dataclass_from_args, positive_int
 
 
@@ -17,7 +17,14 @@ def phrase_searcher(args, lam=None):
     from odqa.common.paths import default_corpus
     from odqa.retriever.searcher import open_searcher
     return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
-                         args.top_docs, args.lam if lam is None else lam, args.nprobe)
+                         args.top_docs, args.lam if lam is None else lam, args.nprobe, args.max_answer_tokens)
+
+
+def search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nprobe", type=positive_int, default=64, help="IVF lists probed per search (default 64)")
+    p.add_argument("--max-answer-tokens", type=positive_int, default=MAX_ANSWER_TOKENS,
+                   help=f"longest phrase returned, in word pieces, at most the index's L "
+                        f"(default {MAX_ANSWER_TOKENS})")
 
 
 def prefilter_args(p: argparse.ArgumentParser) -> None:
@@ -35,7 +42,7 @@ def phrase_index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, default=None, help="phrase index directory (default: the default "
                                                             "pipeline's, from `odqa demo`)")
     p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default pipeline's)")
-    p.add_argument("--nprobe", type=positive_int, default=64, help="IVF lists probed per search (default 64)")
+    search_args(p)
     prefilter_args(p)
 
 
@@ -173,7 +180,7 @@ def add(sub) -> None:
                                                             "the default pipeline's, from `odqa demo`)")
     p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default "
                                                             "pipeline's), or the dense encoder (default: the MiniLM)")
-    p.add_argument("--nprobe", type=positive_int, default=64, help="IVF lists probed per search (default 64)")
+    search_args(p)
     p.add_argument("--questions", required=True, help="question set name (e.g. nq-test) or JSONL path")
     p.add_argument("--k", type=positive_int, default=100, help="passages per question (default 100)")
     p.add_argument("--out", type=Path, required=True, help="output JSON file")
