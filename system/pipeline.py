@@ -5,8 +5,8 @@
           "generated": str, "passages": [{id, title, text, score, phrase}], "timings": {...}}]
 
 One phrase search (behind the document pre-filter when the searcher has one) yields both the top
-passage's phrase, the extractive answer, and the top-k passages, which the FiD reader reads to generate the
-other answer. Timings are per batch, in milliseconds, for each stage.
+passage's phrase, the extractive answer, and the top-k passages, which the FiD reader reads to
+generate the other answer. Timings are per batch, in milliseconds, for each stage.
 """
 from __future__ import annotations
 
