@@ -103,8 +103,8 @@ PRESETS = {
     "full": DemoConfig(phrase_examples=None, max_passage_tokens=192, validation_questions=400,
                        doc_examples=2048, doc_rounds=2, doc_negatives="abstract", max_doc_tokens=128,
                        doc_validation_docs=0, lambda_questions=500, query_epochs=2, reader_gold_steps=300,
-                       reader_steps=100, reader_questions=None, reader_validation=200, text_maxlength=160, run_limit=None,
-                       run_k=[5, 10, 25, 50], baselines=["bm25", "dense"]),
+                       reader_steps=100, reader_questions=None, reader_validation=200, text_maxlength=160,
+                       run_limit=None, run_k=[5, 10, 25, 50], baselines=["bm25", "dense"]),
 }
 
 # Seconds on the reference machine (2 CPU cores, AVX2), from `odqa demo` runs there; ENCODE_S is what
@@ -157,6 +157,7 @@ class Demo:
         doc_s = ref["doc_encode_s"] * c.max_doc_tokens / 128      # one document summary encoded
         phrase_steps = c.phrase_epochs * (min(c.phrase_examples or n_train, n_train) // c.phrase_batch)
         doc_steps = c.doc_rounds * (min(c.doc_examples or n_train, n_train) // c.doc_batch)
+        query_questions = min(c.query_examples or n_train, n_train)
         run_q = sum(self._test_size(name) for name in c.test_questions)
         return [
             Stage("data", "fetch the data pack, build passages and documents, BM25 index", ref["data_s"],
@@ -181,8 +182,8 @@ class Demo:
                   [p["phrase-index"]],
                   [p["phrase-dump"], p["phrase-index"]]),
             *([Stage("query", f"query-side fine-tuning against the index ({c.query_epochs} epochs of "
-                              f"{min(c.query_examples or n_train, n_train):,} questions)",
-                     c.query_epochs * min(c.query_examples or n_train, n_train) * ref["query_q_s"], self.tune_query,
+                              f"{query_questions:,} questions)",
+                     c.query_epochs * query_questions * ref["query_q_s"], self.tune_query,
                      {"query_epochs": c.query_epochs, "query_examples": c.query_examples}, [], [p["query"]])]
               if c.query_epochs else []),
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
