@@ -13,6 +13,12 @@ parameters of the one persistent index (a document's vectors are one contiguous 
 vectors run in passage order and a document's passages are consecutive). Passages are then
 reranked by z(passage score) + lambda * z(document score) (`retriever.rerank`) over the top
 `rerank_pool` by passage score; with lambda = 0 there is nothing to rerank and the pool is k.
+
+The phrase a passage (document) shows, its extractive answer, is its best span that `can_answer`: whole
+words, not only the question's own words. The encoders score spans that repeat the question high ("the
+Sava" for "... the River Sava and which other river?"); when a passage's best hit is one, every span
+of the passage within the cap is scored from the index and the best that can answer is shown instead.
+Passage scores and their order do not change.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 
 import faiss
 import numpy as np
@@ -29,6 +36,7 @@ import torch
 from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
 from odqa.common.device import pick_device
 from odqa.common.io import InputError
+from odqa.common.metrics.answers import normalize_answer
 from odqa.retriever.args import MAX_ANSWER_TOKENS
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_questions
@@ -73,10 +81,13 @@ class Searcher:
     def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
                  nprobe: int = 64, device: str | None = None, batch_size: int = 64,
                  prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100,
-                 max_answer_tokens: int | None = None):
+                 max_answer_tokens: int | None = None, answer_filter: bool = True):
         """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` defaults to the
         value `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
-        returned, in tokens; the index's L when None or larger (no longer phrase is indexed)."""
+        returned, in tokens; the index's L when None or larger (no longer phrase is indexed).
+        `answer_filter`: a passage's (document's) phrase is its best span that `can_answer` the question
+        (whole words, not an echo of it), found over all its indexed tokens, not only among the phrases
+        search hit; phrase results skip the others."""
         if max_answer_tokens is not None and max_answer_tokens < 1:
             raise InputError(f"max_answer_tokens must be positive, not {max_answer_tokens}")
         self.index = PhraseIndex(index_dir, nprobe)
@@ -91,6 +102,9 @@ class Searcher:
         self.tokenizer = load_tokenizer(model_dir)
         self.store = PassageStore(corpus_dir)
         self.batch_size = batch_size
+        self.answer_filter = answer_filter
+        # Passage row r's vectors are ids passage_vec[r] .. passage_vec[r + 1] - 1.
+        self.passage_vec = np.concatenate([[0], np.cumsum(self.index.meta["passage_count"])]).astype(np.int64)
         self.corpus_dir, self._table = corpus_dir, None
         self.prefilter, self.top_docs, self.rerank_pool = prefilter, top_docs, rerank_pool
         self.lam = 0.0
@@ -102,7 +116,7 @@ class Searcher:
             self.lam = lam if lam is not None else (prefilter.tuned_lambda or 0.0)
             # Document d's vectors are ids doc_vec_start[d] .. doc_vec_end[d] - 1.
             table = prefilter.table
-            cum = np.concatenate([[0], np.cumsum(self.index.meta["passage_count"])]).astype(np.int64)
+            cum = self.passage_vec
             self.doc_vec_start, self.doc_vec_end = cum[table.first], cum[table.first + table.count]
             self._threads = max(1, faiss.omp_get_max_threads())
 
@@ -239,7 +253,8 @@ class Searcher:
                 groups = self._group(ph, unit)
                 if unit == "phrase" or len(groups[0]) >= pool or kk >= min(cap, caps[qi]):
                     doc_info = None if docs is None else (docs[0][qi], docs[1][qi])
-                    results[qi] = self._result(ph, groups, k, unit, pool, doc_info)
+                    query = (questions[qi], q_start[qi], q_end[qi])
+                    results[qi] = self._result(ph, groups, k, unit, pool, doc_info, query)
                 else:
                     again.append(qi)
             todo, kk = np.asarray(again, dtype=np.int64), kk * 2
@@ -260,8 +275,27 @@ class Searcher:
         return {"text": passage["text"][p.char_start:p.char_end], "passage_id": passage["id"], "row": p.row,
                 "char_start": p.char_start, "char_end": p.char_end, "score": p.score}
 
+    def _best_span(self, row: int, text: str, qs: np.ndarray, qe: np.ndarray, question: str) -> Phrase | None:
+        """The best phrase of passage `row` that `can_answer` `question`, over every pair of its indexed
+        tokens within the span limit; None when none can."""
+        a, b = self.passage_vec[row], self.passage_vec[row + 1]
+        ids = np.arange(a, b)
+        meta, L = self.index.meta, self.max_answer_tokens
+        tok = meta["token"][a:b]
+        gap = tok[None, :] - tok[:, None]
+        span = np.where((gap >= 0) & (gap < L), self.index.scores("start", ids, qs)[:, None]
+                        + self.index.scores("end", ids, qe)[None, :], -np.inf)
+        for flat in np.argsort(-span, axis=None, kind="stable"):
+            i, j = divmod(int(flat), len(ids))
+            if not np.isfinite(span[i, j]):
+                break
+            cs, ce = int(meta["char_start"][a + i]), int(meta["char_end"][a + j])
+            if can_answer(text, cs, ce, question):
+                return Phrase(float(span[i, j]), int(a + i), int(a + j), row, cs, ce)
+        return None
+
     def _result(self, phrases: Phrases, groups: tuple[np.ndarray, np.ndarray], k: int, unit: str, pool: int,
-                doc_info: tuple[np.ndarray, np.ndarray] | None) -> dict:
+                doc_info: tuple[np.ndarray, np.ndarray] | None, query: tuple[str, np.ndarray, np.ndarray]) -> dict:
         read: dict[int, dict] = {}
 
         def passage(row: int) -> dict:   # the passages of this result, each read once
@@ -269,9 +303,23 @@ class Searcher:
                 read[row] = self.store[row]
             return read[row]
 
-        result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases[:k]]}
+        def phrase_of(i: int) -> dict:
+            """The phrase shown for the unit whose best hit is phrases[i]: that hit, or with `answer_filter`
+            the best span of its passage that can answer (the hit itself when none can)."""
+            p, text = phrases[i], passage(int(phrases.row[i]))
+            if self.answer_filter and not can_answer(text["text"], p.char_start, p.char_end, query[0]):
+                p = self._best_span(p.row, text["text"], query[1], query[2], query[0]) or p
+            return self._phrase_json(p, text)
+
         if unit == "phrase":
-            return result
+            shown = []
+            for p in phrases:
+                if len(shown) == k:
+                    break
+                if not self.answer_filter or can_answer(passage(p.row)["text"], p.char_start, p.char_end, query[0]):
+                    shown.append(self._phrase_json(p, passage(p.row)))
+            return {"phrases": shown}
+        result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases[:k]]}
         keys, best = groups[0][:pool], groups[1][:pool]
         scores = phrases.score[best].astype(np.float64)
         extra = [{} for _ in keys]
@@ -289,10 +337,9 @@ class Searcher:
             for row, i, score, x in zip(keys.tolist(), best, scores.tolist(), extra):
                 p = passage(row)
                 result["passages"].append({"id": p["id"], "row": row, "title": p["title"], "text": p["text"],
-                                           "score": score, **x, "phrase": self._phrase_json(phrases[i], p)})
+                                           "score": score, **x, "phrase": phrase_of(i)})
         else:
-            result["documents"] = [{"id": self.table.docs[d]["id"], "score": score, **x,
-                                    "phrase": self._phrase_json(phrases[i], passage(int(phrases.row[i])))}
+            result["documents"] = [{"id": self.table.docs[d]["id"], "score": score, **x, "phrase": phrase_of(i)}
                                    for d, i, score, x in zip(keys.tolist(), best, scores.tolist(), extra)]
         return result
 
@@ -305,6 +352,29 @@ class Searcher:
             for j, p in enumerate(r["passages"]):
                 rows[i, j], scores[i, j] = p["row"], p["score"]
         return rows, scores
+
+
+def is_echo(phrase: str, question: str) -> bool:
+    """Whether a phrase says nothing the question does not: every word of it, after the SQuAD
+    normalisation (so articles and punctuation do not count), is a word of the question ("the Sava" for
+    "... the River Sava and which other river?"), or it has none. Phrase encoders rank such spans high
+    because they match the question best; as answers they are nearly always wrong."""
+    words = normalize_answer(phrase).split()
+    return not words or set(words) <= _words(question)
+
+
+@lru_cache(maxsize=1024)
+def _words(question: str) -> frozenset[str]:   # asked once for each of a question's k passages
+    return frozenset(normalize_answer(question).split())
+
+
+def can_answer(text: str, start: int, end: int, question: str) -> bool:
+    """Whether the span text[start:end] of a passage can answer `question`: it is whole words (a word
+    piece such as "ur" of "urinary" cannot; nor any span of a script written without spaces, for which
+    the filter then keeps the search's own phrase) and it is not an echo of the question."""
+    cut = (start > 0 and text[start - 1].isalnum() and text[start].isalnum()) or \
+        (end < len(text) and text[end - 1].isalnum() and text[end].isalnum())
+    return not cut and not is_echo(text[start:end], question)
 
 
 def top_phrase(result: dict) -> dict | None:
@@ -320,7 +390,7 @@ def top_phrase(result: dict) -> dict | None:
 def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: str | os.PathLike,
                   doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
                   top_docs: int = 100, lam: float | None = None, nprobe: int = 64,
-                  max_answer_tokens: int | None = MAX_ANSWER_TOKENS) -> Searcher:
+                  max_answer_tokens: int | None = MAX_ANSWER_TOKENS, answer_filter: bool = True) -> Searcher:
     """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
     `doc_index` is given (with the `doc_model` it was built with), answers capped at
     `max_answer_tokens` (None: the index's L). The CLI (and so the server), `odqa run` and the demo
@@ -332,4 +402,4 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
         from odqa.retriever.doc_index import DocRetriever
         prefilter = DocRetriever(doc_index, doc_model, corpus)
     return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam,
-                    max_answer_tokens=max_answer_tokens)
+                    max_answer_tokens=max_answer_tokens, answer_filter=answer_filter)

@@ -4,7 +4,8 @@ whole `odqa retrieve` command (start, load, encode, search, write the DPR file),
     python scripts/bench_retrieval.py [--questions nq-test] [--n 1000] [--k 100] [--index I --model M]
 
 Phrase retrieval searches the default pipeline's index (`odqa demo`) unless --index/--model name
-others, once over every phrase and once behind the default pipeline's document pre-filter.
+others, over every phrase (also without the answer filter, to show its cost) and behind the default
+pipeline's document pre-filter.
 The commands run one after another, so they share the machine's load; --repeat N takes each one's best.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> int:
             "dense (MiniLM mean-pooled, Flat)": base + ["--retriever", "dense"],
             "BM25": base + ["--retriever", "bm25"],
             "phrase, every phrase": phrase + ["--no-prefilter"],
+            "phrase, every phrase, without the answer filter": phrase + ["--no-prefilter", "--no-answer-filter"],
             "phrase, behind the document pre-filter": phrase,
         }
         seconds = {}

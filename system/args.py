@@ -29,3 +29,5 @@ class RunArgs:
     decoding: str = arg("spans", "the reader's decoding: spans (answers are passage spans) or free")
     nprobe: int = arg(64, "IVF lists probed per search")
     max_answer_tokens: int = arg(MAX_ANSWER_TOKENS, "longest phrase returned, in word pieces, at most the index's L")
+    answer_filter: bool = arg(True, "each passage's phrase is its best span that can answer: whole words, not "
+                                    "only the question's own words")

@@ -29,7 +29,7 @@ from odqa.retriever.phrase_index import build_index
 from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.phrase_train import PhraseTrainArgs, train
 from odqa.retriever.query_train import QueryTrainArgs, train_query
-from odqa.retriever.searcher import Searcher
+from odqa.retriever.searcher import Searcher, can_answer, is_echo
 from odqa.retriever.supervise import supervise
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar"]
@@ -185,6 +185,79 @@ def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
             assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
     with pytest.raises(InputError, match="max_answer_tokens"):
         Searcher(index, world["model"], world["corpus"], max_answer_tokens=0)
+
+
+def test_is_echo_reads_words_after_squad_normalisation():
+    question = "The city of Belgrade lies at the confluence of the River Sava and which other river?"
+    assert is_echo("the Sava", question) and is_echo("River, Sava", question) and is_echo("the", question)
+    assert is_echo("", question) and is_echo(" . ", question)
+    assert not is_echo("the Danube", question) and not is_echo("Sava and Danube", question)
+    text = "The urinary bladder sits on the pelvic floor."
+    at = lambda span: (text.index(span), text.index(span) + len(span))  # noqa: E731
+    assert can_answer(text, *at("pelvic floor"), "where is the bladder")
+    assert can_answer(text, *at("pelvic floor."), "where is the bladder")
+    assert not can_answer(text, *at("ur"), "where is the bladder")            # a word piece
+    assert not can_answer(text, *at("inary bladder"), "where is the bladder")
+    assert not can_answer(text, *at("bladder"), "where is the bladder")       # an echo
+
+
+def passage_spans_best_first(searcher, question, row):
+    """Every span (i, j), i <= j < i + L, of passage `row`, scored with the model directly, best first,
+    as (char_start, char_end)."""
+    import torch
+
+    from odqa.retriever.phrase_data import encode_passages
+    q_start, q_end = searcher.encode([question])
+    p = searcher.store[row]
+    enc = encode_passages(searcher.tokenizer, [p["title"]], [p["text"]], searcher.model.config.max_passage_tokens)
+    with torch.no_grad():
+        hs, he, _ = searcher.model.encode_passages(**enc.batch)
+    s = hs[0] @ torch.from_numpy(q_start[0])
+    e = he[0] @ torch.from_numpy(q_end[0])
+    cand = enc.candidate[0].nonzero().ravel().tolist()
+    L = searcher.max_answer_tokens
+    spans = [(float(s[i] + e[j]), int(enc.offsets[0, i, 0]), int(enc.offsets[0, j, 1]))
+             for i in cand for j in cand if 0 <= j - i < L]
+    return [(a, b) for _, a, b in sorted(spans, key=lambda x: -x[0])], p["text"]
+
+
+class EchoSearcher(Searcher):
+    """Encodes "QUESTION | WORDS" as QUESTION alone, while the echo test reads it all: the tiny encoder
+    knows its one question form, and WORDS make spans echoes without moving the question's vectors."""
+
+    def encode(self, questions):
+        return super().encode([q.split(" | ")[0] for q in questions])
+
+
+def test_each_passage_shows_its_best_phrase_that_is_not_a_question_echo(world, index):
+    """A passage whose best phrase is an echo shows its best span that can answer (over every span, as
+    brute force finds it); passages, their order and scores do not change; answer_filter=False shows
+    the echo."""
+    plain = EchoSearcher(index, world["model"], world["corpus"], answer_filter=False)
+    skip = EchoSearcher(index, world["model"], world["corpus"])
+    replaced = 0
+    for name in NAMES[:6]:
+        base = f"where was {name} born"
+        question = f"{base} | {plain.search([base], k=1, unit='passage')[0]['passages'][0]['phrase']['text']}"
+        before, after = (s.search([question], k=3, unit="passage")[0]["passages"] for s in (plain, skip))
+        assert [(p["row"], p["score"]) for p in before] == [(p["row"], p["score"]) for p in after]
+        for b, a in zip(before, after):
+            passage = skip.store[a["row"]]["text"]
+            assert can_answer(passage, a["phrase"]["char_start"], a["phrase"]["char_end"], question)
+            if can_answer(passage, b["phrase"]["char_start"], b["phrase"]["char_end"], question):
+                assert a["phrase"] == b["phrase"]
+                continue
+            replaced += 1
+            spans, text = passage_spans_best_first(skip, base, a["row"])
+            best = next(x for x in spans if can_answer(text, *x, question))
+            assert (a["phrase"]["char_start"], a["phrase"]["char_end"]) == best
+        every = plain.search([question], k=40, unit="phrase")[0]["phrases"]
+        kept = skip.search([question], k=40, unit="phrase")[0]["phrases"]
+        text = lambda p: skip.store[p["row"]]["text"]  # noqa: E731
+        expected = [p for p in every if can_answer(text(p), p["char_start"], p["char_end"], question)]
+        assert len(expected) < len(every)
+        assert len(kept) == 40 and kept[:len(expected)] == expected
+    assert replaced >= 6   # at least the first passage's phrase, an echo now
 
 
 def test_passage_and_document_scores_are_the_max_of_their_phrases(world, index):

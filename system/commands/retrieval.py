@@ -17,7 +17,8 @@ def phrase_searcher(args, lam=None):
     from odqa.common.paths import default_corpus
     from odqa.retriever.searcher import open_searcher
     return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
-                         args.top_docs, args.lam if lam is None else lam, args.nprobe, args.max_answer_tokens)
+                         args.top_docs, args.lam if lam is None else lam, args.nprobe, args.max_answer_tokens,
+                         args.answer_filter)
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
@@ -25,6 +26,9 @@ def search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-answer-tokens", type=positive_int, default=MAX_ANSWER_TOKENS,
                    help=f"longest phrase returned, in word pieces, at most the index's L "
                         f"(default {MAX_ANSWER_TOKENS})")
+    p.add_argument("--answer-filter", action=argparse.BooleanOptionalAction, default=True,
+                   help="each passage's phrase is its best span that can answer: whole words, not only the "
+                        "question's own words (default on; --no-answer-filter shows the search's best phrase)")
 
 
 def prefilter_args(p: argparse.ArgumentParser) -> None:
