@@ -275,24 +275,34 @@ class Searcher:
         return {"text": passage["text"][p.char_start:p.char_end], "passage_id": passage["id"], "row": p.row,
                 "char_start": p.char_start, "char_end": p.char_end, "score": p.score}
 
-    def _best_span(self, row: int, text: str, qs: np.ndarray, qe: np.ndarray, question: str) -> Phrase | None:
-        """The best phrase of passage `row` that `can_answer` `question`, over every pair of its indexed
-        tokens within the span limit; None when none can."""
-        a, b = self.passage_vec[row], self.passage_vec[row + 1]
-        ids = np.arange(a, b)
+    def _best_spans(self, rows: list[int], texts: list[str], qs: np.ndarray, qe: np.ndarray,
+                    question: str) -> list[Phrase | None]:
+        """For each passage row (whose text is given), its best phrase that `can_answer` `question`,
+        over every pair of its indexed tokens within the span limit, or None when none can. The rows'
+        vectors are scored together: one lookup table a side for all of them."""
+        if not rows:
+            return []
         meta, L = self.index.meta, self.max_answer_tokens
-        tok = meta["token"][a:b]
-        gap = tok[None, :] - tok[:, None]
-        span = np.where((gap >= 0) & (gap < L), self.index.scores("start", ids, qs)[:, None]
-                        + self.index.scores("end", ids, qe)[None, :], -np.inf)
-        for flat in np.argsort(-span, axis=None, kind="stable"):
-            i, j = divmod(int(flat), len(ids))
-            if not np.isfinite(span[i, j]):
-                break
-            cs, ce = int(meta["char_start"][a + i]), int(meta["char_end"][a + j])
-            if can_answer(text, cs, ce, question):
-                return Phrase(float(span[i, j]), int(a + i), int(a + j), row, cs, ce)
-        return None
+        ranges = [(int(self.passage_vec[r]), int(self.passage_vec[r + 1])) for r in rows]
+        ids = np.concatenate([np.arange(a, b) for a, b in ranges])
+        start, end = self.index.scores("start", ids, qs), self.index.scores("end", ids, qe)
+        found, offset = [], 0
+        for row, text, (a, b) in zip(rows, texts, ranges):
+            s, e = start[offset:offset + b - a], end[offset:offset + b - a]
+            offset += b - a
+            gap = meta["token"][a:b][None, :] - meta["token"][a:b][:, None]
+            span = np.where((gap >= 0) & (gap < L), s[:, None] + e[None, :], -np.inf)
+            best = None
+            for flat in np.argsort(-span, axis=None, kind="stable"):
+                i, j = divmod(int(flat), b - a)
+                if not np.isfinite(span[i, j]):
+                    break
+                cs, ce = int(meta["char_start"][a + i]), int(meta["char_end"][a + j])
+                if can_answer(text, cs, ce, question):
+                    best = Phrase(float(span[i, j]), a + i, a + j, row, cs, ce)
+                    break
+            found.append(best)
+        return found
 
     def _result(self, phrases: Phrases, groups: tuple[np.ndarray, np.ndarray], k: int, unit: str, pool: int,
                 doc_info: tuple[np.ndarray, np.ndarray] | None, query: tuple[str, np.ndarray, np.ndarray]) -> dict:
@@ -303,13 +313,17 @@ class Searcher:
                 read[row] = self.store[row]
             return read[row]
 
-        def phrase_of(i: int) -> dict:
-            """The phrase shown for the unit whose best hit is phrases[i]: that hit, or with `answer_filter`
-            the best span of its passage that can answer (the hit itself when none can)."""
-            p, text = phrases[i], passage(int(phrases.row[i]))
-            if self.answer_filter and not can_answer(text["text"], p.char_start, p.char_end, query[0]):
-                p = self._best_span(p.row, text["text"], query[1], query[2], query[0]) or p
-            return self._phrase_json(p, text)
+        def shown(hits: list[int]) -> list[dict]:
+            """The phrases shown by the units whose best hits are phrases[hits]: each hit, or with
+            `answer_filter` the best span of its passage that can answer (the hit when none can)."""
+            ps = [phrases[i] for i in hits]
+            texts = [passage(p.row)["text"] for p in ps]
+            redo = [n for n, (p, t) in enumerate(zip(ps, texts))
+                    if self.answer_filter and not can_answer(t, p.char_start, p.char_end, query[0])]
+            spans = self._best_spans([ps[n].row for n in redo], [texts[n] for n in redo], query[1], query[2], query[0])
+            for n, span in zip(redo, spans):
+                ps[n] = span or ps[n]
+            return [self._phrase_json(p, passage(p.row)) for p in ps]
 
         if unit == "phrase":
             shown = []
@@ -334,13 +348,13 @@ class Searcher:
         keys, best, scores, extra = keys[:k], best[:k], scores[:k], extra[:k]
         if unit == "passage":
             result["passages"] = []
-            for row, i, score, x in zip(keys.tolist(), best, scores.tolist(), extra):
+            for row, phrase, score, x in zip(keys.tolist(), shown(best.tolist()), scores.tolist(), extra):
                 p = passage(row)
                 result["passages"].append({"id": p["id"], "row": row, "title": p["title"], "text": p["text"],
-                                           "score": score, **x, "phrase": phrase_of(i)})
+                                           "score": score, **x, "phrase": phrase})
         else:
-            result["documents"] = [{"id": self.table.docs[d]["id"], "score": score, **x, "phrase": phrase_of(i)}
-                                   for d, i, score, x in zip(keys.tolist(), best, scores.tolist(), extra)]
+            result["documents"] = [{"id": self.table.docs[d]["id"], "score": score, **x, "phrase": phrase}
+                                   for d, phrase, score, x in zip(keys.tolist(), shown(best.tolist()), scores.tolist(), extra)]
         return result
 
     def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
