@@ -381,7 +381,7 @@ def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, f
     assert hits(tmp_path / "tuned" / "last") >= hits_before   # same phrase encoder: accepted
 
 
-def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
+def test_cli_train_dump_index_retrieve_evaluate(world, index, tmp_path, capsys):
     from odqa.system.cli import main
     root, corpus = world["root"], str(world["corpus"])
     assert main(["-q", "train-phrase", "--train-file", str(root / "sup" / "train.jsonl"),
@@ -412,6 +412,20 @@ def test_cli_train_dump_index_retrieve_evaluate(world, tmp_path, capsys):
                  str(world["model"]), "--questions", str(root / "questions.jsonl"), "--corpus", corpus,
                  "--k", "3", "--max-answer-tokens", "1", "--out", str(one_word)]) == 0
     assert all(len(e["prediction"].split()) == 1 for e in json.loads(one_word.read_text()))
+    # Each question with its own top phrase appended: over the index of every token (where a passage has
+    # other spans) the filter must show another span, and --no-answer-filter the echo.
+    echoes = [{"id": e["id"], "question": f"{e['question']} {e['prediction']}", "answers": e["answers"]}
+              for e in json.loads(run.read_text())]
+    asked = tmp_path / "echo-questions.jsonl"
+    asked.write_text("".join(json.dumps(q) + "\n" for q in echoes))
+    shown = {}
+    for flags in ([], ["--no-answer-filter"]):
+        out = tmp_path / f"echo{len(flags)}.json"
+        assert main(["-q", "retrieve", "--retriever", "phrase", "--index", str(index), "--model",
+                     str(world["model"]), "--questions", str(asked), "--corpus", corpus, "--k", "3",
+                     "--out", str(out), *flags]) == 0
+        shown[bool(flags)] = [is_echo(e["prediction"], e["question"]) for e in json.loads(out.read_text())]
+    assert not any(shown[False]) and any(shown[True])
     assert main(["-q", "eval-retrieval", str(run), "--corpus", corpus, "--topk", "1", "3"]) == 0
     table = capsys.readouterr().out
     assert "| EM |" in table or " EM |" in table.splitlines()[0]
