@@ -116,8 +116,8 @@ class Searcher:
             self.lam = lam if lam is not None else (prefilter.tuned_lambda or 0.0)
             # Document d's vectors are ids doc_vec_start[d] .. doc_vec_end[d] - 1.
             table = prefilter.table
-            cum = self.passage_vec
-            self.doc_vec_start, self.doc_vec_end = cum[table.first], cum[table.first + table.count]
+            self.doc_vec_start = self.passage_vec[table.first]
+            self.doc_vec_end = self.passage_vec[table.first + table.count]
             self._threads = max(1, faiss.omp_get_max_threads())
 
     @torch.no_grad()
@@ -326,13 +326,13 @@ class Searcher:
             return [self._phrase_json(p, passage(p.row)) for p in ps]
 
         if unit == "phrase":
-            shown = []
+            kept = []
             for p in phrases:
-                if len(shown) == k:
+                if len(kept) == k:
                     break
                 if not self.answer_filter or can_answer(passage(p.row)["text"], p.char_start, p.char_end, query[0]):
-                    shown.append(self._phrase_json(p, passage(p.row)))
-            return {"phrases": shown}
+                    kept.append(self._phrase_json(p, passage(p.row)))
+            return {"phrases": kept}
         result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases[:k]]}
         keys, best = groups[0][:pool], groups[1][:pool]
         scores = phrases.score[best].astype(np.float64)
