@@ -114,8 +114,12 @@ def encode_questions(model: DocEncoder, tokenizer, questions: list[str], batch_s
     was_training = model.training
     model.eval()
     out = []
+    order = np.argsort([len(q) for q in questions], kind="stable")   # batches of like lengths pad less
     for a in range(0, len(questions), batch_size):
-        enc = tokenize_questions(tokenizer, questions[a:a + batch_size], model.config.max_question_tokens)
+        enc = tokenize_questions(tokenizer, [questions[i] for i in order[a:a + batch_size]],
+                                 model.config.max_question_tokens)
         out.append(model.encode_questions(**{k: v.to(device) for k, v in enc.items()}).float().cpu().numpy())
     model.train(was_training)
-    return np.concatenate(out) if out else np.zeros((0, model.question_lm.config.hidden_size), np.float32)
+    if not out:
+        return np.zeros((0, model.question_lm.config.hidden_size), np.float32)
+    return np.concatenate(out)[np.argsort(order)]

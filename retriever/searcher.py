@@ -8,11 +8,13 @@ its phrases' scores ("Phrase Retrieval Learns Passage Retrieval, Too", Eq. 3), a
 its passages'. k' starts at 2k and doubles until k distinct passages (documents) come back.
 
 With a document pre-filter (DHR), a `DocRetriever` picks each question's top `top_docs` documents
-first and the phrase search runs only over their vectors: a faiss `IDSelector` in the search
-parameters of the one persistent index (a document's vectors are one contiguous id range, since
-vectors run in passage order and a document's passages are consecutive). Passages are then
-reranked by z(passage score) + lambda * z(document score) (`retriever.rerank`) over the top
-`rerank_pool` by passage score; with lambda = 0 there is nothing to rerank and the pool is k.
+first and the phrase search runs only over their vectors. A document's vectors are one contiguous id
+range (vectors run in passage order and a document's passages are consecutive), so every vector of
+the top documents is scored from the index (for IVF-PQ, from its codes through one lookup table a
+side) and every phrase in them is paired: exact Eq. 3 within the documents, in one pass, at a cost
+that grows with the documents read, not with the index. Passages are then reranked by
+z(passage score) + lambda * z(document score) (`retriever.rerank`) over the top `rerank_pool` by
+passage score; with lambda = 0 there is nothing to rerank and the pool is k.
 
 The phrase a passage (document) shows, its extractive answer, is its best span that `can_answer`: whole
 words, not only the question's own words. The encoders score spans that repeat the question high ("the
@@ -25,11 +27,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
-import faiss
 import numpy as np
 import torch
 
@@ -118,7 +118,6 @@ class Searcher:
             table = prefilter.table
             self.doc_vec_start = self.passage_vec[table.first]
             self.doc_vec_end = self.passage_vec[table.first + table.count]
-            self._threads = max(1, faiss.omp_get_max_threads())
 
     @torch.no_grad()
     def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -126,46 +125,55 @@ class Searcher:
             if not isinstance(q, str) or not q.strip():
                 raise InputError(f"empty question: {q!r}")
         out_s, out_e = [], []
+        order = np.argsort([len(q) for q in questions], kind="stable")   # batches of like lengths pad less
         for a in range(0, len(questions), self.batch_size):
-            enc = encode_questions(self.tokenizer, questions[a:a + self.batch_size], self.model.config.max_question_tokens)
+            batch = [questions[i] for i in order[a:a + self.batch_size]]
+            enc = encode_questions(self.tokenizer, batch, self.model.config.max_question_tokens)
             qs, qe = self.model.encode_questions(**{k: v.to(self.device) for k, v in enc.items()})
             out_s.append(qs.float().cpu().numpy())
             out_e.append(qe.float().cpu().numpy())
-        return np.concatenate(out_s), np.concatenate(out_e)
+        back = np.argsort(order)
+        return np.concatenate(out_s)[back], np.concatenate(out_e)[back]
 
-    def search_phrases(self, q_start: np.ndarray, q_end: np.ndarray, k: int,
-                       selectors: list | None = None) -> list[Phrases]:
-        """Top phrases per question, best first, from k start hits and k end hits: one batched search,
-        or with `selectors` (one faiss IDSelector a question) one search a question, over the CPU index
-        copies (selection is a CPU feature), questions spread over threads (faiss releases the GIL)."""
+    def search_phrases(self, q_start: np.ndarray, q_end: np.ndarray, k: int) -> list[Phrases]:
+        """Top phrases per question, best first, from k start hits and k end hits of one batched MIPS."""
         ix = self.index
         k = min(k, ix.manifest["vectors"])
         q_start = np.ascontiguousarray(q_start, dtype=np.float32)
         q_end = np.ascontiguousarray(q_end, dtype=np.float32)
-        if selectors is None:
-            _, start_hits = ix.start_index.search(q_start, k)
-            _, end_hits = ix.end_index.search(q_end, k)
-            return [self._phrases_of(q_start[i], q_end[i], start_hits[i], end_hits[i]) for i in range(len(q_start))]
+        _, start_hits = ix.start_index.search(q_start, k)
+        _, end_hits = ix.end_index.search(q_end, k)
+        return [self._phrases_of(q_start[i], q_end[i], start_hits[i], end_hits[i]) for i in range(len(q_start))]
 
-        def one(i: int) -> Phrases:
-            hits = []
-            for side, q in (("start", q_start), ("end", q_end)):
-                index = ix._cpu[side]
-                ivf = faiss.try_extract_index_ivf(index)
-                params = faiss.SearchParametersIVF(sel=selectors[i], nprobe=ivf.nprobe) if ivf is not None \
-                    else faiss.SearchParameters(sel=selectors[i])
-                hits.append(index.search(q[i:i + 1], k, params=params)[1][0])
-            return self._phrases_of(q_start[i], q_end[i], *hits)
+    def phrases_in_documents(self, q_start: np.ndarray, q_end: np.ndarray, doc_rows: np.ndarray) -> list[Phrases]:
+        """The phrases of each question's documents (`doc_rows`, a row of document rows a question, -1
+        for none), best first: every token of theirs paired with its best end, so every passage in them
+        gets its best phrase, exactly (the pre-filter's search)."""
+        out = []
+        for qs, qe, rows in zip(q_start, q_end, doc_rows):
+            rows = rows[rows >= 0]
+            ids = np.concatenate([np.arange(self.doc_vec_start[d], self.doc_vec_end[d]) for d in rows] or
+                                 [np.zeros(0, np.int64)]).astype(np.int64)
+            out.append(self._every_phrase(qs, qe, ids))
+        return out
 
-        with ThreadPoolExecutor(self._threads) as pool:
-            return list(pool.map(one, range(len(q_start))))
-
-    def _selector(self, doc_rows: np.ndarray) -> tuple[faiss.IDSelector, int]:
-        """The vector ids of these documents as a faiss selector, and how many there are."""
-        doc_rows = doc_rows[doc_rows >= 0]
-        ids = np.concatenate([np.arange(self.doc_vec_start[d], self.doc_vec_end[d]) for d in doc_rows] or
-                             [np.zeros(0, np.int64)]).astype(np.int64)
-        return faiss.IDSelectorBatch(ids), len(ids)
+    def _every_phrase(self, qs: np.ndarray, qe: np.ndarray, ids: np.ndarray) -> Phrases:
+        """Each of `ids` (whole passages, each in id order) as a start, with its best end within the
+        span limit: the best phrase starting there. A passage's best phrase is the best of its own."""
+        meta, L = self.index.meta, self.max_answer_tokens
+        start, end = self.index.scores("start", ids, qs), self.index.scores("end", ids, qe)
+        self._check_scores(start, end)
+        rows, tokens = meta["passage_row"][ids], meta["token"][ids]
+        n = len(ids)
+        at = np.arange(n)
+        fwd = np.minimum(at[:, None] + np.arange(L), max(n - 1, 0))   # positions in ids, a passage's consecutive
+        ok = (rows[fwd] == rows[:, None]) & (tokens[fwd] - tokens[:, None] < L) & (fwd >= at[:, None])
+        ends = np.where(ok, end[fwd], -np.inf)
+        best = fwd[at, ends.argmax(1)] if n else at
+        score = start + end[best]
+        order = np.argsort(-score, kind="stable")
+        ps, pe = ids[order], ids[best[order]]
+        return Phrases(score[order], ps, pe, rows[order], meta["char_start"][ps], meta["char_end"][pe])
 
     def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> Phrases:
         meta, L, n_vec = self.index.meta, self.max_answer_tokens, self.index.manifest["vectors"]
@@ -184,10 +192,7 @@ class Searcher:
         end_ids = np.unique(np.concatenate([end_hits, fwd.ravel()]))
         start_scores = self.index.scores("start", start_ids, qs)   # each needed vector scored once
         end_scores = self.index.scores("end", end_ids, qe)
-        if np.isnan(start_scores).any() or np.isnan(end_scores).any():
-            # A NaN ranks arbitrarily and would print as an answer's score: a corrupted index, refused.
-            raise InputError(f"{self.index.dir}: NaN phrase scores, the index is corrupted: check it with "
-                             f"`odqa verify {self.index.dir}`, and rebuild it")
+        self._check_scores(start_scores, end_scores)
         s_of = lambda ids: start_scores[np.searchsorted(start_ids, ids)]  # noqa: E731
         e_of = lambda ids: end_scores[np.searchsorted(end_ids, ids)]  # noqa: E731
 
@@ -214,6 +219,12 @@ class Searcher:
         ps, pe = ps[keep], pe[keep]
         return Phrases(sc[keep], ps, pe, rows[ps], meta["char_start"][ps], meta["char_end"][pe])
 
+    def _check_scores(self, start: np.ndarray, end: np.ndarray) -> None:
+        if np.isnan(start).any() or np.isnan(end).any():
+            # A NaN ranks arbitrarily and would print as an answer's score: a corrupted index, refused.
+            raise InputError(f"{self.index.dir}: NaN phrase scores, the index is corrupted: check it with "
+                             f"`odqa verify {self.index.dir}`, and rebuild it")
+
     @property
     def table(self) -> DocumentTable:
         """The corpus's documents and their passage rows (the pre-filter's, when there is one)."""
@@ -235,26 +246,24 @@ class Searcher:
         if k < 1:
             raise InputError(f"k must be positive, not {k}")
         q_start, q_end = self.encode(questions)
+        if self.prefilter is not None:
+            pool = k if self.lam == 0 or unit == "phrase" else max(k, self.rerank_pool)
+            doc_rows, doc_scores = self.prefilter.search(questions, self.top_docs)
+            phrases = self.phrases_in_documents(q_start, q_end, doc_rows)
+            return [self._result(ph, self._group(ph, unit), k, unit, pool, (doc_rows[i], doc_scores[i]),
+                                 (questions[i], q_start[i], q_end[i])) for i, ph in enumerate(phrases)]
         results: list[dict | None] = [None] * len(questions)
         n_vec = self.index.manifest["vectors"]
-        docs, selectors, caps = None, None, np.full(len(questions), n_vec)
-        if self.prefilter is not None:
-            docs = self.prefilter.search(questions, self.top_docs)
-            selectors, caps = zip(*(self._selector(rows) for rows in docs[0]))
-        pool = k if docs is None or self.lam == 0 or unit == "phrase" else max(k, self.rerank_pool)
-        todo, kk = np.arange(len(questions)), 2 * pool
-        cap = min(max_phrases or 64 * pool, n_vec)
+        todo, kk = np.arange(len(questions)), 2 * k
+        cap = min(max_phrases or 64 * k, n_vec)
         while len(todo):
-            # One search per round; only questions short of `pool` passages (documents) go again.
-            phrases = self.search_phrases(q_start[todo], q_end[todo], kk,
-                                          None if selectors is None else [selectors[i] for i in todo])
+            # One search per round; only questions short of k passages (documents) go again.
+            phrases = self.search_phrases(q_start[todo], q_end[todo], kk)
             again = []
             for qi, ph in zip(todo, phrases):
                 groups = self._group(ph, unit)
-                if unit == "phrase" or len(groups[0]) >= pool or kk >= min(cap, caps[qi]):
-                    doc_info = None if docs is None else (docs[0][qi], docs[1][qi])
-                    query = (questions[qi], q_start[qi], q_end[qi])
-                    results[qi] = self._result(ph, groups, k, unit, pool, doc_info, query)
+                if unit == "phrase" or len(groups[0]) >= k or kk >= cap:
+                    results[qi] = self._result(ph, groups, k, unit, k, None, (questions[qi], q_start[qi], q_end[qi]))
                 else:
                     again.append(qi)
             todo, kk = np.asarray(again, dtype=np.int64), kk * 2

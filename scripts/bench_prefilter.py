@@ -1,11 +1,13 @@
 """How the document pre-filter's speed-up grows with the corpus: phrase search over a Flat index of
 random vectors, without the pre-filter and with it (top K documents by a Flat document index, then
-the phrase search restricted to their vectors by a faiss IDSelector), at several corpus sizes, in
-one run. Random vectors are fine for timing: the cost depends on counts, not values.
+every phrase of their vectors scored from the index), at several corpus sizes, in one run.
+Random vectors are fine for timing: the cost depends on counts, not values.
 
-It times `Searcher.search_phrases` (the start and end MIPS, the windowed best partner, the
-merging) on a synthetic index, the first round of k' = 2k hits; question encoding is left out (the
-pre-filter adds one document-question encoding, measured by scripts/report_dhr.py).
+Without the pre-filter it times `Searcher.search_phrases` (the start and end MIPS, the windowed best
+partner, the merging), the first round of k' = 2k hits; with it `Searcher.phrases_in_documents`
+(the document search, then every phrase of the top K documents), which needs no second round.
+Question encoding is left out (the pre-filter adds one document-question encoding, measured by
+scripts/report_dhr.py).
 
     python scripts/bench_prefilter.py [--passages 12500 50000 200000] [--passages-per-doc 10]
 """
@@ -29,18 +31,17 @@ def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim
     for side in (index.start_index, index.end_index):
         for a in range(0, n_vec, 1_000_000):
             side.add(rng.standard_normal((min(1_000_000, n_vec - a), dim), dtype=np.float32))
-    index._cpu = {"start": index.start_index, "end": index.end_index}
+    index._cpu, index._codes = {"start": index.start_index, "end": index.end_index}, {}
     index.max_span_len = 20
     index.manifest = {"vectors": n_vec, "dim": dim, "max_span_len": 20}
     index.meta = {"passage_row": np.repeat(np.arange(n_passages), vecs_per_passage),
                   "token": np.tile(np.arange(vecs_per_passage), n_passages),
                   "char_start": np.zeros(n_vec, np.int64), "char_end": np.zeros(n_vec, np.int64)}
     searcher = Searcher.__new__(Searcher)
-    searcher.index = index
+    searcher.index, searcher.max_answer_tokens = index, 20
     n_docs = n_passages // per_doc
     searcher.doc_vec_start = np.arange(n_docs, dtype=np.int64) * per_doc * vecs_per_passage
     searcher.doc_vec_end = searcher.doc_vec_start + per_doc * vecs_per_passage
-    searcher._threads = max(1, faiss.omp_get_max_threads())
     return searcher
 
 
@@ -84,7 +85,7 @@ def main() -> int:
 
         def with_prefilter():
             _, rows = doc_index.search(qd, min(args.top_docs, n_docs))
-            s.search_phrases(qs, qe, 2 * args.k, [s._selector(r)[0] for r in rows])
+            s.phrases_in_documents(qs, qe, rows)
 
         t0, t1 = timed(without, args.repeats), timed(with_prefilter, args.repeats)
         print(f"| {n:,} | {n_docs:,} | {s.index.manifest['vectors']:,} | {1000 * t0 / args.batch:.2f} | "

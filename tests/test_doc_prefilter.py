@@ -17,7 +17,7 @@ from tiny_models import make_tiny_bert
 
 from odqa.common.corpus import DocumentTable, build_corpus
 from odqa.common.io import InputError
-from odqa.retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary
+from odqa.retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary, encode_questions
 from odqa.retriever.doc_index import DocRetriever, build_doc_index
 from odqa.retriever.doc_train import DocTrainArgs, train_doc
 from odqa.retriever.lm import load_tokenizer
@@ -180,6 +180,49 @@ def test_all_documents_and_lambda_zero_rank_as_no_prefilter(world, doc_model):
         for x, y in zip(a, b):
             assert [p["id"] for p in x[key]] == [p["id"] for p in y[key]]
             assert [p["score"] for p in x[key]] == pytest.approx([p["score"] for p in y[key]])
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,PQ4"])
+def test_prefiltered_search_is_exact_inside_the_chosen_documents(world, doc_model, factory):
+    """Every passage of the top documents comes back, scored as its best span within the cap over all
+    its indexed tokens (brute force from the index's vectors), best first; with IVF too, where a MIPS
+    probing one list of four would miss most of them."""
+    index = world["root"] / f"index-{factory}"
+    if not index.exists():
+        build_index(world["root"] / "dump", index, world["corpus"], factory=factory)
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    searcher = Searcher(index, world["root"] / "phrase", world["corpus"], prefilter=docs, nprobe=1,
+                        top_docs=3, lam=0.0, max_answer_tokens=4, answer_filter=False)
+    chosen, _ = docs.search(world["questions"], 3)
+    q_start, q_end = searcher.encode(world["questions"])
+    tokens = searcher.index.meta["token"]
+    for qi, result in enumerate(searcher.search(world["questions"], k=100, unit="passage")):
+        want = {}
+        for d in chosen[qi]:
+            for row in docs.table.passage_rows(d):
+                ids = np.arange(searcher.passage_vec[row], searcher.passage_vec[row + 1])
+                s = searcher.index.vectors("start", ids) @ q_start[qi]
+                e = searcher.index.vectors("end", ids) @ q_end[qi]
+                gap = tokens[ids][None, :] - tokens[ids][:, None]
+                want[row] = np.where((gap >= 0) & (gap < 4), s[:, None] + e[None, :], -np.inf).max()
+        got = [(p["row"], p["score"]) for p in result["passages"]]
+        assert sorted(row for row, _ in got) == sorted(want)
+        assert [score for _, score in got] == pytest.approx([want[row] for row, _ in got], rel=1e-5)
+        assert [score for _, score in got] == sorted((score for _, score in got), reverse=True)
+
+
+def test_question_vectors_come_back_in_the_questions_order(world, doc_model):
+    """Both question encoders batch questions by length; each vector is still its own question's."""
+    questions = ["where was alice born, in which city of them all", "who", "where was bob born", "where"]
+    searcher = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], batch_size=2)
+    q_start, q_end = searcher.encode(questions)
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    q_doc = encode_questions(docs.model, docs.tokenizer, questions, batch_size=2)
+    for i, q in enumerate(questions):
+        alone = searcher.encode([q])
+        np.testing.assert_allclose(q_start[i], alone[0][0], atol=1e-5)
+        np.testing.assert_allclose(q_end[i], alone[1][0], atol=1e-5)
+        np.testing.assert_allclose(q_doc[i], encode_questions(docs.model, docs.tokenizer, [q])[0], atol=1e-5)
 
 
 def test_rerank_sorts_by_standardised_passage_plus_lambda_document_score(world, doc_model):
