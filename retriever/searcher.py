@@ -73,6 +73,10 @@ class Phrases(Sequence):
             return Phrases(*(a[i] for a in self._arrays()))
         return Phrase(float(self.score[i]), *(int(a[i]) for a in self._arrays()[1:]))
 
+    def take(self, which) -> list[Phrase]:
+        """The phrases at these positions (a slice or indices), made in one pass over the arrays."""
+        return [Phrase(*x) for x in zip(*(a[which].tolist() for a in self._arrays()))]
+
     def _arrays(self) -> tuple:
         return self.score, self.start_vec, self.end_vec, self.row, self.char_start, self.char_end
 
@@ -325,7 +329,7 @@ class Searcher:
         def shown(hits: list[int]) -> list[dict]:
             """The phrases shown by the units whose best hits are phrases[hits]: each hit, or with
             `answer_filter` the best span of its passage that can answer (the hit when none can)."""
-            ps = [phrases[i] for i in hits]
+            ps = phrases.take(np.asarray(hits, dtype=np.int64))
             texts = [passage(p.row)["text"] for p in ps]
             redo = [n for n, (p, t) in enumerate(zip(ps, texts))
                     if self.answer_filter and not can_answer(t, p.char_start, p.char_end, query[0])]
@@ -342,7 +346,7 @@ class Searcher:
                 if not self.answer_filter or can_answer(passage(p.row)["text"], p.char_start, p.char_end, query[0]):
                     kept.append(self._phrase_json(p, passage(p.row)))
             return {"phrases": kept}
-        result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases[:k]]}
+        result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases.take(slice(k))]}
         keys, best = groups[0][:pool], groups[1][:pool]
         scores = phrases.score[best].astype(np.float64)
         extra = [{} for _ in keys]
