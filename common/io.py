@@ -179,6 +179,17 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Non
         f.write("\n")
 
 
+def write_json_array(path: str | os.PathLike, items: Iterable) -> None:
+    """`items` as one JSON array, the bytes of `write_json(path, list(items), indent=None)`, encoded an
+    item at a time by the C encoder: `json.dump` streams through the pure-Python one, which took a
+    fifth of a 1,000-question `odqa retrieve` writing its results."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write("[")
+        for i, item in enumerate(items):
+            f.write((", " if i else "") + json.dumps(item, ensure_ascii=False))
+        f.write("]\n")
+
+
 def read_json(path: str | os.PathLike) -> Any:
     path = require_file(path)
     return parse_json(read_text(path), str(path), whole_file=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from odqa.common.io import InputError, read_json, write_json
+from odqa.common.io import InputError, read_json, write_json_array
 from odqa.common.metrics.has_answer import TokenizedText, has_answer
 from odqa.common.questions import Question
 
@@ -27,7 +27,7 @@ def make_entry(q: Question, passages: Sequence[dict], scores: Sequence[float],
 
 
 def write_results(path: str | os.PathLike, entries: list[dict]) -> None:
-    write_json(path, entries, indent=None)
+    write_json_array(path, entries)
 
 
 def read_results(path: str | os.PathLike) -> list[dict]:

@@ -105,6 +105,8 @@ class Searcher:
         self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device).eval()
         self.tokenizer = load_tokenizer(model_dir)
         self.store = PassageStore(corpus_dir)
+        # Popular passages come back for many questions: each is read (and parsed) once while it stays popular.
+        self._passage = lru_cache(maxsize=65_536)(self.store.__getitem__)
         self.batch_size = batch_size
         self.answer_filter = answer_filter
         # Passage row r's vectors are ids passage_vec[r] .. passage_vec[r + 1] - 1.
@@ -319,12 +321,7 @@ class Searcher:
 
     def _result(self, phrases: Phrases, groups: tuple[np.ndarray, np.ndarray], k: int, unit: str, pool: int,
                 doc_info: tuple[np.ndarray, np.ndarray] | None, query: tuple[str, np.ndarray, np.ndarray]) -> dict:
-        read: dict[int, dict] = {}
-
-        def passage(row: int) -> dict:   # the passages of this result, each read once
-            if row not in read:
-                read[row] = self.store[row]
-            return read[row]
+        passage = self._passage
 
         def shown(hits: list[int]) -> list[dict]:
             """The phrases shown by the units whose best hits are phrases[hits]: each hit, or with
