@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from odqa.common.artifact import build_dir, current_manifest
 from odqa.common.corpus import PassageStore, corpus_info
-from odqa.common.device import pick_device
+from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, loading
 from odqa.retriever.lm import load_lm, load_tokenizer
 from odqa.retriever.pooling import mean_pool
@@ -30,7 +30,7 @@ class MeanPoolEncoder:
     def __init__(self, name_or_path: str, max_tokens: int = 256, device: str | None = None):
         self.device = pick_device(device)
         self.tokenizer = load_tokenizer(name_or_path)
-        self.model = load_lm(name_or_path).to(self.device).eval()
+        self.model = load_lm(name_or_path).to(self.device, search_dtype(self.device)).eval()
         self.max_tokens = max_tokens
 
     @torch.no_grad()

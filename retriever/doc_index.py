@@ -19,7 +19,7 @@ import numpy as np
 
 from odqa.common.artifact import build_dir
 from odqa.common.corpus import DocumentTable, corpus_info
-from odqa.common.device import pick_device
+from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, check_checksums, loading, read_json, write_json
 from odqa.retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions
 from odqa.retriever.lm import load_tokenizer
@@ -71,7 +71,7 @@ class DocRetriever:
         if ivf is not None:
             ivf.nprobe = nprobe
         self.device = pick_device(device)
-        self.model = DocEncoder.from_pretrained(model_dir).to(self.device).eval()
+        self.model = DocEncoder.from_pretrained(model_dir).to(self.device, search_dtype(self.device)).eval()
         self.tokenizer = load_tokenizer(model_dir)
         self.table = DocumentTable(corpus_dir)
 

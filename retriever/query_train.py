@@ -123,7 +123,7 @@ def train_query(args: QueryTrainArgs) -> dict:
         raise InputError(f"--label must be one of {LABELS}")
     out = Path(args.out_dir)
     seeded(args.seed)
-    searcher = Searcher(args.index, args.model, args.corpus)
+    searcher = Searcher(args.index, args.model, args.corpus, dtype=torch.float32)   # its model is trained
     model = searcher.model
     for n, p in model.named_parameters():
         p.requires_grad_(n.startswith("q_"))

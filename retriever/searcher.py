@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
-from odqa.common.device import pick_device
+from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import normalize_answer
 from odqa.retriever.args import MAX_ANSWER_TOKENS
@@ -85,13 +85,14 @@ class Searcher:
     def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
                  nprobe: int = 64, device: str | None = None, batch_size: int = 64,
                  prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100,
-                 max_answer_tokens: int | None = None, answer_filter: bool = True):
+                 max_answer_tokens: int | None = None, answer_filter: bool = True, dtype=None):
         """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` defaults to the
         value `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
         returned, in tokens; the index's L when None or larger (no longer phrase is indexed).
         `answer_filter`: a passage's (document's) phrase is its best span that `can_answer` the question
         (whole words, not an echo of it), found over all its indexed tokens, not only among the phrases
-        search hit; phrase results skip the others."""
+        search hit; phrase results skip the others. `dtype`: the model's (default `search_dtype`:
+        bfloat16 where the hardware has it; a model that will be trained needs float32)."""
         if max_answer_tokens is not None and max_answer_tokens < 1:
             raise InputError(f"max_answer_tokens must be positive, not {max_answer_tokens}")
         self.index = PhraseIndex(index_dir, nprobe)
@@ -102,7 +103,7 @@ class Searcher:
         if corpus_info(corpus_dir)["fingerprint"] != self.index.manifest["fingerprint"]:
             raise InputError(f"{index_dir} was built from another version of the corpus {corpus_dir}")
         self.device = pick_device(device)
-        self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device).eval()
+        self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device, dtype or search_dtype(self.device)).eval()
         self.tokenizer = load_tokenizer(model_dir)
         self.store = PassageStore(corpus_dir)
         # Popular passages come back for many questions: each is read (and parsed) once while it stays popular.

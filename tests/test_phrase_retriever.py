@@ -169,6 +169,33 @@ def test_search_equals_brute_force_over_every_span(world, index):
         assert top["score"] == pytest.approx(score, rel=1e-2)  # the dump stores float16
 
 
+def test_a_bfloat16_search_finds_what_a_float32_search_finds(world, index, monkeypatch):
+    import torch
+    questions = [f"where was {name} born" for name in NAMES]
+    exact = Searcher(index, world["model"], world["corpus"]).search(questions, k=3, unit="passage")
+    monkeypatch.setenv("ODQA_SEARCH_DTYPE", "bfloat16")
+    searcher = Searcher(index, world["model"], world["corpus"])
+    assert searcher.model.q_start_lm.dtype == torch.bfloat16
+    for a, b in zip(exact, searcher.search(questions, k=3, unit="passage")):
+        assert a["passages"][0]["row"] == b["passages"][0]["row"]
+        assert [p["score"] for p in a["passages"]] == pytest.approx([p["score"] for p in b["passages"]], rel=0.05)
+
+
+def test_search_dtype_is_bfloat16_only_where_the_hardware_has_it(monkeypatch):
+    import torch
+
+    from odqa.common import device
+    monkeypatch.setenv("ODQA_SEARCH_DTYPE", "auto")
+    for has, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(device, "_cpu_has_bf16", lambda: has)
+        assert device.search_dtype("cpu") == want
+    monkeypatch.setenv("ODQA_SEARCH_DTYPE", "float32")
+    assert device.search_dtype("cpu") == torch.float32
+    monkeypatch.setenv("ODQA_SEARCH_DTYPE", "half")
+    with pytest.raises(InputError, match="ODQA_SEARCH_DTYPE"):
+        device.search_dtype("cpu")
+
+
 def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
     full = Searcher(index, world["model"], world["corpus"])
     assert full.max_answer_tokens == 20
