@@ -1,5 +1,7 @@
-"""Where models run: the one place that decides between CUDA and the CPU."""
+"""Where models run, and in what precision at search time: the one place that decides."""
 from __future__ import annotations
+
+import os
 
 from odqa.common.io import InputError
 
@@ -18,8 +20,6 @@ def search_dtype(device: str):
     else float32. On the 2-core AVX512-BF16 CPU here a MiniLM encodes questions 1.8x faster in
     bfloat16, their vectors at cosine 0.99996 to float32's (docs/retrieval.md). ODQA_SEARCH_DTYPE=
     float32 or bfloat16 overrides the choice."""
-    import os
-
     import torch
     choice = os.environ.get("ODQA_SEARCH_DTYPE", "auto")
     if choice not in ("auto", "float32", "bfloat16"):

@@ -174,7 +174,7 @@ class Searcher:
         n = len(ids)
         at = np.arange(n)
         fwd = np.minimum(at[:, None] + np.arange(L), max(n - 1, 0))   # positions in ids, a passage's consecutive
-        ok = (rows[fwd] == rows[:, None]) & (tokens[fwd] - tokens[:, None] < L) & (fwd >= at[:, None])
+        ok = (rows[fwd] == rows[:, None]) & (tokens[fwd] - tokens[:, None] < L)
         ends = np.where(ok, end[fwd], -np.inf)
         best = fwd[at, ends.argmax(1)] if n else at
         score = start + end[best]
