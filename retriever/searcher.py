@@ -159,9 +159,7 @@ class Searcher:
         out = []
         for qs, qe, rows in zip(q_start, q_end, doc_rows):
             rows = rows[rows >= 0]
-            ids = np.concatenate([np.arange(self.doc_vec_start[d], self.doc_vec_end[d]) for d in rows] or
-                                 [np.zeros(0, np.int64)]).astype(np.int64)
-            out.append(self._every_phrase(qs, qe, ids))
+            out.append(self._every_phrase(qs, qe, _id_ranges(self.doc_vec_start[rows], self.doc_vec_end[rows])))
         return out
 
     def _every_phrase(self, qs: np.ndarray, qe: np.ndarray, ids: np.ndarray) -> Phrases:
@@ -173,10 +171,10 @@ class Searcher:
         rows, tokens = meta["passage_row"][ids], meta["token"][ids]
         n = len(ids)
         at = np.arange(n)
-        fwd = np.minimum(at[:, None] + np.arange(L), max(n - 1, 0))   # positions in ids, a passage's consecutive
+        fwd = np.minimum(at[:, None] + np.arange(L), n - 1)   # positions in ids, a passage's consecutive
         ok = (rows[fwd] == rows[:, None]) & (tokens[fwd] - tokens[:, None] < L)
         ends = np.where(ok, end[fwd], -np.inf)
-        best = fwd[at, ends.argmax(1)] if n else at
+        best = fwd[at, ends.argmax(1)]
         score = start + end[best]
         order = np.argsort(-score, kind="stable")
         ps, pe = ids[order], ids[best[order]]
@@ -300,7 +298,7 @@ class Searcher:
             return []
         meta, L = self.index.meta, self.max_answer_tokens
         ranges = [(int(self.passage_vec[r]), int(self.passage_vec[r + 1])) for r in rows]
-        ids = np.concatenate([np.arange(a, b) for a, b in ranges])
+        ids = _id_ranges(*zip(*ranges))
         start, end = self.index.scores("start", ids, qs), self.index.scores("end", ids, qe)
         found, offset = [], 0
         for row, text, (a, b) in zip(rows, texts, ranges):
@@ -377,6 +375,11 @@ class Searcher:
             for j, p in enumerate(r["passages"]):
                 rows[i, j], scores[i, j] = p["row"], p["score"]
         return rows, scores
+
+
+def _id_ranges(starts, ends) -> np.ndarray:
+    """The vector ids starts[i] .. ends[i] - 1 of each i, in order (a passage's or a document's vectors)."""
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts, ends)] or [np.zeros(0, np.int64)])
 
 
 def is_echo(phrase: str, question: str) -> bool:
