@@ -30,9 +30,11 @@ from transformers.modeling_outputs import BaseModelOutput
 
 @dataclass
 class FusedEncoderOutput(BaseModelOutput):
-    """The encoder's output with the token ids it encoded, (B, k * L): a pointer scores those tokens at
-    every decoding step, when `generate()` hands the model only this output."""
+    """The encoder's output with the token ids it encoded, (B, k * L), and the passage length L: a
+    pointer scores those tokens (and a passage prior weighs their passages) at every decoding step,
+    when `generate()` hands the model only this output."""
     input_ids: torch.LongTensor | None = None
+    passage_length: int | None = None
 
 
 class FusedEncoder:
@@ -50,7 +52,8 @@ class FusedEncoder:
                 passage_length: int | None = None, **kwargs) -> BaseModelOutput:
         if input_ids.dim() == 2 and passage_length is None:
             out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-            return FusedEncoderOutput(out.last_hidden_state, out.hidden_states, out.attentions, input_ids)
+            return FusedEncoderOutput(out.last_hidden_state, out.hidden_states, out.attentions, input_ids,
+                                      input_ids.size(1))
         if input_ids.dim() == 2:
             input_ids = input_ids.reshape(input_ids.size(0), -1, passage_length)
         b, k, length = input_ids.shape
@@ -58,7 +61,7 @@ class FusedEncoder:
             attention_mask = attention_mask.reshape(b * k, length)
         out = self.encoder(input_ids=input_ids.reshape(b * k, length), attention_mask=attention_mask, **kwargs)
         return FusedEncoderOutput(out.last_hidden_state.reshape(b, k * length, -1), out.hidden_states, out.attentions,
-                                  input_ids.reshape(b, k * length))
+                                  input_ids.reshape(b, k * length), length)
 
 
 class FiD:
@@ -70,10 +73,11 @@ class FiD:
     pointing = False   # see FiDEncoderDecoder
 
     def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None,
-                label_allowed=None, labels=None, **kwargs):
+                label_allowed=None, labels=None, passage_labels=None, **kwargs):
         """`label_allowed` (B, T, A), token ids padded with -1: the loss at target step t is a softmax over
         those tokens alone (what span-constrained decoding may choose there); a row of -1 leaves the
-        step unconstrained."""
+        step unconstrained. `passage_labels` (B, k), 1 where a passage holds an answer: a model with a
+        passage prior adds its loss (`passage_loss`); others ignore them."""
         if encoder_outputs is None and input_ids is not None:
             encoder_outputs = self.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
                                                  passage_length=passage_length, return_dict=True)
@@ -90,7 +94,7 @@ class FiD:
             kwargs["decoder_output_hidden_states"] = True
         out = super().forward(attention_mask=attention_mask, encoder_outputs=encoder_outputs, **kwargs)
         if self.pointing:
-            out.logits = self.point(out, encoder_outputs.input_ids, attention_mask)
+            out.logits = self.point(out, encoder_outputs, attention_mask)
         if labels is None:
             return out
         logits = out.logits
@@ -101,7 +105,13 @@ class FiD:
             allowed = allowed.scatter_(-1, index, True)[..., :vocab] | (label_allowed < 0).all(-1, keepdim=True)
             logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
         out.loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        if passage_labels is not None:
+            extra = self.passage_loss(encoder_outputs, attention_mask, passage_labels)
+            out.loss = out.loss if extra is None else out.loss + extra
         return out
+
+    def passage_loss(self, encoder_outputs, attention_mask, passage_labels):
+        return None
 
     @torch.no_grad()
     def generate(self, input_ids=None, attention_mask=None, **kwargs):
@@ -134,8 +144,72 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
 
     _tied_weights_keys = {"decoder.bert.embeddings.word_embeddings.weight": "encoder.embeddings.word_embeddings.weight"}
     # What the warm start makes anew: cross-attention (initialised from self-attention, but learning
-    # a new job) and the LM head's transform and bias.
-    NEW = re.compile(r"\.crossattention\.|^decoder\.cls\.predictions\.(transform\.|bias$)")
+    # a new job), the LM head's transform and bias, and the passage scorer.
+    NEW = re.compile(r"\.crossattention\.|^decoder\.cls\.predictions\.(transform\.|bias$)|^passage_scorer\.")
+
+    def __init__(self, config=None, encoder=None, decoder=None):
+        super().__init__(config, encoder, decoder)
+        if self.has_passage_prior:
+            self.passage_scorer = torch.nn.Linear(self.config.encoder.hidden_size, 1)
+            self._zero_passage_scorer()
+
+    def _zero_passage_scorer(self) -> None:
+        # A zero scorer is the uniform prior: a reader switched to it reads exactly as before.
+        torch.nn.init.zeros_(self.passage_scorer.weight)
+        torch.nn.init.zeros_(self.passage_scorer.bias)
+
+    def _init_weights(self, module):
+        if getattr(self, "passage_scorer", None) is module:
+            self._zero_passage_scorer()
+        else:
+            super()._init_weights(module)
+
+    @property
+    def has_passage_prior(self) -> bool:
+        """`config.passage_prior` (`odqa reader init --passage-prior`): with the pointer, each passage's
+        tokens are weighed by p(passage), a softmax over the passages of a linear score of each one's
+        first ([CLS]) encoder state, which has read the question beside the passage: a cross-encoder's
+        relevance, as DPR's reader selects a passage before its span. It learns from the answer's
+        likelihood and from the retrieval file's has_answer labels (`passage_loss`)."""
+        return bool(getattr(self.config, "passage_prior", False))
+
+    def passage_scores(self, encoder_outputs: FusedEncoderOutput, attention_mask: torch.Tensor | None):
+        """(scores (B, k), present (B, k)) of the passage scorer, absent passages at -1e9; None without one."""
+        if not self.has_passage_prior:
+            return None
+        states, length = encoder_outputs.last_hidden_state, encoder_outputs.passage_length
+        if length is None:
+            raise ValueError("a passage prior needs the encoder output's passage_length (FusedEncoderOutput)")
+        b, k = states.size(0), states.size(1) // length
+        first = states.view(b, k, length, -1)[:, :, 0]
+        present = (attention_mask.view(b, k, length)[:, :, 0] > 0 if attention_mask is not None
+                   else torch.ones(b, k, dtype=torch.bool, device=states.device))
+        # -1e9, not -inf: a question without passages must not turn the softmax into NaN.
+        return self.passage_scorer(first).squeeze(-1).float().masked_fill(~present, -1e9), present
+
+    def passage_log_prior(self, encoder_outputs, attention_mask) -> torch.Tensor | None:
+        """log(n * p(passage)) (B, k) for the n present passages: 0 everywhere under a uniform prior, so
+        the pointer's mass against the vocabulary's is what it was without one."""
+        scored = self.passage_scores(encoder_outputs, attention_mask)
+        if scored is None:
+            return None
+        scores, present = scored
+        n = present.sum(-1, keepdim=True).clamp_min(1)
+        prior = torch.log_softmax(scores, -1) + n.log()
+        return torch.where(present, prior, 0.0).to(encoder_outputs.last_hidden_state.dtype)
+
+    def passage_loss(self, encoder_outputs, attention_mask, passage_labels):
+        """-log p(an answer-bearing passage), over the questions whose present passages hold both kinds."""
+        scored = self.passage_scores(encoder_outputs, attention_mask)
+        if scored is None:
+            return None
+        scores, present = scored
+        positive = (passage_labels > 0) & present
+        rows = positive.any(-1) & (present & ~positive).any(-1)
+        if not rows.any():
+            return scores.sum() * 0.0     # keeps the scorer in the graph, which ZeRO's hooks expect
+        log_p = torch.log_softmax(scores, -1)
+        return -torch.logsumexp(log_p.masked_fill(~positive, -1e9), -1)[rows].mean()
 
     @property
     def pointing(self) -> bool:
@@ -146,10 +220,15 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
         weights, so a trained reader can be switched to it."""
         return bool(getattr(self.config, "pointer", False))
 
-    def point(self, out, source_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """logits (B, T, V) -> log(exp(logits) + sum over source positions s holding v of exp(score[s]))."""
+    def point(self, out, encoder_outputs: FusedEncoderOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """logits (B, T, V) -> log(exp(logits) + sum over source positions s holding v of exp(score[s])),
+        each score shifted by its passage's log prior where the model has one."""
+        source_ids = encoder_outputs.input_ids
         query = self.decoder.cls.predictions.transform(out.decoder_hidden_states[-1])          # (B, T, d)
         scores = torch.einsum("btd,bsd->bts", query, out.encoder_last_hidden_state) / math.sqrt(query.size(-1))
+        prior = self.passage_log_prior(encoder_outputs, attention_mask)
+        if prior is not None:
+            scores = scores + prior.repeat_interleave(encoder_outputs.passage_length, dim=1)[:, None, :]
         if attention_mask is not None:
             scores = scores.masked_fill(attention_mask[:, None, :] == 0, float("-inf"))
         top = scores.amax(-1, keepdim=True).clamp_min(-1e4)
@@ -160,12 +239,12 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
         return torch.logaddexp(out.logits, pointer)
 
     def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None,
-                label_allowed=None, labels=None, **kwargs):
+                label_allowed=None, labels=None, passage_labels=None, **kwargs):
         with warnings.catch_warnings():
             # EncoderDecoderModel warns on every call with labels that it computes the loss itself (since 4.12).
             warnings.filterwarnings("ignore", category=FutureWarning, message="Version v4.12.0")
             return super().forward(input_ids, attention_mask, encoder_outputs, passage_length, label_allowed, labels,
-                                   **kwargs)
+                                   passage_labels, **kwargs)
 
     def new_parameters(self) -> set[str]:
         return {name for name, _ in self.named_parameters() if self.NEW.search(name)}

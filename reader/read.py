@@ -109,7 +109,7 @@ def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list
                 constrain["prefix_allowed_tokens_fn"] = lambda row, prefix, spans=spans: spans.allowed(
                     row, strip_generated(prefix.tolist(), -1, None, start))
             first = FusedEncoderOutput(last_hidden_state=encoded.last_hidden_state[:, :k * length],
-                                       input_ids=encoded.input_ids[:, :k * length])
+                                       input_ids=encoded.input_ids[:, :k * length], passage_length=length)
             generated = model.generate(encoder_outputs=first, attention_mask=mask[:, :k].reshape(b, k * length),
                                        max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=False,
                                        eos_token_id=end, pad_token_id=pad, **constrain)

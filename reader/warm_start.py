@@ -40,11 +40,13 @@ def decoder_layer_sources(encoder_layers: int, decoder_layers: int) -> list[int]
 
 
 def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0, dropout: float = 0.0,
-               pointer: bool = True):
+               pointer: bool = True, passage_prior: bool = False):
     """(FiDEncoderDecoder, tokenizer, the encoder layer each decoder layer copies) built from the BERT
     checkpoint at `encoder_dir`. Dropout is off by
     default: a CPU schedule trains for few steps, where underfitting, not overfitting, is the risk."""
     name = str(encoder_dir)
+    if passage_prior and not pointer:
+        raise InputError("--passage-prior weighs the pointer's passages: it needs --pointer")
     try:
         enc_config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
@@ -67,7 +69,8 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
         layer.crossattention.load_state_dict(source.attention.state_dict())
     config = EncoderDecoderConfig.from_encoder_decoder_configs(encoder.config, dec_config)
     config.update(dict(decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
-                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, pointer=pointer))
+                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, pointer=pointer,
+                       passage_prior=passage_prior))
     model = FiDEncoderDecoder(config, encoder=encoder, decoder=decoder)
     model.tie_weights()
     model.generation_config.update(decoder_start_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
@@ -76,14 +79,15 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
 
 
 def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike, decoder_layers: int = 2,
-                     seed: int = 0, dropout: float = 0.0, pointer: bool = True) -> dict:
+                     seed: int = 0, dropout: float = 0.0, pointer: bool = True, passage_prior: bool = False) -> dict:
     """The warm-started reader, written atomically to `out_dir`."""
-    model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed, dropout, pointer)
+    model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed, dropout, pointer, passage_prior)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         info = {"kind": "bert2bert", "from": str(Path(encoder_dir)), "decoder_layers": decoder_layers,
-                "decoder_layer_sources": sources, "dropout": dropout, "pointer": pointer, "parameters": model.num_parameters(),
+                "decoder_layer_sources": sources, "dropout": dropout, "pointer": pointer,
+                "passage_prior": passage_prior, "parameters": model.num_parameters(),
                 "new_parameters": sum(p.numel() for n, p in model.named_parameters() if n in model.new_parameters())}
         write_json(tmp / "reader_init.json", info)
     log.info("bert2bert from %s: %d decoder layers (copies of %s), %d parameters -> %s", encoder_dir, decoder_layers,

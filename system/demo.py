@@ -76,6 +76,7 @@ class DemoConfig:
     reader_init: str = "warm"               # warm: bert2bert from `encoder`; t5: a from-scratch T5 of reader_preset
     reader_decoder_layers: int = 2          # warm: decoder depth
     reader_pointer: bool = True             # warm: the output also points at the passages' tokens
+    reader_passage_prior: bool = False      # warm: the pointer weighs each passage by a learned relevance
     reader_preset: str = "tiny"             # t5: its shape
     pretrain_steps: int = 0                 # t5: span-corruption steps on the corpus first
     reader_gold_steps: int = 150            # steps on the gold passage alone (k = 1) before FiD at k
@@ -197,7 +198,8 @@ class Demo:
                   [self.doc_model(), p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
             Stage("reader", f"train the FiD reader ({self._reader_plan()})", self._reader_estimate(),
                   self.train_reader, {k: getattr(c, k) for k in (
-                      "reader_model", "reader_init", "reader_decoder_layers", "reader_pointer", "reader_preset",
+                      "reader_model", "reader_init", "reader_decoder_layers", "reader_pointer", "reader_passage_prior",
+                      "reader_preset",
                       "pretrain_steps", "reader_gold_steps", "reader_gold_batch", "reader_steps", "reader_batch", "reader_lr",
                       "reader_new_lr", "reader_span_loss", "reader_k", "reader_questions", "reader_validation",
                       "text_maxlength")},
@@ -383,7 +385,8 @@ class Demo:
         if not (p["reader-init"] / "config.json").exists():
             if c.reader_init == "warm":
                 from odqa.reader.warm_start import init_warm_reader
-                init_warm_reader(self.encoder, p["reader-init"], c.reader_decoder_layers, pointer=c.reader_pointer)
+                init_warm_reader(self.encoder, p["reader-init"], c.reader_decoder_layers, pointer=c.reader_pointer,
+                                 passage_prior=c.reader_passage_prior)
             else:
                 from odqa.reader.t5_init import init_reader, passage_text
                 store = PassageStore(self.corpus)

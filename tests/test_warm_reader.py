@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, EncoderDecoderModel
 from odqa.common.io import InputError
 from odqa.reader.args import LoopArgs
 from odqa.reader.fid import FiDEncoderDecoder
-from odqa.reader.fid_data import FiDCollator, FiDExample
+from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
 from odqa.reader.fid_train import ReaderArgs, train_reader
 from odqa.reader.read import generate_answers, generate_answers_by_k, load_reader, read
 from odqa.reader.spans import PassageSpans
@@ -155,9 +155,12 @@ def test_constrained_answers_are_always_spans_of_the_passages(b2b):
         generate_answers(model, tok, examples, 3, decoding="beam-me-up")
 
 
-@pytest.mark.parametrize("pointer", [False, True])
-def test_several_k_from_one_encoder_pass_equal_separate_reads(b2b, b2b_pointer, pointer):
-    model, tok = load_reader(b2b_pointer if pointer else b2b)
+@pytest.mark.parametrize("kind", ["plain", "pointer", "prior"])
+def test_several_k_from_one_encoder_pass_equal_separate_reads(b2b, b2b_pointer, b2b_prior, kind):
+    model, tok = load_reader({"plain": b2b, "pointer": b2b_pointer, "prior": b2b_prior}[kind])
+    if kind == "prior":
+        with torch.no_grad():
+            model.passage_scorer.weight.normal_(0, 1.0)
     examples = [FiDExample(str(i), w["question"], w["answers"], [(c["title"], c["text"]) for c in w["ctxs"]])
                 for i, w in enumerate(code_world(10, 4, 2))]
     by_k = generate_answers_by_k(model, tok, examples, [4, 1, 2], batch_size=4, text_maxlength=32, max_new_tokens=4,
@@ -221,6 +224,10 @@ def test_reader_init_cli_warm_starts_from_an_encoder(b2b, tmp_path, capsys):
     assert model.pointing      # the default
     assert main(["reader", "init", "--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
     assert "--from" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["reader", "init", "--from", str(bert), "--passage-prior", "--out", str(tmp_path / "prior")]) == 0
+    assert "passage prior" in capsys.readouterr().out and load_reader(tmp_path / "prior")[0].has_passage_prior
+    assert main(["reader", "init", "--from", str(bert), "--passage-prior", "--no-pointer", "--out", str(tmp_path / "y")]) == 2
+    assert "--pointer" in capsys.readouterr().err and not (tmp_path / "y").exists()
 
 
 def test_targets_leave_out_a_leading_article():
@@ -323,3 +330,63 @@ def test_the_pointer_adds_the_passages_tokens_to_the_vocabulary_distribution(b2b
 def test_a_tiny_pointer_reader_learns_the_k_passage_task(b2b_pointer, data, tmp_path):
     result = train_reader(*_args(b2b_pointer, data, tmp_path / "run", max_steps=150, eval_steps=150, save_steps=150))
     assert result["best"]["value"] >= 40.0
+
+
+@pytest.fixture(scope="module")
+def b2b_prior(b2b):
+    out = b2b.parent / "init-prior"
+    init_warm_reader(next(b2b.parent.glob("bert")), out, decoder_layers=2, pointer=True, passage_prior=True)
+    return out
+
+
+def test_a_passage_prior_starts_uniform_and_weighs_the_pointer_by_passage(b2b_pointer, b2b_prior, tmp_path):
+    """A fresh prior is uniform: the reader reads exactly as the pointer reader with the same weights.
+    A trained one shifts each passage's pointer scores by log(n p(passage)) over the n present passages;
+    it survives save and load; a prior without the pointer is refused."""
+    pointer, tok = load_reader(b2b_pointer)
+    model, _ = load_reader(b2b_prior)
+    assert model.has_passage_prior and not pointer.has_passage_prior
+    assert "passage_scorer.weight" in model.new_parameters()
+    ids = torch.randint(5, len(tok), (2, 3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 2] = 0
+    dec = torch.randint(5, len(tok), (2, 4))
+    assert torch.allclose(model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits,
+                          pointer(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-5)
+
+    with torch.no_grad():
+        model.passage_scorer.weight.normal_(0, 1.0)
+    enc = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
+    prior = model.passage_log_prior(enc, mask.flatten(1))
+    assert prior.shape == (2, 3) and prior[1, 2] == 0
+    assert torch.allclose(prior[0].exp().sum(), torch.tensor(3.0)) and torch.allclose(prior[1, :2].exp().sum(),
+                                                                                       torch.tensor(2.0))
+    assert torch.isfinite(model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits).all()
+    model.save_pretrained(tmp_path / "saved")
+    again, _ = load_reader(tmp_path / "saved")
+    assert torch.equal(again.passage_scorer.weight, model.passage_scorer.weight)
+    with pytest.raises(InputError, match="--pointer"):
+        init_warm_reader(next(b2b_prior.parent.glob("bert")), tmp_path / "x", pointer=False, passage_prior=True)
+
+
+def test_the_passage_loss_learns_which_passages_hold_the_answer(b2b_prior, data):
+    """The collator hands the retrieval file's has_answer to the model; trained on the passage loss
+    alone, the encoder and its passage scorer rank the answer's passage first."""
+    model, tok = load_reader(b2b_prior)
+    examples = load_fid_file(data / "train.json")[:32]
+    batch = FiDCollator(tok, 4, 48)(examples)
+    assert torch.equal(batch["passage_labels"], torch.tensor([[int(h) for h in ex.has_answer[:4]] for ex in examples]))
+    mask = batch["attention_mask"].flatten(1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    losses = []
+    for _ in range(40):
+        enc = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], return_dict=True)
+        loss = model.passage_loss(enc, mask, batch["passage_labels"])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert losses[-1] < 0.25 * losses[0]
+    top = model.passage_log_prior(enc, mask).argmax(-1)
+    assert (batch["passage_labels"][torch.arange(len(examples)), top] == 1).float().mean() > 0.9
