@@ -11,6 +11,8 @@
 - the tokenizer is the encoder's: [CLS] starts the answer, [SEP] ends it, [PAD] pads;
 - `pointer` (default): the output also points at the passages' tokens (`FiDEncoderDecoder.pointing`;
   no new weights, a flag in the config). It reads far better on this machine's budgets (docs/reader.md).
+- `passage_prior` (default with the pointer): the pointer weighs each passage by a learned relevance
+  (`FiDEncoderDecoder.has_passage_prior`; one linear layer, zero at the start).
 
 The output is an HF checkpoint plus `reader_init.json`. The tied embedding is saved once, so load it
 with `FiDEncoderDecoder.from_pretrained` (or reader.read.load_reader): a plain
@@ -40,11 +42,12 @@ def decoder_layer_sources(encoder_layers: int, decoder_layers: int) -> list[int]
 
 
 def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0, dropout: float = 0.0,
-               pointer: bool = True, passage_prior: bool = False):
+               pointer: bool = True, passage_prior: bool | None = None):
     """(FiDEncoderDecoder, tokenizer, the encoder layer each decoder layer copies) built from the BERT
     checkpoint at `encoder_dir`. Dropout is off by
     default: a CPU schedule trains for few steps, where underfitting, not overfitting, is the risk."""
     name = str(encoder_dir)
+    passage_prior = pointer if passage_prior is None else passage_prior
     if passage_prior and not pointer:
         raise InputError("--passage-prior weighs the pointer's passages: it needs --pointer")
     try:
@@ -79,15 +82,17 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
 
 
 def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike, decoder_layers: int = 2,
-                     seed: int = 0, dropout: float = 0.0, pointer: bool = True, passage_prior: bool = False) -> dict:
-    """The warm-started reader, written atomically to `out_dir`."""
+                     seed: int = 0, dropout: float = 0.0, pointer: bool = True,
+                     passage_prior: bool | None = None) -> dict:
+    """The warm-started reader, written atomically to `out_dir`. The passage prior follows the pointer
+    unless told."""
     model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed, dropout, pointer, passage_prior)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         info = {"kind": "bert2bert", "from": str(Path(encoder_dir)), "decoder_layers": decoder_layers,
                 "decoder_layer_sources": sources, "dropout": dropout, "pointer": pointer,
-                "passage_prior": passage_prior, "parameters": model.num_parameters(),
+                "passage_prior": model.has_passage_prior, "parameters": model.num_parameters(),
                 "new_parameters": sum(p.numel() for n, p in model.named_parameters() if n in model.new_parameters())}
         write_json(tmp / "reader_init.json", info)
     log.info("bert2bert from %s: %d decoder layers (copies of %s), %d parameters -> %s", encoder_dir, decoder_layers,

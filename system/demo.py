@@ -76,7 +76,7 @@ class DemoConfig:
     reader_init: str = "warm"               # warm: bert2bert from `encoder`; t5: a from-scratch T5 of reader_preset
     reader_decoder_layers: int = 2          # warm: decoder depth
     reader_pointer: bool = True             # warm: the output also points at the passages' tokens
-    reader_passage_prior: bool = False      # warm: the pointer weighs each passage by a learned relevance
+    reader_passage_prior: bool = True       # warm, with the pointer: it weighs each passage by a learned relevance
     reader_preset: str = "tiny"             # t5: its shape
     pretrain_steps: int = 0                 # t5: span-corruption steps on the corpus first
     reader_gold_steps: int = 150            # steps on the gold passage alone (k = 1) before FiD at k
@@ -386,7 +386,7 @@ class Demo:
             if c.reader_init == "warm":
                 from odqa.reader.warm_start import init_warm_reader
                 init_warm_reader(self.encoder, p["reader-init"], c.reader_decoder_layers, pointer=c.reader_pointer,
-                                 passage_prior=c.reader_passage_prior)
+                                 passage_prior=c.reader_passage_prior and c.reader_pointer)
             else:
                 from odqa.reader.t5_init import init_reader, passage_text
                 store = PassageStore(self.corpus)

@@ -221,7 +221,7 @@ def test_reader_init_cli_warm_starts_from_an_encoder(b2b, tmp_path, capsys):
     assert "bert2bert" in capsys.readouterr().out
     model, tok = load_reader(out)
     assert model.config.decoder.num_hidden_layers == 1 and model.config.decoder_start_token_id == tok.cls_token_id
-    assert model.pointing      # the default
+    assert model.pointing and model.has_passage_prior      # the defaults
     assert main(["reader", "init", "--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
     assert "--from" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["reader", "init", "--from", str(bert), "--passage-prior", "--out", str(tmp_path / "prior")]) == 0
@@ -288,7 +288,7 @@ def test_an_unknown_decoding_is_refused_before_training(b2b, data, tmp_path):
 @pytest.fixture(scope="module")
 def b2b_pointer(b2b):
     out = b2b.parent / "init-pointer"
-    init_warm_reader(next(b2b.parent.glob("bert")), out, decoder_layers=2, pointer=True)
+    init_warm_reader(next(b2b.parent.glob("bert")), out, decoder_layers=2, pointer=True, passage_prior=False)
     return out
 
 
@@ -327,9 +327,14 @@ def test_the_pointer_adds_the_passages_tokens_to_the_vocabulary_distribution(b2b
     assert torch.equal(greedy, dec)
 
 
-def test_a_tiny_pointer_reader_learns_the_k_passage_task(b2b_pointer, data, tmp_path):
-    result = train_reader(*_args(b2b_pointer, data, tmp_path / "run", max_steps=150, eval_steps=150, save_steps=150))
+@pytest.mark.parametrize("prior", [False, True])
+def test_a_tiny_pointer_reader_learns_the_k_passage_task(b2b_pointer, b2b_prior, data, tmp_path, prior):
+    """With the passage prior too, through DeepSpeed: its scorer learns (it starts at zero)."""
+    result = train_reader(*_args(b2b_prior if prior else b2b_pointer, data, tmp_path / "run", max_steps=150,
+                                 eval_steps=150, save_steps=150))
     assert result["best"]["value"] >= 40.0
+    if prior:
+        assert load_reader(tmp_path / "run" / "last")[0].passage_scorer.weight.abs().sum() > 0
 
 
 @pytest.fixture(scope="module")

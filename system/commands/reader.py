@@ -30,7 +30,7 @@ def cmd_reader_init(args) -> None:
                                 args.passage_prior)
         print(f"bert2bert: {info['parameters']:,} parameters ({info['new_parameters']:,} new), "
               f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']}"
-              f"{', pointer' if args.pointer else ''}{', passage prior' if args.passage_prior else ''} -> {out}")
+              f"{', pointer' if args.pointer else ''}{', passage prior' if info['passage_prior'] else ''} -> {out}")
         return
     from odqa.common.corpus import PassageStore
     from odqa.common.paths import default_corpus
@@ -98,10 +98,10 @@ def add(sub) -> None:
     p.add_argument("--pointer", action=argparse.BooleanOptionalAction, default=True,
                    help="with --from: the output also points at the passages' tokens through their encoder states "
                         "(a copy distribution; no new weights; default on)")
-    p.add_argument("--passage-prior", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--passage-prior", action=argparse.BooleanOptionalAction, default=None,
                    help="with --from and --pointer: weigh each passage's tokens by a learned relevance of the "
                         "passage to the question (one linear layer on its [CLS] state, trained on the retrieval "
-                        "file's has_answer too; default off)")
+                        "file's has_answer too; default: on with the pointer)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
                    help="without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) "
                         "(default tiny)")
