@@ -11,8 +11,10 @@ cross-attends over all k x L tokens at once and fuses evidence from several pass
 
 `input_ids` and `attention_mask` are (B, k, L). A 2-D input is the plain model, so FiD with k = 1 is
 the model it wraps. (`generate()` insists on a 2-D mask, so there the passages travel flattened to
-(B, k * L) with `passage_length=L` beside them, and the encoder splits them again.) The subclasses add
-no weights: a checkpoint of the wrapped class loads with `from_pretrained`. A trained FiDT5 saves as a
+(B, k * L) with `passage_length=L` beside them, and the encoder splits them again.) FiD itself adds
+no weights: a checkpoint of the wrapped class loads with `from_pretrained`; the one optional addition,
+the warm-started reader's passage prior (a linear layer, `config.passage_prior`), starts as the
+uniform prior when a checkpoint lacks it. A trained FiDT5 saves as a
 plain T5 checkpoint; a FiDEncoderDecoder saves its tied embedding once, so it loads back through
 `FiDEncoderDecoder.from_pretrained` (reader.read.load_reader picks the class from the config).
 """
