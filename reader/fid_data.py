@@ -183,8 +183,7 @@ class FiDCollator:
         batch["labels"] = self.encode_targets([pick_target(ex, rng, self.k) for ex in examples])
         if all(ex.has_answer is not None for ex in examples):
             # what a reader with a passage prior learns its passage scores from; other readers ignore it
-            batch["passage_labels"] = torch.tensor([[int(h) for h in ex.has_answer[: self.k]]
-                                                    + [0] * (self.k - len(ex.has_answer[: self.k]))
+            batch["passage_labels"] = torch.tensor([[int(h) for h in (ex.has_answer + [False] * self.k)[: self.k]]
                                                     for ex in examples])
         if self.span_loss:
             batch["label_allowed"] = self.allowed_tokens(batch.pop("offset_mapping"), batch.pop("fields"), batch)
