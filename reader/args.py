@@ -63,6 +63,8 @@ class ReaderArgs:
     decoding: str = arg("spans", "validation decoding: spans (answers are passage spans) or free")
     span_loss: bool = arg(False, "each answer step's softmax over the tokens span decoding may choose there "
                                  "(targets that are passage spans); the rest over the whole vocabulary")
+    passage_loss_coef: float | None = arg(None, "weight of a passage prior's loss (-log p(an answer-bearing passage)) "
+                                                "beside the answer's; default: the reader's config, else 1")
 
 
 @dataclass

@@ -211,7 +211,14 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
         if not rows.any():
             return scores.sum() * 0.0     # keeps the scorer in the graph, which ZeRO's hooks expect
         log_p = torch.log_softmax(scores, -1)
-        return -torch.logsumexp(log_p.masked_fill(~positive, -1e9), -1)[rows].mean()
+        loss = -torch.logsumexp(log_p.masked_fill(~positive, -1e9), -1)[rows].mean()
+        return self.passage_loss_coef * loss
+
+    @property
+    def passage_loss_coef(self) -> float:
+        """The passage loss's weight beside the answer's (`config.passage_loss_coef`, as Mixtral's
+        `router_aux_loss_coef`; `train-reader --passage-loss-coef` sets it); 1 when the config has none."""
+        return float(getattr(self.config, "passage_loss_coef", 1.0))
 
     @property
     def pointing(self) -> bool:

@@ -63,12 +63,16 @@ def make_evaluate(validation: list[FiDExample], tokenizer, args: ReaderArgs, dev
 def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
     if args.decoding not in DECODING:   # checked before any training step, not at the first evaluation
         raise InputError(f"--decoding must be one of {', '.join(DECODING)}, not {args.decoding!r}")
+    if args.passage_loss_coef is not None and args.passage_loss_coef < 0:
+        raise InputError(f"--passage-loss-coef must be >= 0, not {args.passage_loss_coef}")
     engine = trainer.make_engine(loop)
     rank, world, device = engine.rank, engine.world, engine.device
     train_ex, validation = split_examples(args)
     if not validation:
         raise InputError("no validation questions: pass --validation-file or a larger --validation-percent")
     model, tokenizer = load_reader(args.model, "cpu")
+    if args.passage_loss_coef is not None:
+        model.config.passage_loss_coef = args.passage_loss_coef     # saved with the checkpoints
     collator = FiDCollator(tokenizer, args.n_passages, args.text_maxlength, args.answer_maxlength, args.span_loss)
     log.info("FiD on %d training / %d validation questions, k=%d, %d processes", len(train_ex), len(validation),
              args.n_passages, world)

@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from odqa.common.device import pick_device
 from odqa.common.io import InputError, loading
-from odqa.common.metrics.answers import answer_em
+from odqa.common.metrics.answers import answer_em, is_echo
 from odqa.reader.args import DECODING
 from odqa.reader.fid import FusedEncoderOutput, reader_class
 from odqa.reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
@@ -28,7 +28,7 @@ from odqa.reader.spans import PassageSpans, strip_generated
 
 log = logging.getLogger(__name__)
 
-
+ECHO_RETRIES = 2   # an echo of the question is decoded again at most this many times (docs/reader.md)
 
 
 def _vocab_and_width(config) -> tuple[int, int]:
@@ -74,19 +74,21 @@ def _start_id(model) -> int:
 @torch.no_grad()
 def generate_answers(model, tokenizer, examples: list[FiDExample], n_passages: int, batch_size: int = 8,
                      text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-                     device: str | torch.device = "cpu", progress: bool = True, decoding: str = "spans") -> list[str]:
+                     device: str | torch.device = "cpu", progress: bool = True, decoding: str = "spans",
+                     refuse_echoes: bool = True) -> list[str]:
     return generate_answers_by_k(model, tokenizer, examples, [n_passages], batch_size, text_maxlength, max_new_tokens,
-                                 num_beams, device, progress, decoding)[n_passages]
+                                 num_beams, device, progress, decoding, refuse_echoes)[n_passages]
 
 
 @torch.no_grad()
 def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list[int], batch_size: int = 8,
                           text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
                           device: str | torch.device = "cpu", progress: bool = True,
-                          decoding: str = "spans") -> dict[int, list[str]]:
+                          decoding: str = "spans", refuse_echoes: bool = True) -> dict[int, list[str]]:
     """Answers from the best k passages for each k in `ks`. FiD encodes each passage on its own, so
     the encoder runs once, over the largest k, and each k decodes from the first k passages' outputs:
-    reading at k = 5, 10 and 25 costs the encoder what k = 25 alone does."""
+    reading at k = 5, 10 and 25 costs the encoder what k = 25 alone does. With `spans` decoding and
+    `refuse_echoes`, an answer that only repeats the question is decoded again (`_redecode_echoes`)."""
     if decoding not in DECODING:
         raise InputError(f"decoding must be one of {', '.join(DECODING)}, not {decoding!r}")
     ks = sorted(set(ks))
@@ -101,24 +103,76 @@ def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list
         ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
         b, _, length = ids.shape
+        questions = [ex.question for ex in examples[i:i + batch_size]]
         for k in ks:
             spans = PassageSpans(batch["input_ids"][:, :k], batch["offset_mapping"][:, :k],
                                  [f[:k] for f in batch["fields"]], end, pad)
-            constrain = {}
-            if decoding == "spans":
-                constrain["prefix_allowed_tokens_fn"] = lambda row, prefix, spans=spans: spans.allowed(
-                    row, strip_generated(prefix.tolist(), -1, None, start))
             first = FusedEncoderOutput(last_hidden_state=encoded.last_hidden_state[:, :k * length],
                                        input_ids=encoded.input_ids[:, :k * length], passage_length=length)
-            generated = model.generate(encoder_outputs=first, attention_mask=mask[:, :k].reshape(b, k * length),
-                                       max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=False,
-                                       eos_token_id=end, pad_token_id=pad, **constrain)
-            for row, seq in enumerate(generated.tolist()):
-                answer = strip_generated(seq, end, pad, start)
-                surface = spans.surface(row, answer)
-                out[k].append(surface if surface is not None else tokenizer.decode(answer, skip_special_tokens=True))
+            decode = _Decoder(model, first, mask[:, :k].reshape(b, k * length), spans if decoding == "spans" else None,
+                              (end, pad, start), max_new_tokens, num_beams)
+            answers = decode(list(range(b)))
+            text = [_answer_text(spans, row, a, tokenizer) for row, a in enumerate(answers)]
+            if decoding == "spans" and refuse_echoes:
+                _redecode_echoes(decode, spans, questions, answers, text, tokenizer)
+            out[k] += text
     model.train(was_training)
     return {k: [p.strip() for p in answers] for k, answers in out.items()}
+
+
+def _answer_text(spans: PassageSpans, row: int, answer: list[int], tokenizer) -> str:
+    """The passage's own string for an answer that spells a span of it, else the tokenizer's."""
+    surface = spans.surface(row, answer)
+    return surface if surface is not None else tokenizer.decode(answer, skip_special_tokens=True)
+
+
+class _Decoder:
+    """Greedy (or beam) decoding of some rows of a batch from its encoder output, span-constrained
+    where `spans` is given; each row's answer tokens, without start and end."""
+
+    def __init__(self, model, encoded: FusedEncoderOutput, mask, spans: PassageSpans | None, ids, max_new_tokens,
+                 num_beams):
+        self.model, self.encoded, self.mask, self.spans = model, encoded, mask, spans
+        self.end, self.pad, self.start = ids
+        self.max_new_tokens, self.num_beams = max_new_tokens, num_beams
+
+    def __call__(self, rows: list[int]) -> list[list[int]]:
+        index = torch.tensor(rows, device=self.mask.device)
+        encoded = FusedEncoderOutput(last_hidden_state=self.encoded.last_hidden_state[index],
+                                     input_ids=self.encoded.input_ids[index],
+                                     passage_length=self.encoded.passage_length)
+        constrain = {}
+        if self.spans is not None:
+            constrain["prefix_allowed_tokens_fn"] = lambda i, prefix: self.spans.allowed(
+                rows[i], strip_generated(prefix.tolist(), -1, None, self.start))
+        generated = self.model.generate(encoder_outputs=encoded, attention_mask=self.mask[index],
+                                        max_new_tokens=self.max_new_tokens, num_beams=self.num_beams, do_sample=False,
+                                        eos_token_id=self.end, pad_token_id=self.pad, **constrain)
+        return [strip_generated(seq, self.end, self.pad, self.start) for seq in generated.tolist()]
+
+
+def _redecode_echoes(decode: _Decoder, spans: PassageSpans, questions: list[str], answers: list[list[int]],
+                     text: list[str], tokenizer) -> None:
+    """Answers that only repeat the question (`is_echo`: "Isaac" for "who was the first-born of Isaac?")
+    are decoded again without their first token, up to ECHO_RETRIES times; the first answer that is no
+    echo replaces the greedy one in `text`, else the greedy one stays."""
+    current = list(answers)
+    todo = [r for r, t in enumerate(text) if current[r] and is_echo(t, questions[r])]
+    for _ in range(ECHO_RETRIES):
+        if not todo:
+            return
+        for r in todo:
+            spans.ban_first(r, current[r][0])
+        for r, answer in zip(todo, decode(todo)):
+            current[r] = answer
+        still = []
+        for r in todo:
+            t = _answer_text(spans, r, current[r], tokenizer)
+            if current[r] and is_echo(t, questions[r]):
+                still.append(r)
+            elif current[r]:
+                text[r] = t
+        todo = still
 
 
 def read(model_path: str | os.PathLike, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
@@ -140,12 +194,13 @@ def read_with(model, tokenizer, fid_file: str | os.PathLike, out: str | os.PathL
 
 def read_with_ks(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, str | os.PathLike],
                  batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-                 limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans") -> dict:
+                 limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans",
+                 refuse_echoes: bool = True) -> dict:
     """Predictions at several k (`outs`: k -> file) from one pass of the encoder; k -> summary."""
     examples = load_fid_file(fid_file, limit=limit)
     start = time.perf_counter()
     by_k = generate_answers_by_k(model, tokenizer, examples, list(outs), batch_size, text_maxlength, max_new_tokens,
-                                 num_beams, device, decoding=decoding)
+                                 num_beams, device, decoding=decoding, refuse_echoes=refuse_echoes)
     seconds = time.perf_counter() - start
     summaries = {}
     for k, predictions in by_k.items():

@@ -11,6 +11,8 @@ normalisation makes empty).
 `PassageSpans` holds, per question, every passage token of the encoder input with its offsets;
 `allowed(b, prefix)` is what `generate(prefix_allowed_tokens_fn=...)` asks for, and `surface(b, ids)`
 gives the passage's string for a generated token sequence, or None where it is no passage span.
+`ban_first(b, token)` takes a first token out of question b's choices, so that an answer can be
+decoded again without it (reader.read does so for answers that only repeat the question).
 """
 from __future__ import annotations
 
@@ -73,6 +75,7 @@ class PassageSpans:
         (char start, char end, text) of passage j's title and text inside its encoder string."""
         self.eos, self.pad = eos_id, pad_id
         self.examples = []
+        self.banned: list[set[int]] = [set() for _ in fields]
         for b in range(len(fields)):
             ids, texts, spans, start_ok, end_ok, content, field_of = [], [], [], [], [], [], []
             for j, passage_fields in enumerate(fields[b]):
@@ -99,7 +102,7 @@ class PassageSpans:
         if self.eos in prefix or (self.pad is not None and self.pad in prefix):   # a finished sequence
             return [self.eos] + ([self.pad] if self.pad is not None else [])
         if not prefix:
-            return list(ex.first)
+            return [t for t in ex.first if t not in self.banned[b]] or [self.eos]
         pos = ex.matches(prefix)
         if len(pos) == 0:
             return [self.eos]
@@ -110,6 +113,9 @@ class PassageSpans:
         if (ex.end_ok[pos + m - 1] & has_content).any() or not out:
             out.add(self.eos)
         return sorted(out)
+
+    def ban_first(self, b: int, token: int) -> None:
+        self.banned[b].add(int(token))
 
     def surface(self, b: int, answer_ids: list[int]) -> str | None:
         """The passage string a generated answer spells (the first passage's, preferring a span that ends

@@ -36,7 +36,7 @@ import torch
 from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError
-from odqa.common.metrics.answers import normalize_answer
+from odqa.common.metrics.answers import is_echo
 from odqa.retriever.args import MAX_ANSWER_TOKENS
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_questions
@@ -380,20 +380,6 @@ class Searcher:
 def _id_ranges(starts, ends) -> np.ndarray:
     """The vector ids starts[i] .. ends[i] - 1 of each i, in order (a passage's or a document's vectors)."""
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts, ends)] or [np.zeros(0, np.int64)])
-
-
-def is_echo(phrase: str, question: str) -> bool:
-    """Whether a phrase says nothing the question does not: every word of it, after the SQuAD
-    normalisation (so articles and punctuation do not count), is a word of the question ("the Sava" for
-    "... the River Sava and which other river?"), or it has none. Phrase encoders rank such spans high
-    because they match the question best; as answers they are nearly always wrong."""
-    words = normalize_answer(phrase).split()
-    return not words or set(words) <= _words(question)
-
-
-@lru_cache(maxsize=1024)
-def _words(question: str) -> frozenset[str]:   # asked once for each of a question's k passages
-    return frozenset(normalize_answer(question).split())
 
 
 def can_answer(text: str, start: int, end: int, question: str) -> bool:

@@ -29,6 +29,7 @@ def main() -> int:
     p.add_argument("--out-dir", required=True, help="the subset and the predictions at each k go here")
     p.add_argument("--text-maxlength", type=int, default=160)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--keep-echoes", action="store_true", help="do not decode again answers that repeat the question")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     full = json.loads(Path(args.retrieval).read_text(encoding="utf-8"))
@@ -39,7 +40,8 @@ def main() -> int:
     (out / f"{name}-answerable.json").write_text(json.dumps(subset, ensure_ascii=False), encoding="utf-8")
     model, tokenizer = load_reader(args.model)
     read = read_with_ks(model, tokenizer, out / f"{name}-answerable.json",
-                        {k: out / f"{name}-pred-k{k}.jsonl" for k in ks}, text_maxlength=args.text_maxlength)
+                        {k: out / f"{name}-pred-k{k}.jsonl" for k in ks}, text_maxlength=args.text_maxlength,
+                        refuse_echoes=not args.keep_echoes)
     n, metrics = len(full), evaluate_results(full, ks=ks)["all"]     # Top-k and the extractive answer's EM
     row = {"questions": n, "read": len(subset), "seconds": round(read[ks[0]]["seconds"]),
            "extractive_em": round(metrics["EM"], 2)}

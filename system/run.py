@@ -26,7 +26,7 @@ from odqa.common.metrics.answers import answer_em
 from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
 from odqa.common.retrieval_file import read_results, write_results
-from odqa.reader.read import load_reader, read_with_ks
+from odqa.reader.read import ECHO_RETRIES, load_reader, read_with_ks
 from odqa.retriever.retrieve import retrieve, retrieve_phrases
 from odqa.system.args import RunArgs
 from odqa.system.report import write_report
@@ -86,7 +86,9 @@ def run(args: RunArgs) -> list[dict]:
             f_key = {"retrieval": r_key, "k": k}
             cached_file(fid_files[k], f_key, lambda: write_jsonl(fid_files[k], ({**e, "ctxs": e["ctxs"][:k]}
                                                                                 for e in entries)))
-            p_keys[k] = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding}
+            # echo_retries: predictions of the decoding before echoes were decoded again are read anew
+            p_keys[k] = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding,
+                         "echo_retries": ECHO_RETRIES}
         # Every k still to read is read in one pass over the largest one's file: the encoder runs once.
         stale = [k for k in sorted(args.k) if cached_key(pred_files[k], p_keys[k]) is None]
         read_now = set()

@@ -23,13 +23,14 @@ from tiny_models import make_tiny_bert
 
 from odqa.common.corpus import build_corpus
 from odqa.common.io import InputError
+from odqa.common.metrics.answers import is_echo
 from odqa.retriever import phrase_dump
 from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_index import build_index
 from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.phrase_train import PhraseTrainArgs, train
 from odqa.retriever.query_train import QueryTrainArgs, train_query
-from odqa.retriever.searcher import Searcher, can_answer, is_echo
+from odqa.retriever.searcher import Searcher, can_answer
 from odqa.retriever.supervise import supervise
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar"]

@@ -13,6 +13,7 @@ from tiny_models import make_tiny_bert
 from transformers import AutoTokenizer, EncoderDecoderModel
 
 from odqa.common.io import InputError
+from odqa.common.metrics.answers import is_echo
 from odqa.reader.args import LoopArgs
 from odqa.reader.fid import FiDEncoderDecoder
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
@@ -153,6 +154,33 @@ def test_constrained_answers_are_always_spans_of_the_passages(b2b):
     assert len(free) == len(examples)
     with pytest.raises(InputError, match="decoding"):
         generate_answers(model, tok, examples, 3, decoding="beam-me-up")
+
+
+def test_answers_that_repeat_the_question_are_decoded_again(b2b_pointer):
+    """Passages made mostly of the question's own words: greedy decoding of an untrained reader answers
+    some with an echo of the question; refused, each answer is decoded again without the echo's first
+    word, and with at most two such first words in a passage no answer stays an echo."""
+    model, tok = load_reader(b2b_pointer)
+    words = sorted({w for t in TEXTS for w in t.split() if w.isalpha() and w not in ("the", "a", "an", "what", "is")})
+    g = torch.Generator().manual_seed(0)
+    examples = []
+    for i in range(24):
+        asked, other = [words[j] for j in torch.randperm(len(words), generator=g)[:3].tolist()], None
+        asked, other = asked[:2], asked[2]
+        examples.append(FiDExample(str(i), f"what is {asked[0]} {asked[1]} ?", [],
+                                   [("", f"{asked[0]} {asked[1]} {other} {asked[1]}"), ("", f"{asked[1]} {asked[0]}")]))
+    kept = generate_answers(model, tok, examples, 2, batch_size=8, text_maxlength=32, max_new_tokens=4,
+                            progress=False, refuse_echoes=False)
+    refused = generate_answers(model, tok, examples, 2, batch_size=8, text_maxlength=32, max_new_tokens=4,
+                               progress=False)
+    echoes = [is_echo(a, ex.question) for a, ex in zip(kept, examples)]
+    assert 0 < sum(echoes) < len(examples)
+    assert not any(is_echo(a, ex.question) for a, ex in zip(refused, examples)), refused
+    assert [a for a, e in zip(refused, echoes) if not e] == [a for a, e in zip(kept, echoes) if not e]
+    spans = PassageSpans(torch.tensor([[[5, 6, 7]]]), torch.tensor([[[[0, 1], [2, 3], [4, 5]]]]),
+                         [[[(0, 5, "a b c")]]], eos_id=1, pad_id=0)
+    spans.ban_first(0, 5)
+    assert 5 not in spans.allowed(0, []) and 6 in spans.allowed(0, [])
 
 
 @pytest.mark.parametrize("kind", ["plain", "pointer", "prior"])
@@ -395,3 +423,17 @@ def test_the_passage_loss_learns_which_passages_hold_the_answer(b2b_prior, data)
     assert losses[-1] < 0.25 * losses[0]
     top = model.passage_log_prior(enc, mask).argmax(-1)
     assert (batch["passage_labels"][torch.arange(len(examples)), top] == 1).float().mean() > 0.9
+    model.eval()
+    with torch.no_grad():
+        enc = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], return_dict=True)
+        once = model.passage_loss(enc, mask, batch["passage_labels"])
+        model.config.passage_loss_coef = 3.0      # what train-reader --passage-loss-coef sets
+        assert torch.allclose(model.passage_loss(enc, mask, batch["passage_labels"]), 3 * once)
+
+
+def test_a_negative_passage_loss_coef_is_refused_before_training(b2b_prior, data, tmp_path):
+    reader, loop = _args(b2b_prior, data, tmp_path / "out", max_steps=2)
+    reader.passage_loss_coef = -1.0
+    with pytest.raises(InputError, match="--passage-loss-coef"):
+        train_reader(reader, loop)
+    assert not (tmp_path / "out" / "reader_args.json").exists()

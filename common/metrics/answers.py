@@ -1,7 +1,8 @@
 """Answer-string metrics of the SQuAD evaluation script, and regex EM for CuratedTREC.
 
-Each function takes one prediction and the list of gold answers and returns the max over the golds,
-as SQuAD, DPR and FiD report them.
+Each metric takes one prediction and the list of gold answers and returns the max over the golds,
+as SQuAD, DPR and FiD report them. `is_echo` tells an answer that only repeats the question, which
+both the extractive answer (retriever.searcher) and the generated one (reader.read) refuse.
 """
 from __future__ import annotations
 
@@ -25,6 +26,21 @@ def normalize_answer(text: str) -> str:
     text = "".join(ch for ch in text if ch not in _PUNCT)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
+
+
+def is_echo(phrase: str, question: str) -> bool:
+    """Whether a phrase says nothing the question does not: every word of it, after the SQuAD
+    normalisation (so articles and punctuation do not count), is a word of the question ("the Sava" for
+    "... the River Sava and which other river?"), or it has none. Phrase encoders rank such spans high
+    because they match the question best; as answers they are nearly always wrong, and so are a
+    reader's (docs/reader.md, "Echoes of the question")."""
+    words = normalize_answer(phrase).split()
+    return not words or set(words) <= _words(question)
+
+
+@lru_cache(maxsize=1024)
+def _words(question: str) -> frozenset[str]:   # asked once for each of a question's k passages
+    return frozenset(normalize_answer(question).split())
 
 
 def exact_match(prediction: str, golds: Sequence[str]) -> bool:
