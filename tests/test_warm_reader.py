@@ -165,10 +165,8 @@ def test_answers_that_repeat_the_question_are_decoded_again(b2b_pointer):
     g = torch.Generator().manual_seed(0)
     examples = []
     for i in range(24):
-        asked, other = [words[j] for j in torch.randperm(len(words), generator=g)[:3].tolist()], None
-        asked, other = asked[:2], asked[2]
-        examples.append(FiDExample(str(i), f"what is {asked[0]} {asked[1]} ?", [],
-                                   [("", f"{asked[0]} {asked[1]} {other} {asked[1]}"), ("", f"{asked[1]} {asked[0]}")]))
+        x, y, other = [words[j] for j in torch.randperm(len(words), generator=g)[:3].tolist()]
+        examples.append(FiDExample(str(i), f"what is {x} {y} ?", [], [("", f"{x} {y} {other} {y}"), ("", f"{y} {x}")]))
     kept = generate_answers(model, tok, examples, 2, batch_size=8, text_maxlength=32, max_new_tokens=4,
                             progress=False, refuse_echoes=False)
     refused = generate_answers(model, tok, examples, 2, batch_size=8, text_maxlength=32, max_new_tokens=4,
