@@ -28,10 +28,10 @@ def search_dtype(device: str):
         return getattr(torch, choice)
     if str(device).startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if str(device) == "cpu" and _cpu_has_bf16() else torch.float32
+    return torch.bfloat16 if str(device) == "cpu" and cpu_has_bf16() else torch.float32
 
 
-def _cpu_has_bf16() -> bool:
+def cpu_has_bf16() -> bool:
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])

@@ -62,7 +62,7 @@ class OptimArgs:
     zero_stage: int | None = arg(None, "with --backend deepspeed: override the JSON's ZeRO stage (0-3)")
     offload: bool = arg(False, "with --backend deepspeed: optimizer (stage 3: also parameters) offloaded to CPU")
     precision: str = arg("auto", "auto: bf16 with DeepSpeed on CUDA (accelerate: its launch config), else fp32; "
-                                 "or bf16, fp32")
+                                 "or bf16 (on CPU: autocast, float32 weights), fp32")
 
     def __post_init__(self):
         # Refused here, before any model loads, rather than after a training step.

@@ -234,18 +234,19 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
         each score shifted by its passage's log prior where the model has one."""
         source_ids = encoder_outputs.input_ids
         query = self.decoder.cls.predictions.transform(out.decoder_hidden_states[-1])          # (B, T, d)
-        scores = torch.einsum("btd,bsd->bts", query, out.encoder_last_hidden_state) / math.sqrt(query.size(-1))
+        # in float32 under autocast too: the scatter-add of exp(scores) must match the logits' dtype
+        scores = torch.einsum("btd,bsd->bts", query, out.encoder_last_hidden_state).float() / math.sqrt(query.size(-1))
         prior = self.passage_log_prior(encoder_outputs, attention_mask)
         if prior is not None:
             scores = scores + prior.repeat_interleave(encoder_outputs.passage_length, dim=1)[:, None, :]
         if attention_mask is not None:
             scores = scores.masked_fill(attention_mask[:, None, :] == 0, float("-inf"))
         top = scores.amax(-1, keepdim=True).clamp_min(-1e4)
-        mass = torch.zeros_like(out.logits).scatter_add_(-1, source_ids[:, None, :].expand_as(scores),
-                                                         (scores - top).exp())
+        mass = torch.zeros_like(out.logits, dtype=scores.dtype).scatter_add_(
+            -1, source_ids[:, None, :].expand_as(scores), (scores - top).exp())
         # log(0) only where no source token is: there the pointer adds nothing (and no NaN gradient).
         pointer = torch.where(mass > 0, mass.clamp_min(torch.finfo(mass.dtype).tiny).log(), float("-inf")) + top
-        return torch.logaddexp(out.logits, pointer)
+        return torch.logaddexp(out.logits.float(), pointer)
 
     def forward(self, input_ids=None, attention_mask=None, encoder_outputs=None, passage_length=None,
                 label_allowed=None, labels=None, passage_labels=None, **kwargs):

@@ -8,9 +8,11 @@ position embeddings for all k x L tokens (BERT has 512): what it would cost if i
 
 Random weights and random token ids: the cost does not depend on what the model knows. Each
 measurement runs in a fresh subprocess so its peak RSS is its own. The training step is forward +
-backward + AdamW on one question (B=1) in fp32.
+backward + AdamW on `--train-batch` questions in fp32; `--bf16` adds the same step under CPU bfloat16
+autocast (what `train-reader --precision bf16` does on CPU: float32 weights) and its speed-up.
 
     python scripts/bench_reader.py [--kind warm|t5] [--preset small] [--ks 5 10 25 50 100] [--text-maxlength 128]
+                                   [--train-batch 4] [--bf16]
 """
 from __future__ import annotations
 
@@ -53,18 +55,21 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_train(preset: str, k: int, length: int, checkpointing: bool, steps: int) -> dict:
+def measure_train(preset: str, k: int, length: int, checkpointing: bool, steps: int, batch: int = 1,
+                  bf16: bool = False) -> dict:
     model = build_model(preset).train()
     model.config.use_cache = False
     if checkpointing:
         model.encoder_gradient_checkpointing()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(3, vocab(model) - 100, (1, k, length))
-    labels = torch.randint(3, vocab(model) - 100, (1, 8))
+    ids = torch.randint(3, vocab(model) - 100, (batch, k, length))
+    labels = torch.randint(3, vocab(model) - 100, (batch, 8))
     base = rss_mb()
 
     def step():
-        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -103,6 +108,8 @@ def main() -> int:
     p.add_argument("--ks", type=int, nargs="+", default=[5, 10, 25, 50, 100])
     p.add_argument("--text-maxlength", type=int, default=128, help="tokens per question+passage")
     p.add_argument("--steps", type=int, default=2, help="timed training steps per setting")
+    p.add_argument("--train-batch", type=int, default=1, help="questions per timed training step")
+    p.add_argument("--bf16", action="store_true", help="also time the training step under CPU bfloat16 autocast")
     p.add_argument("--questions", type=int, default=8, help="questions timed per inference setting")
     p.add_argument("--batch", type=int, default=4, help="questions per generate() call")
     p.add_argument("--max-concat-k", type=int, default=50, help="largest k for the concatenated baseline")
@@ -119,15 +126,18 @@ def main() -> int:
     if args.kind == "warm":
         args.preset = "warm"
     print(f"model {args.preset}, {L} tokens per passage, {torch.get_num_threads()} threads, "
-          f"{'CUDA' if torch.cuda.is_available() else 'CPU'}, fp32", flush=True)
+          f"{'CUDA' if torch.cuda.is_available() else 'CPU'}, fp32, training steps of {args.train_batch} "
+          f"question(s)", flush=True)
     rows = []
     for k in args.ks:
-        plain = child(["train", args.preset, k, L, False, args.steps])
-        ckpt = child(["train", args.preset, k, L, True, args.steps])
+        plain = child(["train", args.preset, k, L, False, args.steps, args.train_batch])
+        ckpt = child(["train", args.preset, k, L, True, args.steps, args.train_batch])
+        bf16 = child(["train", args.preset, k, L, False, args.steps, args.train_batch, True]) if args.bf16 else None
         fid = child(["infer", args.preset, k, L, False, args.questions, args.batch])
         cat = child(["infer", args.preset, k, L, True, args.questions, args.batch]) if k <= args.max_concat_k \
             else {"error": "skipped"}
-        rows.append({"k": k, "train": plain, "train_checkpointing": ckpt, "fid": fid, "concat": cat})
+        rows.append({"k": k, "train": plain, "train_checkpointing": ckpt, "fid": fid, "concat": cat,
+                     **({"train_bf16": bf16} if bf16 else {})})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
 
     def fmt(d, key, spec):
@@ -142,6 +152,14 @@ def main() -> int:
               f"{fmt(r['train_checkpointing'], 'seconds_per_step', '.2f')} | {fmt(r['train'], 'peak_mb', '.0f')} | "
               f"{fmt(r['train_checkpointing'], 'peak_mb', '.0f')} | {fmt(r['fid'], 'questions_per_s', '.2f')} | "
               f"{fmt(r['concat'], 'questions_per_s', '.2f')} | {ratio} |")
+    if args.bf16:
+        print("\n| k | step s, fp32 | step s, bf16 autocast | fp32 / bf16 |")
+        print("|---:|---:|---:|---:|")
+        for r in rows:
+            a, b = r["train"], r["train_bf16"]
+            ratio = (f"{a['seconds_per_step'] / b['seconds_per_step']:.2f}x"
+                     if "seconds_per_step" in a and "seconds_per_step" in b else "-")
+            print(f"| {r['k']} | {fmt(a, 'seconds_per_step', '.2f')} | {fmt(b, 'seconds_per_step', '.2f')} | {ratio} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "text_maxlength": L, "rows": rows}, f, indent=1)

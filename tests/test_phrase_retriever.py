@@ -188,7 +188,7 @@ def test_search_dtype_is_bfloat16_only_where_the_hardware_has_it(monkeypatch):
     from odqa.common import device
     monkeypatch.setenv("ODQA_SEARCH_DTYPE", "auto")
     for has, want in ((True, torch.bfloat16), (False, torch.float32)):
-        monkeypatch.setattr(device, "_cpu_has_bf16", lambda: has)
+        monkeypatch.setattr(device, "cpu_has_bf16", lambda: has)
         assert device.search_dtype("cpu") == want
     monkeypatch.setenv("ODQA_SEARCH_DTYPE", "float32")
     assert device.search_dtype("cpu") == torch.float32

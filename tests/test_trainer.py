@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader
 
 from odqa.common.io import InputError
 from odqa.common.settings import OptimArgs
-from odqa.common.trainer import permuted_batches, shuffled_batches
+from odqa.common.trainer import Task, make_engine, permuted_batches, shuffled_batches, train
 
 
 @pytest.mark.parametrize("n, batch, seed", [(53, 4, 13), (10, 3, 14), (8, 8, 0)])
@@ -32,3 +32,30 @@ def test_an_epochs_order_depends_on_seed_and_epoch_alone():
 def test_settings_that_cannot_train_are_refused_before_anything_loads(bad, message):
     with pytest.raises(InputError, match=message):
         OptimArgs(**bad)
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "accelerate"])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_bf16_on_cpu_is_autocast_around_the_forward_with_float32_weights(backend, precision, tmp_path):
+    """A least-squares fit: under --precision bf16 the forward computes in bfloat16, the weights and the
+    optimizer stay float32, and it still learns."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = x @ torch.randn(8, 1)
+    seen = []
+
+    def loss(model, batch, step):
+        out = model(batch[0])
+        seen.append(out.dtype)
+        value = (out.float() - batch[1]).pow(2).mean()
+        return value, {"loss": value.item()}
+
+    model = torch.nn.Linear(8, 1)
+    args = OptimArgs(backend=backend, precision=precision, batch_size=16, lr=0.05, warmup_steps=1, max_steps=40,
+                     eval_steps=0, save_steps=0)
+    task = Task(model=model, n_batches=4, batches=lambda epoch: [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)],
+                loss=loss, save=lambda m, path: path.mkdir())
+    state = train(task, args, make_engine(args), tmp_path)
+    assert set(seen) == {torch.bfloat16 if precision == "bf16" else torch.float32}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert state["history"][-1]["loss"] < 0.1 * state["history"][0]["loss"]

@@ -363,6 +363,22 @@ def test_a_tiny_pointer_reader_learns_the_k_passage_task(b2b_pointer, b2b_prior,
         assert load_reader(tmp_path / "run" / "last")[0].passage_scorer.weight.abs().sum() > 0
 
 
+def test_the_pointer_and_prior_train_under_cpu_bf16_autocast(b2b_prior, data):
+    """`--precision bf16` on CPU: the pointer's mixture and the passage loss run in float32 inside the
+    bfloat16 forward, so the loss is finite, near float32's, and its gradients reach float32 weights."""
+    model, tok = load_reader(b2b_prior)
+    batch = FiDCollator(tok, 4, 96, 8, span_loss=True)(load_fid_file(data / "train.json")[:6])
+    exact = model(**batch).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**batch)
+    assert out.logits.dtype == torch.float32 and torch.isfinite(out.loss)
+    assert out.loss.item() == pytest.approx(exact.item(), rel=0.05)
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+    assert model.passage_scorer.weight.grad.abs().sum() > 0
+
+
 @pytest.fixture(scope="module")
 def b2b_prior(b2b):
     out = b2b.parent / "init-prior"
