@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-from odqa.common.device import pick_device
+from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, loading
 from odqa.common.metrics.answers import answer_em, is_echo
 from odqa.reader.args import DECODING
@@ -75,22 +75,35 @@ def _start_id(model) -> int:
 def generate_answers(model, tokenizer, examples: list[FiDExample], n_passages: int, batch_size: int = 8,
                      text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
                      device: str | torch.device = "cpu", progress: bool = True, decoding: str = "spans",
-                     refuse_echoes: bool = True) -> list[str]:
+                     refuse_echoes: bool = True, dtype: torch.dtype | None = None) -> list[str]:
     return generate_answers_by_k(model, tokenizer, examples, [n_passages], batch_size, text_maxlength, max_new_tokens,
-                                 num_beams, device, progress, decoding, refuse_echoes)[n_passages]
+                                 num_beams, device, progress, decoding, refuse_echoes, dtype)[n_passages]
 
 
 @torch.no_grad()
 def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list[int], batch_size: int = 8,
                           text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
                           device: str | torch.device = "cpu", progress: bool = True,
-                          decoding: str = "spans", refuse_echoes: bool = True) -> dict[int, list[str]]:
+                          decoding: str = "spans", refuse_echoes: bool = True,
+                          dtype: torch.dtype | None = None) -> dict[int, list[str]]:
     """Answers from the best k passages for each k in `ks`. FiD encodes each passage on its own, so
     the encoder runs once, over the largest k, and each k decodes from the first k passages' outputs:
     reading at k = 5, 10 and 25 costs the encoder what k = 25 alone does. With `spans` decoding and
-    `refuse_echoes`, an answer that only repeats the question is decoded again (`_redecode_echoes`)."""
+    `refuse_echoes`, an answer that only repeats the question is decoded again (`_redecode_echoes`).
+    `dtype` (default `search_dtype`: bfloat16 where the hardware computes it natively): bfloat16 reads
+    under autocast, the weights staying as they are; 1.7x faster on this CPU, 98-99% of the answers
+    the same as float32's and EM within a question (docs/reader.md)."""
     if decoding not in DECODING:
         raise InputError(f"decoding must be one of {', '.join(DECODING)}, not {decoding!r}")
+    if dtype is None:
+        dtype = search_dtype(torch.device(device).type)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        return _generate_answers_by_k(model, tokenizer, examples, ks, batch_size, text_maxlength, max_new_tokens,
+                                      num_beams, device, progress, decoding, refuse_echoes)
+
+
+def _generate_answers_by_k(model, tokenizer, examples, ks, batch_size, text_maxlength, max_new_tokens, num_beams,
+                           device, progress, decoding, refuse_echoes) -> dict[int, list[str]]:
     ks = sorted(set(ks))
     collator = FiDCollator(tokenizer, ks[-1], text_maxlength)
     end, pad, start = answer_end_id(tokenizer), tokenizer.pad_token_id, _start_id(model)

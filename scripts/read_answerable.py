@@ -6,6 +6,8 @@ the EM over every question is the same at a fraction of the reading time.
 
 RETRIEVAL.json is what `odqa retrieve` writes (with has_answer and the top phrase as "prediction").
 Prints one JSON line: Top-k, the extractive answer's EM, generated EM at each k and its share of Top-k.
+The reader reads in `search_dtype` (bfloat16 where the CPU computes it natively; ODQA_SEARCH_DTYPE=float32
+reads in float32).
 For the whole-set measurement, `odqa run` reads every question.
 """
 from __future__ import annotations

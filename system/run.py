@@ -20,7 +20,7 @@ from pathlib import Path
 from odqa.common.artifact import cached_file, cached_key, path_fingerprint
 from odqa.common.corpus import PassageStore
 from odqa.common.defaults import fill_defaults
-from odqa.common.device import pick_device
+from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, read_jsonl, write_json, write_jsonl
 from odqa.common.metrics.answers import answer_em
 from odqa.common.paths import default_corpus, default_encoder
@@ -86,9 +86,10 @@ def run(args: RunArgs) -> list[dict]:
             f_key = {"retrieval": r_key, "k": k}
             cached_file(fid_files[k], f_key, lambda: write_jsonl(fid_files[k], ({**e, "ctxs": e["ctxs"][:k]}
                                                                                 for e in entries)))
-            # echo_retries: predictions of the decoding before echoes were decoded again are read anew
+            # echo_retries: predictions of the decoding before echoes were decoded again are read anew;
+            # dtype: those read in another precision too
             p_keys[k] = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding,
-                         "echo_retries": ECHO_RETRIES}
+                         "echo_retries": ECHO_RETRIES, "dtype": str(search_dtype(device))}
         # Every k still to read is read in one pass over the largest one's file: the encoder runs once.
         stale = [k for k in sorted(args.k) if cached_key(pred_files[k], p_keys[k]) is None]
         read_now = set()

@@ -379,6 +379,29 @@ def test_the_pointer_and_prior_train_under_cpu_bf16_autocast(b2b_prior, data):
     assert model.passage_scorer.weight.grad.abs().sum() > 0
 
 
+def test_the_reader_reads_under_bfloat16_autocast_where_the_dtype_says(b2b_prior, data, monkeypatch):
+    """`search_dtype` (ODQA_SEARCH_DTYPE) picks the precision the reader reads in: bfloat16 is autocast
+    around the encoder and every decoding step, float32 is not; the answers stay passage spans."""
+    model, tok = load_reader(b2b_prior)
+    examples = load_fid_file(data / "val.json", limit=8)
+    seen = []
+    hooks = [m.register_forward_hook(lambda *_: seen.append(torch.get_autocast_dtype("cpu")
+                                                             if torch.is_autocast_enabled("cpu") else None))
+             for m in (model.encoder, model.decoder)]
+    read = {}
+    for env in ("float32", "bfloat16"):
+        monkeypatch.setenv("ODQA_SEARCH_DTYPE", env)
+        seen.clear()
+        read[env] = generate_answers(model, tok, examples, 4, batch_size=4, text_maxlength=96, max_new_tokens=6,
+                                     progress=False)
+        assert set(seen) == {torch.bfloat16 if env == "bfloat16" else None}
+        for ex, a in zip(examples, read[env]):
+            assert a and any(a in t or a in p for t, p in ex.passages[:4])
+    for h in hooks:
+        h.remove()
+    assert sum(a == b for a, b in zip(read["float32"], read["bfloat16"])) >= len(examples) // 2
+
+
 @pytest.fixture(scope="module")
 def b2b_prior(b2b):
     out = b2b.parent / "init-prior"
