@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 from odqa.common.io import InputError
 
@@ -32,6 +33,7 @@ def search_dtype(device: str):
     return torch.bfloat16 if str(device) == "cpu" and cpu_has_bf16() else torch.float32
 
 
+@lru_cache(maxsize=1)   # the reader asks at every read, `serve` at every request; the CPU does not change
 def cpu_has_bf16() -> bool:
     try:
         with open("/proc/cpuinfo") as f:

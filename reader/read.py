@@ -95,9 +95,9 @@ def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list
     the same as float32's and EM within a question (docs/reader.md)."""
     if decoding not in DECODING:
         raise InputError(f"decoding must be one of {', '.join(DECODING)}, not {decoding!r}")
-    if dtype is None:
-        dtype = search_dtype(torch.device(device).type)
-    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+    kind = torch.device(device).type
+    dtype = search_dtype(kind) if dtype is None else dtype
+    with torch.autocast(kind, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         return _generate_answers_by_k(model, tokenizer, examples, ks, batch_size, text_maxlength, max_new_tokens,
                                       num_beams, device, progress, decoding, refuse_echoes)
 

@@ -53,6 +53,7 @@ def run(args: RunArgs) -> list[dict]:
     searcher = None
     reader_fp = path_fingerprint(args.reader)
     device = pick_device()
+    dtype = str(search_dtype(device))
     loaded_reader: list = []
 
     def reader():
@@ -89,7 +90,7 @@ def run(args: RunArgs) -> list[dict]:
             # echo_retries: predictions of the decoding before echoes were decoded again are read anew;
             # dtype: those read in another precision too
             p_keys[k] = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding,
-                         "echo_retries": ECHO_RETRIES, "dtype": str(search_dtype(device))}
+                         "echo_retries": ECHO_RETRIES, "dtype": dtype}
         # Every k still to read is read in one pass over the largest one's file: the encoder runs once.
         stale = [k for k in sorted(args.k) if cached_key(pred_files[k], p_keys[k]) is None]
         read_now = set()
