@@ -14,10 +14,10 @@ import argparse
 import json
 import sys
 from collections import Counter
-from pathlib import Path
 
 from odqa.common.io import InputError, read_jsonl
 from odqa.common.metrics.answers import answer_em
+from odqa.common.retrieval_file import read_results
 
 
 def source(prediction: str, ctxs: list[dict]) -> str:
@@ -58,10 +58,10 @@ def main() -> int:
     p.add_argument("--k", type=int, default=10)
     args = p.parse_args()
     try:
-        entries = json.loads(Path(args.retrieval).read_text(encoding="utf-8"))
+        entries = read_results(args.retrieval)
         predictions = {obj["id"]: obj for _, obj in read_jsonl(args.predictions)}
         row = breakdown(entries, predictions, args.k)
-    except (OSError, ValueError, KeyError, InputError) as e:
+    except (KeyError, InputError) as e:
         print(f"reader_errors: {e}", file=sys.stderr)
         return 2
     print("| answer in top k | right | wrong, from passages without the answer only | from answer-bearing ones only "

@@ -23,19 +23,17 @@ def _ctx(text: str, has_answer: bool) -> dict:
 
 def test_reader_errors_puts_each_wrong_answer_down_to_the_passages_that_spell_it(tmp_path, capsys, monkeypatch):
     errors = _script("reader_errors")
-    entries = [
-        {"id": "a", "answers": ["Paris"], "prediction": "Paris", "ctxs": [_ctx("Paris is big", True), _ctx("Lyon", False)]},
-        {"id": "b", "answers": ["Paris"], "prediction": "Lyon", "ctxs": [_ctx("Lyon", False), _ctx("Paris, Nice", True)]},
-        {"id": "c", "answers": ["Paris"], "prediction": "", "ctxs": [_ctx("Nice and Paris", True), _ctx("Nice", False)]},
-        {"id": "d", "answers": ["Rome"], "prediction": "Rome", "ctxs": [_ctx("Oslo", False), _ctx("Rome", True)]},
-        {"id": "e", "answers": ["Bern"], "prediction": "", "ctxs": [_ctx("Oslo", False)]},
-    ]
-    preds = {"a": "Paris", "b": "Lyon", "c": "Nice", "d": "Oslo", "e": "Oslo"}
+    rows = [("a", "Paris", "Paris", [_ctx("Paris is big", True), _ctx("Lyon", False)], "Paris"),
+            ("b", "Paris", "Lyon", [_ctx("Lyon", False), _ctx("Paris, Nice", True)], "Lyon"),
+            ("c", "Paris", "", [_ctx("Nice and Paris", True), _ctx("Nice", False)], "Nice"),
+            ("d", "Rome", "Rome", [_ctx("Oslo", False), _ctx("Rome", True)], "Oslo"),
+            ("e", "Bern", "", [_ctx("Oslo", False)], "Oslo")]
+    entries = [{"id": i, "question": f"q {i}", "answers": [a], "prediction": ext, "ctxs": ctxs}
+               for i, a, ext, ctxs, _ in rows]
+    preds = {i: {"id": i, "prediction": gen, "em": gen == a} for i, a, _, _, gen in rows}
     (tmp_path / "r.json").write_text(json.dumps(entries))
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": i, "prediction": p, "em": p in e["answers"]}) + "\n"
-                                              for (i, p), e in zip(preds.items(), entries)))
-    row = errors.breakdown(entries, {i: {"prediction": p, "em": p == e["answers"][0]} for (i, p), e in
-                                     zip(preds.items(), entries)}, k=2)
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(p) + "\n" for p in preds.values()))
+    row = errors.breakdown(entries, preds, k=2)
     assert (row["answerable"], row["right"], row["wrong from negative"], row["wrong from positive"],
             row["wrong from both"]) == (4, 1, 2, 0, 1)
     assert (row["extractive_right"], row["generated_right"], row["both_right"], row["either_right"]) == (2, 1, 1, 2)
