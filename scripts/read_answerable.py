@@ -8,7 +8,9 @@ RETRIEVAL.json is what `odqa retrieve` writes (with has_answer and the top phras
 Prints one JSON line: Top-k, the extractive answer's EM, generated EM at each k and its share of Top-k.
 The reader reads in `search_dtype` (bfloat16 where the CPU computes it natively; ODQA_SEARCH_DTYPE=float32
 reads in float32).
-For the whole-set measurement, `odqa run` reads every question.
+For the whole-set measurement, `odqa run` reads every question. `--oracle all` (or `first`) reads, at one
+k, only the answer-bearing passages of each question's top k (or the first of them): how well the
+reader reads when the passages are chosen perfectly.
 """
 from __future__ import annotations
 
@@ -22,6 +24,14 @@ import torch
 from odqa.common.retrieval_eval import evaluate_results
 from odqa.reader.read import load_reader, read_with_ks
 
+ORACLES = ("all", "first")
+
+
+def oracle_passages(ctxs: list[dict], oracle: str) -> list[dict]:
+    """The answer-bearing passages of `ctxs` in their order (`all`), or the first of them (`first`)."""
+    bearing = [c for c in ctxs if c["has_answer"]]
+    return bearing[:1] if oracle == "first" else bearing
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -32,13 +42,20 @@ def main() -> int:
     p.add_argument("--text-maxlength", type=int, default=160)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--keep-echoes", action="store_true", help="do not decode again answers that repeat the question")
+    p.add_argument("--oracle", choices=ORACLES, default=None,
+                   help="a ceiling for choosing passages (one k): read only the answer-bearing passages of each "
+                        "question's top k (all), or only the first of them (first)")
     args = p.parse_args()
+    ks, out = sorted(set(args.ks)), Path(args.out_dir)
+    if args.oracle and len(ks) > 1:
+        p.error("--oracle reads at one k: give --ks one value")
     torch.set_num_threads(args.threads)
     full = json.loads(Path(args.retrieval).read_text(encoding="utf-8"))
-    ks, out = sorted(set(args.ks)), Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     subset = [e for e in full if any(c["has_answer"] for c in e["ctxs"][:ks[-1]])]
-    name = Path(args.retrieval).stem
+    if args.oracle:
+        subset = [{**e, "ctxs": oracle_passages(e["ctxs"][:ks[0]], args.oracle)} for e in subset]
+    name = Path(args.retrieval).stem + (f"-oracle-{args.oracle}" if args.oracle else "")
     (out / f"{name}-answerable.json").write_text(json.dumps(subset, ensure_ascii=False), encoding="utf-8")
     model, tokenizer = load_reader(args.model)
     read = read_with_ks(model, tokenizer, out / f"{name}-answerable.json",

@@ -46,3 +46,16 @@ def test_reader_errors_puts_each_wrong_answer_down_to_the_passages_that_spell_it
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["wrong from both"] == 1
     monkeypatch.setattr("sys.argv", argv[:2] + [str(tmp_path / "missing.json")] + argv[3:])
     assert errors.main() == 2 and "missing.json" in capsys.readouterr().err
+
+
+def test_read_answerable_oracle_keeps_the_answer_bearing_passages_in_order(monkeypatch, capsys):
+    read = _script("read_answerable")
+    ctxs = [_ctx("x", False), _ctx("y", True), _ctx("z", False), _ctx("w", True)]
+    assert [c["text"] for c in read.oracle_passages(ctxs, "all")] == ["y", "w"]
+    assert [c["text"] for c in read.oracle_passages(ctxs, "first")] == ["y"]
+    assert read.oracle_passages(ctxs[:1], "all") == []
+    monkeypatch.setattr("sys.argv", ["read_answerable", "--model", "m", "--retrieval", "r.json", "--out-dir", "o",
+                                     "--oracle", "all", "--ks", "5", "10"])
+    with pytest.raises(SystemExit):
+        read.main()
+    assert "one k" in capsys.readouterr().err
