@@ -9,6 +9,7 @@ import pytest
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
+from odqa.common.device import cpu_has_bf16
 from odqa.system.demo import PRESETS, Demo, DemoConfig, Stage, run_demo
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo"]
@@ -56,10 +57,33 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     assert (out / "run" / "report.json").exists() and (out / "run" / "topk.png").exists()
     # The reader was warm-started from the encoder and trained on the gold passages first.
     assert (out / "reader-init" / "reader_init.json").exists() and (out / "reader-gold" / "best").exists()
+    # In bfloat16 autocast where the CPU computes it natively, else as `--precision auto` chooses.
+    loop = json.loads((out / "reader" / "train_config.json").read_text())["loop"]
+    assert loop["precision"] == ("bf16" if cpu_has_bf16() else "auto")
     # The question encoders were tuned against the index, on the questions whose top phrases hold an answer.
     query = json.loads((out / "stages" / "query.json").read_text())["result"]
     assert query["epochs"] == 1 and query["questions_with_positive"][0] > 0
 
+
+
+def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, first_run, tmp_path):
+    cfg = world["cfg"]
+    val = json.loads((world["root"] / "out" / "reader-data" / "bm25-validation.json").read_text())
+    assert 0 < len(val) <= cfg.reader_validation
+    assert all(any(c["has_answer"] for c in e["ctxs"][:cfg.reader_k]) for e in val)
+
+    def validation_ids(answers: list[str]) -> list[str]:
+        out = tmp_path / "-".join(answers)
+        (out / "supervision").mkdir(parents=True)
+        questions = [{"id": n, "question": f"where was {n} born", "answers": [a]} for n, a in zip(NAMES, answers)]
+        for split in ("train", "validation"):
+            write_jsonl(out / "supervision" / f"{split}.jsonl", questions)
+        return [e["id"] for e in json.loads(Demo(cfg, out).reader_data()[1].read_text())]
+
+    # The unanswerable first two are passed over (answers that no passage holds) ...
+    assert validation_ids(["atlantis", "atlantis", *CITIES[2:5]]) == NAMES[2:2 + cfg.reader_validation]
+    # ... and where none is answerable, the first ones stay, so that validation still runs.
+    assert validation_ids(["atlantis"] * 4) == NAMES[:cfg.reader_validation]
 
 def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
     for name in ("build_data", "supervise", "train_phrase", "build_phrase_index", "tune_query", "train_doc",
