@@ -65,7 +65,6 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     assert query["epochs"] == 1 and query["questions_with_positive"][0] > 0
 
 
-
 def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, first_run, tmp_path):
     cfg = world["cfg"]
     val = json.loads((world["root"] / "out" / "reader-data" / "bm25-validation.json").read_text())
@@ -84,6 +83,7 @@ def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, 
     assert validation_ids(["atlantis", "atlantis", *CITIES[2:5]]) == NAMES[2:2 + cfg.reader_validation]
     # ... and where none is answerable, the first ones stay, so that validation still runs.
     assert validation_ids(["atlantis"] * 4) == NAMES[:cfg.reader_validation]
+
 
 def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
     for name in ("build_data", "supervise", "train_phrase", "build_phrase_index", "tune_query", "train_doc",
