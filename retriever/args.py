@@ -44,6 +44,26 @@ class PhraseTrainArgs(OptimArgs):
                                            "--encoder; each question's top passages there that hold no answer "
                                            "become negatives")
     hard_negative_count: int = arg(1, "hard negative passages per question (round 2)")
+    teacher: str | None = arg(None, "a span teacher (`odqa train-teacher` OUT/best) whose start/end distributions "
+                                    "over each gold passage the phrase model learns to match (DensePhrases' "
+                                    "distillation)")
+    distill_coef: float = arg(1.0, "with --teacher: weight of the KL term, per side")
+    max_train_examples: int | None = arg(None, "use only the first N training examples")
+    max_validation_examples: int | None = arg(500, "validate on the first N examples")
+
+
+@dataclass(kw_only=True)
+class TeacherTrainArgs(OptimArgs):
+    # a cross-encoder from a sentence encoder needs a higher rate and one pass
+    epochs: int = arg(1, "passes over the training examples")
+    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up and decay)")
+    train_file: str = required("supervision examples from `odqa supervise`")
+    validation_file: str = required("supervision examples to validate on")
+    out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT)
+    encoder: str = required("AutoModel name or path (the phrase model's encoder family)")
+    max_span_len: int = arg(20, "longest span in tokens, as the phrase model's L")
+    max_passage_tokens: int = arg(192, "passage tokens read, as the phrase model's")
+    max_question_tokens: int = arg(48, "question tokens read, as the phrase model's")
     max_train_examples: int | None = arg(None, "use only the first N training examples")
     max_validation_examples: int | None = arg(500, "validate on the first N examples")
 

@@ -11,6 +11,8 @@ Loss, per question b with start vectors (the end side is the same):
 `--unified` replaces the first three with one softmax over in-passage, in-batch and pre-batch tokens.
 `--in-doc-negatives doc|section` (DHR): the tokens of other passages of the question's document (or of
 its section) join the single-passage softmax as negatives, `--in-doc-count` passages a question.
+`--teacher DIR` adds KL(teacher || phrase model) over the gold passage's tokens, start and end, weighted
+by `--distill-coef`: the teacher (`odqa train-teacher`) reads question and passage together.
 `--title-path` prefixes passages with "title, section, subsection" rather than the title.
 `--hard-negatives INDEX` (round 2): continuing from a round-1 checkpoint, each training question's top
 passages under that model (INDEX is the phrase index built with it) that hold no answer join its
@@ -36,6 +38,7 @@ from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_json, read_jsonl, write_json
 from odqa.common.metrics.answers import exact_match
 from odqa.common.metrics.has_answer import has_answer
+from odqa.common.settings import OptimArgs
 from odqa.common.trainer import MicroBatches, Task, make_engine, permuted_batches, seeded
 from odqa.common.trainer import train as train_loop
 from odqa.retriever.args import PhraseTrainArgs
@@ -54,6 +57,7 @@ from odqa.retriever.phrase_model import (
     kept_tokens,
     phrase_encoder_hash,
 )
+from odqa.retriever.teacher import SpanTeacher, same_vocabulary
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite
@@ -87,10 +91,18 @@ def first_gold(vectors: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
     return vectors[torch.arange(len(idx)), idx]
 
 
+def distill_kl(student: torch.Tensor, teacher: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(teacher) || softmax(student)) over the `allowed` tokens, averaged over rows."""
+    log_s = F.log_softmax(student.float().masked_fill(~allowed, NEG), -1)
+    log_t = F.log_softmax(teacher.float().masked_fill(~allowed, NEG), -1)
+    return F.kl_div(log_s, log_t, log_target=True, reduction="batchmean")
+
+
 class PhraseLoss:
-    def __init__(self, args: PhraseTrainArgs):
+    def __init__(self, args: PhraseTrainArgs, teacher: SpanTeacher | None = None):
         self.args = args
         self.bank = {"start": deque(maxlen=args.pre_batch), "end": deque(maxlen=args.pre_batch)}
+        self.teacher = teacher.eval() if teacher is not None else None
 
     def __call__(self, model: DensePhraseModel, batch: dict, step: int) -> tuple[torch.Tensor, dict]:
         a = self.args
@@ -98,9 +110,16 @@ class PhraseLoss:
         cand = batch["candidate"]
         use_pre = a.pre_batch > 0 and step >= a.pre_batch_warmup
         parts, losses = {}, []
+        if self.teacher is not None:
+            with torch.no_grad():
+                taught = dict(zip(("start", "end"), self.teacher.to(cand.device)(batch["questions"], batch["passages"])))
         for side, gold in (("start", batch["gold_start"]), ("end", batch["gold_end"])):
             q, h = enc[f"q_{side}"], enc[f"h_{side}"]
             in_passage = torch.einsum("bd,btd->bt", q, h)
+            if self.teacher is not None:
+                kl = distill_kl(in_passage, taught[side], cand)
+                parts[f"{side}_distill"] = kl.item()
+                losses.append(a.distill_coef * kl)
             g = first_gold(h, gold)                                  # (B, d)
             cand_side, gold_side = cand, gold
             if "negatives" in batch:
@@ -172,7 +191,7 @@ def _gold_passage_batches(model: DensePhraseModel, tokenizer, examples: list[dic
         yield chunk, enc, torch.einsum("bd,btd->bt", qs, hs), torch.einsum("bd,btd->bt", qe, he), filt
 
 
-def _em_hits(chunk: list[dict], enc, start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor, max_len: int) -> int:
+def em_hits(chunk: list[dict], enc, start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor, max_len: int) -> int:
     """How many examples' best phrase among the `allowed` tokens matches an answer."""
     hits = 0
     for e, (i, j, score), off in zip(chunk, best_spans(start, end, allowed, max_len), enc.offsets):
@@ -186,7 +205,7 @@ def validation_em(model: DensePhraseModel, tokenizer, examples: list[dict], cfg:
                   batch_size: int = 32) -> float:
     """EM of the best phrase in each example's gold passage."""
     model.eval()
-    hits = sum(_em_hits(chunk, enc, start, end, enc.candidate, cfg.max_span_len)
+    hits = sum(em_hits(chunk, enc, start, end, enc.candidate, cfg.max_span_len)
                for chunk, enc, start, end, _ in _gold_passage_batches(model, tokenizer, examples, cfg, batch_size))
     model.train()
     return 100.0 * hits / max(len(examples), 1)
@@ -214,13 +233,13 @@ def filter_report(model_dir: str | os.PathLike, examples: list[dict], thresholds
             c = counts[t]
             c["kept"] += int(keep.sum())
             c["recall"] += sum(any(keep[b, i] and keep[b, j] for i, j in g) for b, g in enumerate(gold))
-            c["em"] += _em_hits(chunk, enc, start, end, keep, cfg.max_span_len)
+            c["em"] += em_hits(chunk, enc, start, end, keep, cfg.max_span_len)
     return [{"threshold": t, "share_kept": counts[t]["kept"] / max(tokens, 1),
              "answer_recall": counts[t]["recall"] / max(answerable, 1), "em": counts[t]["em"] / max(len(examples), 1),
              "examples": len(examples), "answerable": answerable} for t in thresholds]
 
 
-def _batches(examples, tokenizer, cfg: PhraseModelConfig, args: PhraseTrainArgs, epoch: int) -> MicroBatches:
+def training_batches(examples, tokenizer, cfg: PhraseModelConfig, args: OptimArgs, epoch: int) -> MicroBatches:
     order = permuted_batches(len(examples), args.batch_size, args.seed + epoch)  # the same order after a resume
     return MicroBatches(examples, order, lambda exs, m: collate(tokenizer, exs, cfg.max_passage_tokens,
                                                                 cfg.max_question_tokens, cfg.max_span_len,
@@ -309,8 +328,13 @@ def train(args: PhraseTrainArgs) -> dict:
         raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
+    teacher = None
+    if args.teacher:
+        teacher = SpanTeacher.from_pretrained(args.teacher)
+        same_vocabulary(args.teacher, tokenizer)
     task = Task(model=model, n_batches=len(train_ex) // args.batch_size,
-                batches=lambda epoch: _batches(train_ex, tokenizer, cfg, args, epoch), loss=PhraseLoss(args),
+                batches=lambda epoch: training_batches(train_ex, tokenizer, cfg, args, epoch),
+                loss=PhraseLoss(args, teacher),
                 save=lambda m, path: m.save_pretrained(path, tokenizer),
                 evaluate=lambda m, rank, world: {"em": validation_em(m, tokenizer, val_ex, cfg)}, metric="em")
     state = train_loop(task, args, make_engine(args), out, "train-phrase")

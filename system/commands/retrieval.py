@@ -1,4 +1,4 @@
-"""The retrievers' commands: `retrieve`, `train-phrase`, `dump-phrases`, `train-filter`, `build-index`,
+"""The retrievers' commands: `retrieve`, `train-teacher`, `train-phrase`, `dump-phrases`, `train-filter`, `build-index`,
 `train-query`, `train-doc`, `build-doc-index`, `tune-lambda` and `verify`; and the flags that name a
 phrase index behind its optional document pre-filter, which `ask`, `serve` and `run` share."""
 from __future__ import annotations
@@ -7,7 +7,14 @@ import argparse
 from pathlib import Path
 
 from odqa.common.io import InputError
-from odqa.retriever.args import DEFAULT_KEEP, MAX_ANSWER_TOKENS, DocTrainArgs, PhraseTrainArgs, QueryTrainArgs
+from odqa.retriever.args import (
+    DEFAULT_KEEP,
+    MAX_ANSWER_TOKENS,
+    DocTrainArgs,
+    PhraseTrainArgs,
+    QueryTrainArgs,
+    TeacherTrainArgs,
+)
 from odqa.system.commands.args import add_dataclass_args, command, corpus_arg, dataclass_from_args, positive_int
 
 
@@ -75,6 +82,13 @@ def cmd_retrieve(args) -> None:
         entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
     write_results(args.out, entries)
     print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
+
+
+def cmd_train_teacher(args) -> None:
+    from odqa.retriever.teacher_train import train
+    result = train(dataclass_from_args(TeacherTrainArgs, args))
+    print(f"validation EM by evaluation: {', '.join(f'{x:.2f}' for x in result['validation_em'])}; "
+          f"best {result['best_em']:.2f}; {result['steps']} steps; best checkpoint: {args.out_dir}/best")
 
 
 def cmd_train_phrase(args) -> None:
@@ -194,6 +208,14 @@ def add(sub) -> None:
     p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
     prefilter_args(p)
     corpus_arg(p)
+
+    p = command(sub, "train-teacher", cmd_train_teacher,
+                help="train a cross-encoder span reader for `train-phrase --teacher` to distil from",
+                description="Question and passage read together by a BERT-family encoder with a SQuAD span "
+                            "head, on the phrase model's supervision and tokens; validated by gold-passage EM.")
+    add_dataclass_args(p, TeacherTrainArgs, {
+        "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
+        "encoder": str(default_encoder())})
 
     p = command(sub, "train-phrase", cmd_train_phrase, help="train the dense phrase and question encoders",
                 description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "

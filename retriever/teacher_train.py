@@ -1,0 +1,72 @@
+"""`odqa train-teacher`: train the cross-encoder span reader that `train-phrase --teacher` distils from.
+
+Same examples, tokens and loss as the phrase model's single-passage term (every occurrence of the
+answer counted), but the question reads the passage through attention; validated by the EM of the
+best span (at most L tokens) of each gold passage, the figure `train-phrase` reports for its own.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from odqa.common.io import InputError, write_json
+from odqa.common.trainer import Task, make_engine, seeded
+from odqa.common.trainer import train as train_loop
+from odqa.retriever.args import TeacherTrainArgs
+from odqa.retriever.lm import load_tokenizer
+from odqa.retriever.phrase_data import encode_passages, encode_questions, passage_title
+from odqa.retriever.phrase_model import PhraseModelConfig
+from odqa.retriever.phrase_train import em_hits, load_examples, span_nll, training_batches
+from odqa.retriever.teacher import SpanTeacher
+
+
+def teacher_loss(model, batch: dict, step: int) -> tuple[torch.Tensor, dict]:
+    start, end = model(batch["questions"], batch["passages"])
+    s = span_nll(start, batch["gold_start"], batch["candidate"]).mean()
+    e = span_nll(end, batch["gold_end"], batch["candidate"]).mean()
+    loss = (s + e) / 2
+    return loss, {"loss": loss.item(), "start": s.item(), "end": e.item()}
+
+
+@torch.no_grad()
+def teacher_em(model: SpanTeacher, tokenizer, examples: list[dict], cfg: PhraseModelConfig,
+               batch_size: int = 32) -> float:
+    """EM of the teacher's best span in each example's gold passage."""
+    model.eval()
+    hits = 0
+    for k in range(0, len(examples), batch_size):
+        chunk = examples[k:k + batch_size]
+        questions = encode_questions(tokenizer, [e["question"] for e in chunk], cfg.max_question_tokens)
+        enc = encode_passages(tokenizer, [passage_title(e, False) for e in chunk], [e["text"] for e in chunk],
+                              cfg.max_passage_tokens)
+        start, end = model(questions, enc.batch)
+        hits += em_hits(chunk, enc, start.cpu(), end.cpu(), enc.candidate, cfg.max_span_len)
+    model.train()
+    return 100.0 * hits / max(len(examples), 1)
+
+
+def train(args: TeacherTrainArgs) -> dict:
+    out = Path(args.out_dir)
+    seeded(args.seed)
+    model = SpanTeacher.from_encoder(args.encoder)
+    tokenizer = load_tokenizer(args.encoder)
+    # The phrase model's batching, so the teacher sees passages exactly as the phrase model cuts them.
+    cfg = PhraseModelConfig(args.encoder, max_span_len=args.max_span_len, max_passage_tokens=args.max_passage_tokens,
+                            max_question_tokens=args.max_question_tokens)
+    train_ex = load_examples(args.train_file, args.max_train_examples)
+    val_ex = load_examples(args.validation_file, args.max_validation_examples)
+    if len(train_ex) < args.batch_size:
+        raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "train_args.json", asdict(args))
+    task = Task(model=model, n_batches=len(train_ex) // args.batch_size,
+                batches=lambda epoch: training_batches(train_ex, tokenizer, cfg, args, epoch), loss=teacher_loss,
+                save=lambda m, path: m.save_pretrained(path, tokenizer),
+                evaluate=lambda m, rank, world: {"em": teacher_em(m, tokenizer, val_ex, cfg)}, metric="em")
+    state = train_loop(task, args, make_engine(args), out, "train-teacher")
+    return {"best_em": state["best"]["value"], "validation_em": [e["em"] for e in state["evals"]],
+            "steps": state["global_step"],
+            "final_loss": state["history"][-1]["loss"] if state["history"] else math.nan}
