@@ -1,6 +1,6 @@
-"""The retrievers' commands: `retrieve`, `train-teacher`, `train-phrase`, `dump-phrases`, `train-filter`, `build-index`,
-`train-query`, `train-doc`, `build-doc-index`, `tune-lambda` and `verify`; and the flags that name a
-phrase index behind its optional document pre-filter, which `ask`, `serve` and `run` share."""
+"""The retrievers' commands: `retrieve`, `train-teacher`, `train-phrase`, `dump-phrases`, `train-filter`,
+`build-index`, `train-query`, `train-doc`, `build-doc-index`, `tune-lambda` and `verify`; and the flags
+that name a phrase index behind its optional document pre-filter, which `ask`, `serve` and `run` share."""
 from __future__ import annotations
 
 import argparse
