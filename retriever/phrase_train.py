@@ -79,6 +79,22 @@ def load_examples(path: str, limit: int | None = None) -> list[dict]:
     return out
 
 
+def load_splits(args) -> tuple[list[dict], list[dict]]:
+    """The training and validation examples `args` name; fewer training examples than a batch is refused."""
+    train_ex = load_examples(args.train_file, args.max_train_examples)
+    val_ex = load_examples(args.validation_file, args.max_validation_examples)
+    if len(train_ex) < args.batch_size:
+        raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")
+    return train_ex, val_ex
+
+
+def em_summary(state: dict) -> dict:
+    """A gold-passage-EM trainer's result from the loop's state."""
+    return {"best_em": state["best"]["value"], "validation_em": [e["em"] for e in state["evals"]],
+            "steps": state["global_step"],
+            "final_loss": state["history"][-1]["loss"] if state["history"] else math.nan}
+
+
 def span_nll(scores: torch.Tensor, gold: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """-log (softmax mass on the gold positions), per row."""
     scores = scores.masked_fill(~allowed, NEG)
@@ -312,8 +328,7 @@ def train(args: PhraseTrainArgs) -> dict:
                                                    args.max_passage_tokens, args.max_question_tokens, args.title_path))
     cfg = model.config
     tokenizer = load_tokenizer(args.encoder)
-    train_ex = load_examples(args.train_file, args.max_train_examples)
-    val_ex = load_examples(args.validation_file, args.max_validation_examples)
+    train_ex, val_ex = load_splits(args)
     if (cfg.title_path or args.in_doc_negatives != "none" or args.hard_negatives) and not args.corpus:
         raise InputError("--title-path, --in-doc-negatives and --hard-negatives read the corpus: give --corpus")
     if cfg.title_path or args.in_doc_negatives != "none":
@@ -324,8 +339,6 @@ def train(args: PhraseTrainArgs) -> dict:
             raise InputError(f"--hard-negatives mines with a round-1 phrase model; {args.encoder} is not one")
         out.mkdir(parents=True, exist_ok=True)
         mine_hard_negatives(train_ex, args)
-    if len(train_ex) < args.batch_size:
-        raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
     teacher = None
@@ -337,7 +350,4 @@ def train(args: PhraseTrainArgs) -> dict:
                 loss=PhraseLoss(args, teacher),
                 save=lambda m, path: m.save_pretrained(path, tokenizer),
                 evaluate=lambda m, rank, world: {"em": validation_em(m, tokenizer, val_ex, cfg)}, metric="em")
-    state = train_loop(task, args, make_engine(args), out, "train-phrase")
-    return {"best_em": state["best"]["value"], "validation_em": [e["em"] for e in state["evals"]],
-            "steps": state["global_step"],
-            "final_loss": state["history"][-1]["loss"] if state["history"] else math.nan}
+    return em_summary(train_loop(task, args, make_engine(args), out, "train-phrase"))

@@ -6,20 +6,19 @@ best span (at most L tokens) of each gold passage, the figure `train-phrase` rep
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from odqa.common.io import InputError, write_json
+from odqa.common.io import write_json
 from odqa.common.trainer import Task, make_engine, seeded
 from odqa.common.trainer import train as train_loop
 from odqa.retriever.args import TeacherTrainArgs
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_passages, encode_questions, passage_title
 from odqa.retriever.phrase_model import PhraseModelConfig
-from odqa.retriever.phrase_train import em_hits, load_examples, span_nll, training_batches
+from odqa.retriever.phrase_train import em_hits, em_summary, load_splits, span_nll, training_batches
 from odqa.retriever.teacher import SpanTeacher
 
 
@@ -56,17 +55,11 @@ def train(args: TeacherTrainArgs) -> dict:
     # The phrase model's batching, so the teacher sees passages exactly as the phrase model cuts them.
     cfg = PhraseModelConfig(args.encoder, max_span_len=args.max_span_len, max_passage_tokens=args.max_passage_tokens,
                             max_question_tokens=args.max_question_tokens)
-    train_ex = load_examples(args.train_file, args.max_train_examples)
-    val_ex = load_examples(args.validation_file, args.max_validation_examples)
-    if len(train_ex) < args.batch_size:
-        raise InputError(f"{args.train_file}: {len(train_ex)} examples, fewer than one batch of {args.batch_size}")
+    train_ex, val_ex = load_splits(args)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
     task = Task(model=model, n_batches=len(train_ex) // args.batch_size,
                 batches=lambda epoch: training_batches(train_ex, tokenizer, cfg, args, epoch), loss=teacher_loss,
                 save=lambda m, path: m.save_pretrained(path, tokenizer),
                 evaluate=lambda m, rank, world: {"em": teacher_em(m, tokenizer, val_ex, cfg)}, metric="em")
-    state = train_loop(task, args, make_engine(args), out, "train-teacher")
-    return {"best_em": state["best"]["value"], "validation_em": [e["em"] for e in state["evals"]],
-            "steps": state["global_step"],
-            "final_loss": state["history"][-1]["loss"] if state["history"] else math.nan}
+    return em_summary(train_loop(task, args, make_engine(args), out, "train-teacher"))
