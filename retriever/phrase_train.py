@@ -194,15 +194,22 @@ def best_spans(start: torch.Tensor, end: torch.Tensor, candidate: torch.Tensor, 
     return [(int(k) // T, int(k) % T, float(s)) for k, s in zip(idx, score)]
 
 
+def gold_passage_inputs(tokenizer, examples: list[dict], cfg: PhraseModelConfig, batch_size: int):
+    """Each batch of examples with its questions and gold passages tokenised: (examples, questions, passages)."""
+    for k in range(0, len(examples), batch_size):
+        chunk = examples[k:k + batch_size]
+        questions = encode_questions(tokenizer, [e["question"] for e in chunk], cfg.max_question_tokens)
+        enc = encode_passages(tokenizer, [passage_title(e, cfg.title_path) for e in chunk], [e["text"] for e in chunk],
+                              cfg.max_passage_tokens)
+        yield chunk, questions, enc
+
+
 def _gold_passage_batches(model: DensePhraseModel, tokenizer, examples: list[dict], cfg: PhraseModelConfig,
                           batch_size: int):
     """Each batch of examples with its gold passages encoded: (examples, passages, start scores, end scores,
     filter logits), scores (B, T)."""
-    for k in range(0, len(examples), batch_size):
-        chunk = examples[k:k + batch_size]
-        qs, qe = model.encode_questions(**encode_questions(tokenizer, [e["question"] for e in chunk], cfg.max_question_tokens))
-        enc = encode_passages(tokenizer, [passage_title(e, cfg.title_path) for e in chunk], [e["text"] for e in chunk],
-                              cfg.max_passage_tokens)
+    for chunk, questions, enc in gold_passage_inputs(tokenizer, examples, cfg, batch_size):
+        qs, qe = model.encode_questions(**questions)
         hs, he, filt = model.encode_passages(**enc.batch)
         yield chunk, enc, torch.einsum("bd,btd->bt", qs, hs), torch.einsum("bd,btd->bt", qe, he), filt
 

@@ -66,6 +66,10 @@ class SpanTeacher(nn.Module):
     def forward(self, questions: dict, passages: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Start and end logits at the phrase model's passage positions: (B, T) each."""
         joint = cross_inputs(questions, passages)
+        limit = self.qa.config.max_position_embeddings
+        if joint["input_ids"].shape[1] > limit:
+            raise InputError(f"question and passage together are {joint['input_ids'].shape[1]} tokens, more than the "
+                             f"teacher's {limit} positions: lower --max-passage-tokens or --max-question-tokens")
         position = joint.pop("position").to(self.qa.device)
         out = self.qa(**{k: v.to(self.qa.device) for k, v in joint.items()})
         return out.start_logits.float().gather(1, position), out.end_logits.float().gather(1, position)

@@ -16,9 +16,15 @@ from odqa.common.trainer import Task, make_engine, seeded
 from odqa.common.trainer import train as train_loop
 from odqa.retriever.args import TeacherTrainArgs
 from odqa.retriever.lm import load_tokenizer
-from odqa.retriever.phrase_data import encode_passages, encode_questions, passage_title
 from odqa.retriever.phrase_model import PhraseModelConfig
-from odqa.retriever.phrase_train import em_hits, em_summary, load_splits, span_nll, training_batches
+from odqa.retriever.phrase_train import (
+    em_hits,
+    em_summary,
+    gold_passage_inputs,
+    load_splits,
+    span_nll,
+    training_batches,
+)
 from odqa.retriever.teacher import SpanTeacher
 
 
@@ -36,11 +42,7 @@ def teacher_em(model: SpanTeacher, tokenizer, examples: list[dict], cfg: PhraseM
     """EM of the teacher's best span in each example's gold passage."""
     model.eval()
     hits = 0
-    for k in range(0, len(examples), batch_size):
-        chunk = examples[k:k + batch_size]
-        questions = encode_questions(tokenizer, [e["question"] for e in chunk], cfg.max_question_tokens)
-        enc = encode_passages(tokenizer, [passage_title(e, False) for e in chunk], [e["text"] for e in chunk],
-                              cfg.max_passage_tokens)
+    for chunk, questions, enc in gold_passage_inputs(tokenizer, examples, cfg, batch_size):
         start, end = model(questions, enc.batch)
         hits += em_hits(chunk, enc, start.cpu(), end.cpu(), enc.candidate, cfg.max_span_len)
     model.train()

@@ -101,3 +101,12 @@ def test_a_teacher_with_another_vocabulary_is_refused(taught, tmp_path):
             train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
             out_dir=str(tmp_path / "m"), encoder=str(other), epochs=1, batch_size=4,
             max_passage_tokens=64, max_question_tokens=16, teacher=str(taught["teacher"])))
+
+
+def test_a_joint_input_longer_than_the_teachers_positions_is_refused(taught):
+    tok = load_tokenizer(taught["teacher"])
+    teacher = SpanTeacher.from_pretrained(taught["teacher"])       # the tiny BERT has 128 positions
+    questions = encode_questions(tok, ["where was bob born " * 8], 40)
+    passages = encode_passages(tok, ["bob"], ["bob was born in rome . " * 30], 120)
+    with pytest.raises(InputError, match="more than the teacher's 128 positions"):
+        teacher(questions, passages.batch)
