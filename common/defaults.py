@@ -1,8 +1,9 @@
 """The default pipeline: the models and indexes `odqa demo` built last, so that later commands
-(`retrieve --retriever phrase`, `ask`, `serve`, `run`, `tune-lambda`) need no paths.
+(`retrieve --retriever phrase`, `ask`, `serve`, `run`, `tune-lambda`) need no paths, and the
+supervision it trained on, which the training commands read when no `odqa supervise` output is there.
 
-    $ODQA_HOME/pipeline.json   {"corpus", "phrase_model", "phrase_index", "doc_model", "doc_index",
-                                "reader", "recorded_by", "updated"}
+    $ODQA_HOME/pipeline.json   {"corpus", "supervision", "phrase_model", "phrase_index", "doc_model",
+                                "doc_index", "reader", "recorded_by", "updated"}
 
 A flag that names a path always wins. A default that is needed but missing is refused with one line
 that says which command makes it.
@@ -13,11 +14,12 @@ import time
 from pathlib import Path
 
 from odqa.common.io import InputError, read_json, write_json
-from odqa.common.paths import odqa_home
+from odqa.common.paths import default_corpus, odqa_home
 
 # artifact -> (the flag that overrides it, what it is)
 ARTIFACTS = {
     "corpus": ("--corpus", "corpus"),
+    "supervision": ("--train-file", "supervision"),
     "phrase_model": ("--model", "phrase model"),
     "phrase_index": ("--index", "phrase index"),
     "doc_model": ("--doc-model", "document encoder"),
@@ -80,3 +82,13 @@ def fill_defaults(args, reader: bool = False) -> None:
         args.corpus = str(pipeline["corpus"])
     if reader and args.reader is None:
         args.reader = str(default_path("reader", pipeline))
+
+
+def default_supervision() -> Path:
+    """The directory of train.jsonl and validation.jsonl that the training commands read with no flag:
+    `odqa supervise`'s output for the default corpus where it exists, else the supervision the last
+    `odqa demo` trained on (it keeps its own, in its run directory)."""
+    own = default_corpus() / "supervision"
+    if (own / "train.jsonl").exists():
+        return own
+    return default_pipeline().get("supervision", own)

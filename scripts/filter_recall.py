@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-from odqa.common.paths import default_corpus
+from odqa.common.defaults import default_supervision
 from odqa.retriever.phrase_train import filter_report, load_examples
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="phrase model checkpoint")
-    ap.add_argument("--examples", default=str(default_corpus() / "supervision" / "validation.jsonl"))
+    ap.add_argument("--examples", default=str(default_supervision() / "validation.jsonl"))
     ap.add_argument("--limit", type=int, default=400, help="first N examples (0: all)")
     ap.add_argument("--thresholds", type=float, nargs="+", default=[-1.2, -1.0, -0.8, -0.6, -0.4, 0.0])
     args = ap.parse_args()

@@ -517,7 +517,8 @@ class Demo:
 
     def record(self) -> None:
         """Make what is built so far the default pipeline, for `odqa ask`, `serve`, `run` and `retrieve`."""
-        built = {"corpus": self.corpus, "phrase_model": self.phrase_model(), "phrase_index": self.p["phrase-index"],
+        built = {"corpus": self.corpus, "supervision": self.p["supervision"], "phrase_model": self.phrase_model(),
+                 "phrase_index": self.p["phrase-index"],
                  "doc_model": self.doc_model(), "doc_index": self.p["doc-index"], "reader": self.p["reader"] / "best"}
         record_pipeline({k: v for k, v in built.items() if Path(v).exists()}, by=f"odqa demo -> {self.out}")
 

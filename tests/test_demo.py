@@ -3,6 +3,7 @@ out; a rerun reuses every stage; a changed setting reruns its stage and the late
 interrupted stage resumes and one started with other settings starts over."""
 import json
 import random
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -172,6 +173,27 @@ def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_ru
     assert "extractive:" in said and "generated:" in said
     assert main(["-q", "ask", "where was alice born", "--index", str(tmp_path / "nowhere")]) == 2  # a flag wins
     assert "not a phrase index" in capsys.readouterr().err
+
+
+def test_training_commands_read_the_demos_supervision_until_odqa_supervise_writes_its_own(world, first_run, tmp_path):
+    from odqa.common.defaults import default_supervision
+    from odqa.common.paths import default_corpus
+    from odqa.system.cli import build_parser
+    run_demo(world["root"] / "out", cfg=world["cfg"])   # every stage reused; records the pipeline
+    demo_sup = (world["root"] / "out" / "supervision").resolve()
+    own = default_corpus() / "supervision"
+    assert not own.exists()
+    assert default_supervision() == demo_sup
+    for command in ("train-phrase", "train-teacher", "train-doc"):
+        args = build_parser().parse_args([command, "--out", str(tmp_path / "m")])
+        assert (args.train_file, args.validation_file) == (str(demo_sup / "train.jsonl"),
+                                                          str(demo_sup / "validation.jsonl"))
+    own.mkdir(parents=True)
+    try:
+        (own / "train.jsonl").write_text("")
+        assert default_supervision() == own                  # `odqa supervise`'s own output wins
+    finally:
+        shutil.rmtree(own)
 
 
 def test_without_a_default_pipeline_a_command_says_what_makes_one(capsys):

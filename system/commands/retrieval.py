@@ -186,8 +186,9 @@ def cmd_verify(args) -> None:
 
 
 def add(sub) -> None:
+    from odqa.common.defaults import default_supervision
     from odqa.common.paths import default_corpus, default_encoder
-    sup = default_corpus() / "supervision"
+    sup = default_supervision()
 
     p = command(sub, "retrieve", cmd_retrieve, help="retrieve passages for a question set into a DPR-format file",
                 description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
@@ -260,9 +261,9 @@ def add(sub) -> None:
                             "boundaries in supervision passages; prints tokens kept against answer phrases kept.")
     p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
     p.add_argument("--train-file", type=Path, default=sup / "train.jsonl", help="supervision examples (default: "
-                                                                             "CORPUS/supervision/train.jsonl)")
+                                                                             f"{sup / 'train.jsonl'})")
     p.add_argument("--validation-file", type=Path, default=sup / "validation.jsonl",
-                   help="supervision examples for the calibration table (default: CORPUS/supervision/validation.jsonl)")
+                   help=f"supervision examples for the calibration table (default: {sup / 'validation.jsonl'})")
     p.add_argument("--hidden", type=positive_int, default=256, help="MLP hidden size (default 256)")
     p.add_argument("--epochs", type=positive_int, default=8, help="passes over the training tokens (default 8)")
     p.add_argument("--out", type=Path, default=None, help="filter directory (default: DUMP/filter)")
