@@ -385,10 +385,13 @@ def _id_ranges(starts, ends) -> np.ndarray:
 def can_answer(text: str, start: int, end: int, question: str) -> bool:
     """Whether the span text[start:end] of a passage can answer `question`: it is whole words (a word
     piece such as "ur" of "urinary" cannot; nor any span of a script written without spaces, for which
-    the filter then keeps the search's own phrase) and it is not an echo of the question."""
+    the filter then keeps the search's own phrase), it does not cut through brackets or quotes
+    ("lithium (Li" cannot), and it is not an echo of the question."""
+    span = text[start:end]
     cut = (start > 0 and text[start - 1].isalnum() and text[start].isalnum()) or \
         (end < len(text) and text[end - 1].isalnum() and text[end].isalnum())
-    return not cut and not is_echo(text[start:end], question)
+    balanced = span.count("(") == span.count(")") and span.count("[") == span.count("]") and span.count('"') % 2 == 0
+    return not cut and balanced and not is_echo(span, question)
 
 
 def top_phrase(result: dict) -> dict | None:

@@ -227,6 +227,10 @@ def test_is_echo_reads_words_after_squad_normalisation():
     assert not can_answer(text, *at("ur"), "where is the bladder")            # a word piece
     assert not can_answer(text, *at("inary bladder"), "where is the bladder")
     assert not can_answer(text, *at("bladder"), "where is the bladder")       # an echo
+    text = 'Lithium (Li) is in "salt" beds.'
+    assert can_answer(text, *at("Lithium (Li)"), "what metal") and can_answer(text, *at('"salt"'), "what metal")
+    assert not can_answer(text, *at("Lithium (Li"), "what metal")            # cuts through brackets
+    assert not can_answer(text, *at('salt" beds'), "what metal")             # and through quotes
 
 
 def passage_spans_best_first(searcher, question, row):
