@@ -196,6 +196,14 @@ def test_training_commands_read_the_demos_supervision_until_odqa_supervise_write
         shutil.rmtree(own)
 
 
+def test_a_broken_pipeline_record_leaves_the_training_commands_their_own_default(tmp_path, monkeypatch):
+    from odqa.system.cli import build_parser
+    monkeypatch.setenv("ODQA_HOME", str(tmp_path))
+    (tmp_path / "pipeline.json").write_text("{not json")
+    args = build_parser().parse_args(["train-phrase", "--out", str(tmp_path / "m")])
+    assert args.train_file == str(tmp_path / "corpus" / "default" / "supervision" / "train.jsonl")
+
+
 def test_without_a_default_pipeline_a_command_says_what_makes_one(capsys):
     from odqa.system.cli import main
     assert main(["-q", "ask", "who directed jaws"]) == 2
