@@ -118,7 +118,7 @@ class PhraseLoss:
     def __init__(self, args: PhraseTrainArgs, teacher: SpanTeacher | None = None):
         self.args = args
         self.bank = {"start": deque(maxlen=args.pre_batch), "end": deque(maxlen=args.pre_batch)}
-        self.teacher = teacher.eval() if teacher is not None else None
+        self.teacher = teacher.eval() if teacher is not None else None   # on the engine's device already
 
     def __call__(self, model: DensePhraseModel, batch: dict, step: int) -> tuple[torch.Tensor, dict]:
         a = self.args
@@ -128,7 +128,7 @@ class PhraseLoss:
         parts, losses = {}, []
         if self.teacher is not None:
             with torch.no_grad():
-                taught = dict(zip(("start", "end"), self.teacher.to(cand.device)(batch["questions"], batch["passages"])))
+                taught = dict(zip(("start", "end"), self.teacher(batch["questions"], batch["passages"])))
         for side, gold in (("start", batch["gold_start"]), ("end", batch["gold_end"])):
             q, h = enc[f"q_{side}"], enc[f"h_{side}"]
             in_passage = torch.einsum("bd,btd->bt", q, h)
@@ -348,13 +348,14 @@ def train(args: PhraseTrainArgs) -> dict:
         mine_hard_negatives(train_ex, args)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
+    engine = make_engine(args)
     teacher = None
     if args.teacher:
-        teacher = SpanTeacher.from_pretrained(args.teacher)
+        teacher = SpanTeacher.from_pretrained(args.teacher).to(engine.device)
         same_vocabulary(args.teacher, tokenizer)
     task = Task(model=model, n_batches=len(train_ex) // args.batch_size,
                 batches=lambda epoch: training_batches(train_ex, tokenizer, cfg, args, epoch),
                 loss=PhraseLoss(args, teacher),
                 save=lambda m, path: m.save_pretrained(path, tokenizer),
                 evaluate=lambda m, rank, world: {"em": validation_em(m, tokenizer, val_ex, cfg)}, metric="em")
-    return em_summary(train_loop(task, args, make_engine(args), out, "train-phrase"))
+    return em_summary(train_loop(task, args, engine, out, "train-phrase"))
