@@ -82,6 +82,11 @@ class QueryTrainArgs(OptimArgs):
     questions: str = arg("nq-dev", "training question set")
     label: str = arg("phrase", "phrase, passage or document: what makes a retrieved phrase a positive")
     top_k: int = arg(100, "phrases retrieved per question")
+    max_answer_tokens: int | None = arg(None, "longest phrase retrieved, in tokens (default: the index's L)")
+    doc_index: str | None = arg(None, "a document index (`odqa build-doc-index`): retrieve each question's phrases "
+                                      "behind this pre-filter, as the pipeline searches")
+    doc_model: str | None = arg(None, "the document encoder of --doc-index")
+    top_docs: int = arg(100, "with --doc-index: documents kept by the pre-filter")
     max_questions: int | None = arg(None, "use only the first N questions")
 
 

@@ -65,7 +65,11 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
     searcher.model.train(was_training)
     retrieved, doc_cache, found = [], {}, []
     for a in tqdm(range(0, len(questions), 64), desc=f"train-query candidates {epoch + 1}", disable=None):
-        retrieved += searcher.search_phrases(q_start[a:a + 64], q_end[a:a + 64], args.top_k)  # batched MIPS
+        if searcher.prefilter is None:
+            retrieved += searcher.search_phrases(q_start[a:a + 64], q_end[a:a + 64], args.top_k)  # batched MIPS
+        else:   # the phrases of the top documents, as the pipeline scores them: every start, its best end
+            doc_rows, _ = searcher.prefilter.search([q.question for q in questions[a:a + 64]], searcher.top_docs)
+            retrieved += searcher.phrases_in_documents(q_start[a:a + 64], q_end[a:a + 64], doc_rows)
     for i, (q, phrases) in enumerate(zip(questions, retrieved)):
         phrases = phrases[:args.top_k]
         pos = positives(searcher, phrases, q, args.label, doc_cache)
@@ -123,7 +127,14 @@ def train_query(args: QueryTrainArgs) -> dict:
         raise InputError(f"--label must be one of {LABELS}")
     out = Path(args.out_dir)
     seeded(args.seed)
-    searcher = Searcher(args.index, args.model, args.corpus, dtype=torch.float32)   # its model is trained
+    prefilter = None
+    if args.doc_index:
+        if not args.doc_model:
+            raise InputError("--doc-index needs --doc-model (the document encoder it was built with)")
+        from odqa.retriever.doc_index import DocRetriever
+        prefilter = DocRetriever(args.doc_index, args.doc_model, args.corpus)
+    searcher = Searcher(args.index, args.model, args.corpus, prefilter=prefilter, top_docs=args.top_docs,
+                        max_answer_tokens=args.max_answer_tokens, dtype=torch.float32)   # its model is trained
     model = searcher.model
     for n, p in model.named_parameters():
         p.requires_grad_(n.startswith("q_"))

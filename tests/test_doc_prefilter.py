@@ -255,6 +255,41 @@ def test_lambda_tuning_picks_the_planted_best():
     assert [g["Top-1"] for g in result["grid"] if g["lambda"] in (0.4, 0.6)] == [50.0, 50.0]
 
 
+def test_query_side_tuning_behind_the_prefilter_mines_the_pipelines_candidates(world, doc_model, tmp_path):
+    """With --doc-index, train-query's candidates are the phrases the pre-filtered search scores: inside
+    each question's top documents only, at most --max-answer-tokens long; and it still learns."""
+    from odqa.common.io import read_json
+    from odqa.retriever.args import QueryTrainArgs
+    from odqa.retriever.query_train import train_query
+    root = world["root"]
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    chosen, _ = docs.search(world["questions"], 2)
+    common = dict(model=str(root / "phrase"), index=str(root / "index"), corpus=str(world["corpus"]),
+                  questions=str(root / "questions.jsonl"), label="document", top_k=20, epochs=4, batch_size=5,
+                  lr=2e-3, max_answer_tokens=3)
+    result = train_query(QueryTrainArgs(**common, out_dir=str(tmp_path / "q"), doc_index=str(doc_model["index"]),
+                                        doc_model=str(doc_model["dir"]), top_docs=2))
+    searcher = Searcher(root / "index", root / "phrase", world["corpus"])
+    meta, table = searcher.index.meta, docs.table
+    found = read_json(tmp_path / "q" / "candidates" / "epoch-1.json")
+    assert found
+    for c in found:
+        rows = meta["passage_row"][c["start"]]
+        assert set(table.doc_of_passage[rows].tolist()) <= set(chosen[c["question"]].tolist())
+        assert (meta["passage_row"][c["end"]] == rows).all()
+        span = meta["token"][c["end"]] - meta["token"][c["start"]]
+        assert span.min() >= 0 and span.max() < 3
+    losses = [h["loss"] for h in result["history"]]
+    assert losses[-1] < losses[0]
+    # Without the pre-filter the same settings mine from every document.
+    train_query(QueryTrainArgs(**{**common, "epochs": 1}, out_dir=str(tmp_path / "plain")))
+    plain = read_json(tmp_path / "plain" / "candidates" / "epoch-1.json")
+    assert any(not set(table.doc_of_passage[meta["passage_row"][c["start"]]].tolist())
+               <= set(chosen[c["question"]].tolist()) for c in plain)
+    with pytest.raises(InputError, match="--doc-model"):
+        train_query(QueryTrainArgs(**common, out_dir=str(tmp_path / "x"), doc_index=str(doc_model["index"])))
+
+
 def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, capsys):
     from odqa.common.retrieval_file import read_results
     from odqa.system.cli import main
