@@ -7,6 +7,8 @@ with the phrase vectors taken from the index: the stored float16 vectors for Fla
 reconstructed from the codes for a compressed (SQ/PQ) index, so training sees what search sees.
 A phrase is positive (`label`): "phrase" if its text matches an answer; "passage" if its passage
 contains an answer; "document" if its document has a passage that does ("Too" paper, Eq. 5).
+With a document index (`doc_index`), the top phrases are mined behind that pre-filter, as the
+pipeline scores them: the best phrase starting at each token of the question's top documents.
 An epoch's candidates are kept in OUT/candidates/, so a resumed run trains on the ones it was given.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from odqa.common.trainer import Task, make_engine, seeded, train
 from odqa.retriever.args import QueryTrainArgs
 from odqa.retriever.phrase_data import encode_questions
 from odqa.retriever.searcher import UNITS as LABELS
-from odqa.retriever.searcher import Searcher
+from odqa.retriever.searcher import Searcher, open_searcher
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +129,8 @@ def train_query(args: QueryTrainArgs) -> dict:
         raise InputError(f"--label must be one of {LABELS}")
     out = Path(args.out_dir)
     seeded(args.seed)
-    prefilter = None
-    if args.doc_index:
-        if not args.doc_model:
-            raise InputError("--doc-index needs --doc-model (the document encoder it was built with)")
-        from odqa.retriever.doc_index import DocRetriever
-        prefilter = DocRetriever(args.doc_index, args.doc_model, args.corpus)
-    searcher = Searcher(args.index, args.model, args.corpus, prefilter=prefilter, top_docs=args.top_docs,
-                        max_answer_tokens=args.max_answer_tokens, dtype=torch.float32)   # its model is trained
+    searcher = open_searcher(args.index, args.model, args.corpus, args.doc_index, args.doc_model, args.top_docs,
+                             max_answer_tokens=args.max_answer_tokens, dtype=torch.float32)   # its model is trained
     model = searcher.model
     for n, p in model.named_parameters():
         p.requires_grad_(n.startswith("q_"))

@@ -407,11 +407,12 @@ def top_phrase(result: dict) -> dict | None:
 def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: str | os.PathLike,
                   doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
                   top_docs: int = 100, lam: float | None = None, nprobe: int = 64,
-                  max_answer_tokens: int | None = MAX_ANSWER_TOKENS, answer_filter: bool = True) -> Searcher:
+                  max_answer_tokens: int | None = MAX_ANSWER_TOKENS, answer_filter: bool = True,
+                  dtype=None) -> Searcher:
     """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
     `doc_index` is given (with the `doc_model` it was built with), answers capped at
-    `max_answer_tokens` (None: the index's L). The CLI (and so the server), `odqa run` and the demo
-    make theirs here."""
+    `max_answer_tokens` (None: the index's L). The CLI (and so the server), `odqa run`, the demo and
+    `train-query` make theirs here."""
     prefilter = None
     if doc_index:
         if not doc_model:
@@ -419,4 +420,4 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
         from odqa.retriever.doc_index import DocRetriever
         prefilter = DocRetriever(doc_index, doc_model, corpus)
     return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam,
-                    max_answer_tokens=max_answer_tokens, answer_filter=answer_filter)
+                    max_answer_tokens=max_answer_tokens, answer_filter=answer_filter, dtype=dtype)
