@@ -2,13 +2,15 @@
 
     data       fetch the data pack; build passages and documents; BM25 index
     supervise  answer-bearing passages for the training questions (NQ-dev, TQA-dev)
-    phrase     train the phrase and question encoders (retriever.phrase_train)
+    phrase     train the phrase and question encoders (retriever.phrase_train); where phrase_round_lrs
+               names more rounds, each is one epoch on a fresh schedule from the round before's best
     index      dump every passage's phrase vectors; faiss phrase index
-    query      query-side fine-tuning of the question encoders against that index (DensePhrases Eq. 11);
-               a stage only where query_epochs > 0 (the full preset)
+    query      query-side fine-tuning of the question encoders against that index (DensePhrases Eq. 11),
+               in query_rounds rounds of query_epochs; a stage only where query_epochs > 0 (the full preset)
     doc        train the document encoder (DHR), one or two rounds; document index; tune lambda
-    reader     a T5 (SentencePiece + preset, or any checkpoint), optional span-corruption pretraining,
-               FiD training on the BM25 passages of the training questions (DeepSpeed)
+    reader     a bert2bert warm-started from the encoder, or a T5 (SentencePiece + preset, or any
+               checkpoint, optional span-corruption pretraining); the gold passage alone, then FiD on
+               the training questions' BM25 passages or the pipeline's own (DeepSpeed or accelerate)
     run        `odqa run` on a slice of NQ-test and TQA-test: the report table
     ask        three of those questions through the Pipeline, both answers printed
 
@@ -55,6 +57,8 @@ class DemoConfig:
     # phrase retriever
     phrase_examples: int | None = 768       # training questions (None: all)
     phrase_epochs: int = 1
+    phrase_round_lrs: list[float] = field(default_factory=list)  # more rounds: one epoch each, a fresh schedule
+                                            # at this peak rate from the round before's best, seeds 14, 15, ...
     phrase_batch: int = 16
     max_passage_tokens: int = 160
     index_factory: str | None = None        # faiss index_factory string; None: OPQ + IVF-PQ sized to the index
@@ -62,6 +66,8 @@ class DemoConfig:
     query_epochs: int = 0                   # query-side fine-tuning against the index (0: none, no stage; the
                                             # demo's model gains nothing from 1 epoch of 1,000: docs/commands.md)
     query_examples: int | None = None       # its training questions (None: all)
+    query_rounds: int = 1                   # rounds of query_epochs, each a fresh schedule from the round
+                                            # before's model, seeds 13, 14, ... (candidates mined anew)
     # document pre-filter
     doc_examples: int | None = 512
     doc_batch: int = 32
@@ -81,12 +87,15 @@ class DemoConfig:
     pretrain_steps: int = 0                 # t5: span-corruption steps on the corpus first
     reader_gold_steps: int = 150            # steps on the gold passage alone (k = 1) before FiD at k
     reader_gold_batch: int = 8
+    reader_gold_evals: int = 1              # validations of the gold-passage phase; its best goes on to FiD
     reader_steps: int = 150                 # FiD steps at reader_k
     reader_batch: int = 4
     reader_lr: float = 1e-4
     reader_new_lr: float | None = 5e-4      # the warm start's new weights (cross-attention, LM head); None: reader_lr
     reader_span_loss: bool = True           # each answer step's loss over what span decoding may choose there
     reader_k: int = 5                       # FiD trains at 5 and reads at run_k (docs/reader.md: 10 trains no better)
+    reader_passages: str = "bm25"           # FiD's passages: bm25, or phrase (the pipeline's own retrieval: the
+                                            # phrase index behind the pre-filter, the reader's passages at run time)
     reader_questions: int | None = None     # training questions (None: all, those with an answer in their top k)
     reader_validation: int = 100            # validation questions with an answer in their top k
     reader_bf16: bool = True                # train under bfloat16 autocast where the CPU computes it natively
@@ -102,12 +111,16 @@ class DemoConfig:
 PRESETS = {
     # Under 30 minutes on 2 CPU cores; the models are far from trained.
     "demo": DemoConfig(),
-    # The schedules of the README's measurements (hours on 2 CPU cores; a GPU makes them minutes).
-    "full": DemoConfig(phrase_examples=None, max_passage_tokens=192, validation_questions=400,
+    # The schedules of the guides' measurements (hours on 2 CPU cores; a GPU makes them minutes):
+    # docs/retrieval.md's `phrase-e2` (two rounds) and `qft-e2-56` (three rounds of 2 query epochs),
+    # docs/prefilter.md's two-round document encoder, docs/reader.md's GPFPb (300 gold-passage steps,
+    # the best of 3 validations, then 1,800 FiD steps at k = 5 on the pipeline's own passages).
+    "full": DemoConfig(phrase_examples=None, phrase_round_lrs=[3e-5], max_passage_tokens=192,
+                       validation_questions=400, query_epochs=2, query_rounds=3,
                        doc_examples=2048, doc_rounds=2, doc_negatives="abstract", max_doc_tokens=128,
-                       doc_validation_docs=0, lambda_questions=500, query_epochs=2, reader_gold_steps=300,
-                       reader_steps=100, reader_questions=None, reader_validation=200, text_maxlength=160,
-                       run_limit=None, run_k=[5, 10, 25, 50], baselines=["bm25", "dense"]),
+                       doc_validation_docs=0, lambda_questions=500, reader_gold_steps=300, reader_gold_evals=3,
+                       reader_steps=1800, reader_passages="phrase", reader_questions=None, reader_validation=200,
+                       text_maxlength=160, run_limit=None, run_k=[5, 10, 25], baselines=["bm25", "dense"]),
 }
 
 # Seconds on the reference machine (2 CPU cores, AVX2), from `odqa demo` runs there; ENCODE_S is what
@@ -123,6 +136,7 @@ REFERENCE = dict(
     doc_step_doc_s=0.2,       # per document of a training batch
     doc_encode_s=0.031,       # a document summary at 128 tokens
     search_q_s=0.15,          # a pre-filtered phrase search, k = 100
+    search5_q_s=0.017,        # one at k = 5, for the reader's passages (7,489 questions in 128 s, 1 thread)
     pretrain_step_s=3.0,      # batch 32 x 128 tokens, tiny preset
     fid_token_s=0.0004,       # per (passage x token) of a training batch, tiny preset
     read_token_s=0.00004,     # per (passage x token) read, greedy decoding, tiny preset
@@ -159,7 +173,9 @@ class Demo:
         c, p, ref = self.cfg, self.p, REFERENCE
         n_pass, n_docs, n_train = self._sizes()
         doc_s = ref["doc_encode_s"] * c.max_doc_tokens / 128      # one document summary encoded
-        phrase_steps = c.phrase_epochs * (min(c.phrase_examples or n_train, n_train) // c.phrase_batch)
+        phrase_epochs = c.phrase_epochs + len(c.phrase_round_lrs)
+        phrase_steps = phrase_epochs * (min(c.phrase_examples or n_train, n_train) // c.phrase_batch)
+        phrase_rounds = f", {1 + len(c.phrase_round_lrs)} rounds" if c.phrase_round_lrs else ""
         doc_steps = c.doc_rounds * (min(c.doc_examples or n_train, n_train) // c.doc_batch)
         query_questions = min(c.query_examples or n_train, n_train)
         run_q = sum(self._test_size(name) for name in c.test_questions)
@@ -170,12 +186,13 @@ class Demo:
                   ref["supervise_q_s"] * 17_600 * len(c.train_questions) / 2, self.supervise,
                   {"questions": c.train_questions, "validation_percent": c.validation_percent},
                   [p["supervision"] / "train.jsonl"], [p["supervision"]]),
-            Stage("phrase", f"train the phrase encoder ({phrase_steps} steps of {c.phrase_batch})",
+            Stage("phrase", f"train the phrase encoder ({phrase_steps} steps of {c.phrase_batch}{phrase_rounds})",
                   phrase_steps * ref["phrase_step_s"] * c.phrase_batch / 16 * c.max_passage_tokens / 192
-                  + c.validation_questions * ref["phrase_encode_s"] * c.phrase_epochs, self.train_phrase,
-                  {k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
-                                              "max_passage_tokens", "validation_questions")},
-                  [p["phrase"] / "best"], [p["phrase"]]),
+                  + c.validation_questions * ref["phrase_encode_s"] * phrase_epochs, self.train_phrase,
+                  {**{k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
+                                                 "max_passage_tokens", "validation_questions")},
+                   **_set(c, "phrase_round_lrs")},
+                  [self.phrase_checkpoint()], self.phrase_rounds()),
             Stage("index", f"dump the phrase vectors of {n_pass:,} passages, "
                            + (f"fit the phrase filter, keep {c.index_keep:.0%}, " if c.index_keep < 1 else "")
                            + f"{c.index_factory or 'OPQ + IVF-PQ'} index",
@@ -185,10 +202,12 @@ class Demo:
                   self.build_phrase_index, {"factory": c.index_factory or "default: OPQ,IVF,PQ", "keep": c.index_keep},
                   [p["phrase-index"]],
                   [p["phrase-dump"], p["phrase-index"]]),
-            *([Stage("query", f"query-side fine-tuning against the index ({c.query_epochs} epochs of "
-                              f"{query_questions:,} questions)",
-                     c.query_epochs * query_questions * ref["query_q_s"], self.tune_query,
-                     {"query_epochs": c.query_epochs, "query_examples": c.query_examples}, [], [p["query"]])]
+            *([Stage("query", f"query-side fine-tuning against the index ({c.query_rounds * c.query_epochs} epochs "
+                              f"of {query_questions:,} questions"
+                              + (f", {c.query_rounds} rounds)" if c.query_rounds > 1 else ")"),
+                     c.query_rounds * c.query_epochs * query_questions * ref["query_q_s"], self.tune_query,
+                     {"query_epochs": c.query_epochs, "query_examples": c.query_examples, **_set(c, "query_rounds")},
+                     [], self.query_rounds())]
               if c.query_epochs else []),
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
                   ref["doc_start_s"] + doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
@@ -205,7 +224,7 @@ class Demo:
                       "reader_preset",
                       "pretrain_steps", "reader_gold_steps", "reader_gold_batch", "reader_steps", "reader_batch", "reader_lr",
                       "reader_new_lr", "reader_span_loss", "reader_k", "reader_questions", "reader_validation",
-                      "reader_bf16", "text_maxlength")},
+                      "reader_bf16", "text_maxlength")} | _set(c, "reader_gold_evals", "reader_passages"),
                   [p["reader"] / "best"],
                   [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
@@ -241,7 +260,13 @@ class Demo:
         return ((0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"] * (2 if c.reader_gold_steps else 1)
                 + pretrain + c.text_maxlength * train_s * (c.reader_gold_steps * c.reader_gold_batch
                                                            + c.reader_steps * c.reader_batch * c.reader_k)
-                + c.reader_validation * c.text_maxlength * read_s * (1 + c.reader_k) * 2)
+                + c.reader_validation * c.text_maxlength * read_s * (c.reader_gold_evals + c.reader_k) * 2
+                + (self._questions_searched() * ref["search5_q_s"] if c.reader_passages == "phrase" else 0))
+
+    def _questions_searched(self) -> int:
+        """The training and validation questions whose passages the reader stage searches for."""
+        c, train = self.cfg, self._sizes()[2]
+        return min(c.reader_questions or train, train) + round(train * c.validation_percent / (100 - c.validation_percent))
 
     def _sizes(self) -> tuple[int, int, int]:
         """Passages, documents, training examples: as built, or the default data's before they are."""
@@ -280,19 +305,37 @@ class Demo:
         return stats["examples"]
 
     def train_phrase(self, resume: bool) -> dict:
+        """Round 1 from the encoder; each further round one more epoch from the round before's best on a
+        fresh schedule (docs/retrieval.md: the second epoch so run reads the gold passage 31.25 against 25.75)."""
         from odqa.retriever.phrase_train import PhraseTrainArgs, train
         c, sup = self.cfg, self.p["supervision"]
-        r = train(PhraseTrainArgs(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
-                                  out_dir=str(self.p["phrase"]), encoder=self.encoder, max_passage_tokens=c.max_passage_tokens, epochs=c.phrase_epochs,
-                                  batch_size=c.phrase_batch, max_train_examples=c.phrase_examples,
-                                  max_validation_examples=c.validation_questions, resume=resume))
-        return {"validation_em": r["best_em"], "steps": r["steps"]}
+        rounds = self.phrase_rounds()
+        args = PhraseTrainArgs(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
+                               out_dir=str(rounds[0]), encoder=self.encoder, max_passage_tokens=c.max_passage_tokens,
+                               epochs=c.phrase_epochs, batch_size=c.phrase_batch, max_train_examples=c.phrase_examples,
+                               max_validation_examples=c.validation_questions, resume=resume)
+        r = train(args)
+        result = {"validation_em": [r["best_em"]], "steps": r["steps"]}
+        for lr, out in zip(c.phrase_round_lrs, rounds[1:]):
+            args = replace(args, encoder=str(Path(args.out_dir) / "best"), out_dir=str(out), epochs=1, lr=lr,
+                           seed=args.seed + 1)
+            r = train(args)
+            result["validation_em"].append(r["best_em"])
+            result["steps"] += r["steps"]
+        return result
+
+    def phrase_rounds(self) -> list[Path]:
+        return [self.p["phrase"]] + [self.out / f"phrase-r{i}" for i in range(2, 2 + len(self.cfg.phrase_round_lrs))]
+
+    def phrase_checkpoint(self) -> Path:
+        """The phrase model the index is built with: the last round's best."""
+        return self.phrase_rounds()[-1] / "best"
 
     def build_phrase_index(self, resume: bool) -> dict:
         from odqa.retriever.phrase_dump import dump_phrases
         from odqa.retriever.phrase_index import build_index
         c, sup = self.cfg, self.p["supervision"]
-        d = dump_phrases(self.p["phrase"] / "best", self.corpus, self.p["phrase-dump"])
+        d = dump_phrases(self.phrase_checkpoint(), self.corpus, self.p["phrase-dump"])
         result = {"dumped_per_passage": round(d["vectors_per_passage"], 1)}
         if c.index_keep < 1:
             from odqa.retriever.phrase_filter import train_filter
@@ -308,26 +351,40 @@ class Demo:
 
     def tune_query(self, resume: bool) -> dict:
         """Train the question encoders against the vectors the index holds (reconstructed from its codes),
-        which wins back what compression costs the phrase encoder's own questions (docs/retrieval.md)."""
+        which wins back what compression costs the phrase encoder's own questions (docs/retrieval.md), in
+        rounds: each mines its candidates with the round before's model."""
         from odqa.retriever.args import QueryTrainArgs
         from odqa.retriever.query_train import NoPositives, train_query
-        try:
-            r = train_query(QueryTrainArgs(model=str(self.p["phrase"] / "best"), index=str(self.p["phrase-index"]),
-                                           corpus=str(self.corpus), out_dir=str(self.p["query"]),
-                                           questions=str(self.p["supervision"] / "train.jsonl"),
-                                           epochs=self.cfg.query_epochs, max_questions=self.cfg.query_examples,
-                                           resume=resume))
-        except NoPositives as e:   # a phrase model too weak to find any answer: search with it as it is
-            shutil.rmtree(self.p["query"], ignore_errors=True)
-            return {"epochs": 0, "skipped": str(e)}
-        return {"epochs": len(r["history"]), "questions_with_positive": [h["questions"] for h in r["history"]],
-                "loss": [round(h["loss"], 4) for h in r["history"] if h["loss"] is not None]}
+        model, history = self.phrase_checkpoint(), []
+        for i, out in enumerate(self.query_rounds()):
+            try:
+                r = train_query(QueryTrainArgs(model=str(model), index=str(self.p["phrase-index"]),
+                                               corpus=str(self.corpus), out_dir=str(out),
+                                               questions=str(self.p["supervision"] / "train.jsonl"),
+                                               epochs=self.cfg.query_epochs, max_questions=self.cfg.query_examples,
+                                               seed=13 + i, resume=resume))
+            except NoPositives as e:   # a phrase model too weak to find any answer: search with it as it is
+                for later in self.query_rounds()[i:]:
+                    shutil.rmtree(later, ignore_errors=True)
+                if not history:
+                    return {"epochs": 0, "skipped": str(e)}
+                break
+            history += r["history"]
+            model = out / "last"
+        return {"epochs": len(history), "questions_with_positive": [h["questions"] for h in history],
+                "loss": [round(h["loss"], 4) for h in history if h["loss"] is not None]}
+
+    def query_rounds(self) -> list[Path]:
+        return [self.p["query"]] + [self.out / f"query-r{i}" for i in range(2, self.cfg.query_rounds + 1)]
 
     def phrase_model(self) -> Path:
-        """The phrase model searches run with: the query-tuned one where the query stage made it."""
+        """The phrase model searches run with: the last query-tuned one where the query stage made one."""
         from odqa.retriever.phrase_model import is_phrase_checkpoint
-        tuned = self.p["query"] / "last"
-        return tuned if self.cfg.query_epochs and is_phrase_checkpoint(tuned) else self.p["phrase"] / "best"
+        if self.cfg.query_epochs:
+            for out in reversed(self.query_rounds()):
+                if is_phrase_checkpoint(out / "last"):
+                    return out / "last"
+        return self.phrase_checkpoint()
 
     def train_doc(self, resume: bool) -> dict:
         from odqa.retriever.doc_index import build_doc_index
@@ -363,20 +420,21 @@ class Demo:
         c, p = self.cfg, self.p
         model, result = c.reader_model or self.init_reader(resume), {}
 
-        def loop(out: Path, steps: int, batch: int) -> LoopArgs:
+        def loop(out: Path, steps: int, batch: int, evals: int = 1) -> LoopArgs:
             return LoopArgs(out_dir=str(out), max_steps=steps, batch_size=batch, lr=c.reader_lr, new_lr=c.reader_new_lr,
-                            warmup_steps=max(steps // 10, 1), eval_steps=steps, save_steps=max(steps // 2, 1),
-                            resume=resume, precision="bf16" if self._reader_bf16() else "auto")
+                            warmup_steps=max(steps // 10, 1), eval_steps=max(steps // max(evals, 1), 1),
+                            save_steps=max(steps // 2, 1), resume=resume,
+                            precision="bf16" if self._reader_bf16() else "auto")
 
         if c.reader_gold_steps:
             gold_train, gold_val = self.gold_data()
             r = train_reader(ReaderArgs(model, [str(gold_train)], str(gold_val), n_passages=1,
                                         text_maxlength=c.text_maxlength, max_validation=c.reader_validation,
                                         span_loss=c.reader_span_loss),
-                             loop(p["reader-gold"], c.reader_gold_steps, c.reader_gold_batch))
-            result["gold_validation_em"] = r["evals"][-1]["em"]
+                             loop(p["reader-gold"], c.reader_gold_steps, c.reader_gold_batch, c.reader_gold_evals))
+            result["gold_validation_em"] = max(e["em"] for e in r["evals"])   # the checkpoint FiD starts from
             model = str(p["reader-gold"] / "best")
-        train_file, val_file = self.reader_data()
+        train_file, val_file = self.reader_data(resume)
         r = train_reader(ReaderArgs(model, [str(train_file)], str(val_file), n_passages=c.reader_k,
                                     text_maxlength=c.text_maxlength, max_validation=c.reader_validation,
                                     span_loss=c.reader_span_loss),
@@ -422,29 +480,37 @@ class Demo:
             files.append(path)
         return files[0], files[1]
 
-    def reader_data(self) -> tuple[Path, Path]:
-        """BM25's top-k passages for the supervision questions: FiD's training and validation files.
-        Validation keeps the first `reader_validation` questions with an answer in their top k: the
-        others score 0 with any reader (span decoding answers from the passages), and a validation
-        EM over them says little (the demo's used to read 0.0 over 100 questions, 12 of them answerable)."""
+    def reader_data(self, resume: bool = False) -> tuple[Path, Path]:
+        """The top-k passages of the supervision questions, BM25's or the pipeline's own (`reader_passages`):
+        FiD's training and validation files. Validation keeps the first `reader_validation` questions with
+        an answer in their top k: the others score 0 with any reader (span decoding answers from the
+        passages), and a validation EM over them says little (the demo's used to read 0.0 over 100
+        questions, 12 of them answerable)."""
         from odqa.common.retrieval_file import write_results
-        from odqa.retriever.bm25 import BM25Index
-        from odqa.retriever.retrieve import retrieve
+        from odqa.retriever.retrieve import retrieve, retrieve_phrases
         c, out = self.cfg, self.p["reader-data"]
+        if c.reader_passages not in ("bm25", "phrase"):
+            raise InputError(f"reader_passages must be bm25 or phrase, not {c.reader_passages!r}")
+        paths = [out / f"{c.reader_passages}-{split}.json" for split in ("train", "validation")]
+        if resume and all(path.exists() for path in paths):   # each written whole: a resumed stage searches no more
+            return paths[0], paths[1]
         out.mkdir(parents=True, exist_ok=True)
-        index, store = BM25Index.open(self.corpus), PassageStore(self.corpus)
-        files = []
-        for split, limit in (("train", c.reader_questions), ("validation", None)):
-            path = out / f"bm25-{split}.json"
-            entries = retrieve(index, store, load_questions(self.p["supervision"] / f"{split}.jsonl", limit=limit),
-                               c.reader_k)
+        store = PassageStore(self.corpus)
+        if c.reader_passages == "bm25":
+            from odqa.retriever.bm25 import BM25Index
+            index = BM25Index.open(self.corpus)
+            search = lambda questions: retrieve(index, store, questions, c.reader_k)  # noqa: E731
+        else:
+            searcher = self.searcher()
+            search = lambda questions: retrieve_phrases(searcher, questions, c.reader_k)  # noqa: E731
+        for path, split, limit in zip(paths, ("train", "validation"), (c.reader_questions, None)):
+            entries = search(load_questions(self.p["supervision"] / f"{split}.jsonl", limit=limit))
             if split == "validation":   # none answerable (a tiny corpus): the first ones, validation still runs
                 answerable = [e for e in entries if any(ctx["has_answer"] for ctx in e["ctxs"])]
                 entries = (answerable or entries)[:c.reader_validation]
             write_results(path, entries)
-            files.append(path)
         store.close()
-        return files[0], files[1]
+        return paths[0], paths[1]
 
     def run(self, resume: bool) -> dict:
         from odqa.system.run import RunArgs, run
@@ -587,6 +653,13 @@ def ensure_corpus(inputs: list[Path], out_dir: Path, max_words: int = 100) -> di
             log.info("corpus already built at %s (%d passages); reusing it", out_dir, info["passages"])
             return info
     return build_corpus(inputs, out_dir, max_words=max_words)
+
+
+def _set(cfg: DemoConfig, *names: str) -> dict:
+    """The settings among `names` that differ from DemoConfig's defaults. Settings added after a stage
+    key was first written join it this way, so that a run made before them is not rebuilt."""
+    default = DemoConfig()
+    return {n: getattr(cfg, n) for n in names if getattr(cfg, n) != getattr(default, n)}
 
 
 def _minutes(seconds: float) -> str:

@@ -34,10 +34,10 @@ def world(tmp_path_factory):
         train_questions=[str(write_jsonl(root / "questions.jsonl", questions))],
         test_questions=[str(root / "questions.jsonl")], validation_percent=50, validation_questions=4,
         encoder=str(make_tiny_bert(root / "bert", texts)),
-        phrase_examples=None, phrase_batch=2, max_passage_tokens=48,
-        query_epochs=1,                                                              # off in the demo preset
+        phrase_examples=None, phrase_batch=2, max_passage_tokens=48, phrase_round_lrs=[3e-5],  # 2 rounds, as full
+        query_epochs=1, query_rounds=2,                                              # off in the demo preset
         doc_examples=None, doc_batch=2, max_doc_tokens=48, doc_validation_docs=4, top_docs=6, lambda_questions=4,
-        reader_gold_steps=2, reader_gold_batch=2, reader_steps=3, reader_batch=2,   # bert2bert from the tiny BERT
+        reader_gold_steps=2, reader_gold_evals=2, reader_gold_batch=2, reader_steps=3, reader_batch=2,  # bert2bert
         reader_k=2, reader_questions=None, reader_validation=2, text_maxlength=40,
         run_limit=None, run_k=[1, 3], examples=2)
     return {"root": root, "cfg": cfg}
@@ -63,7 +63,20 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     assert loop["precision"] == ("bf16" if cpu_has_bf16() else "auto")
     # The question encoders were tuned against the index, on the questions whose top phrases hold an answer.
     query = json.loads((out / "stages" / "query.json").read_text())["result"]
-    assert query["epochs"] == 1 and query["questions_with_positive"][0] > 0
+    assert query["epochs"] == 2 and query["questions_with_positive"][0] > 0
+    # Each round went on from the one before: phrase round 2 from round 1's best at its own rate and the
+    # next seed, the index from round 2, query round 2 from round 1's model.
+    phrase2 = json.loads((out / "phrase-r2" / "train_args.json").read_text())
+    assert (phrase2["encoder"], phrase2["lr"], phrase2["seed"], phrase2["epochs"]) == \
+        (str(out / "phrase" / "best"), 3e-5, 14, 1)
+    assert len(json.loads((out / "stages" / "phrase.json").read_text())["result"]["validation_em"]) == 2
+    index = json.loads((out / "phrase-index" / "manifest.json").read_text())
+    from odqa.retriever.phrase_model import phrase_encoder_hash
+    assert index["encoder_hash"] == phrase_encoder_hash(out / "phrase-r2" / "best")
+    query2 = json.loads((out / "query-r2" / "train_args.json").read_text())
+    assert (query2["model"], query2["seed"]) == (str(out / "query" / "last"), 14)
+    # The gold-passage phase was validated twice, and FiD went on from the better of the two.
+    assert len(json.loads((out / "reader-gold" / "trainer_state.json").read_text())["evals"]) == 2
 
 
 def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, first_run, tmp_path):
@@ -139,6 +152,63 @@ def test_query_side_tuning_is_a_stage_of_the_full_preset_only(tmp_path):
     assert names(PRESETS["demo"]) == [s for s in STAGES if s != "query"] and names(PRESETS["full"]) == STAGES
 
 
+def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypatch):
+    """docs/retrieval.md's `phrase-e2` (a second epoch from the first's best at 3e-5, seed 14) and
+    `qft-e2-56` (three rounds of 2 query epochs, seeds 13-15, each from the last's model)."""
+    import odqa.retriever.phrase_train as phrase_train
+    import odqa.retriever.query_train as query_train
+    calls = []
+    monkeypatch.setattr(phrase_train, "train", lambda a: calls.append(
+        ("phrase", a.encoder, a.out_dir, a.epochs, a.lr, a.seed)) or {"best_em": 1.0, "steps": 420})
+    monkeypatch.setattr(query_train, "train_query", lambda a: calls.append(
+        ("query", a.model, a.out_dir, a.epochs, a.seed)) or {"history": [{"questions": 9, "loss": 1.0}] * a.epochs})
+    out = tmp_path / "out"
+    demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm"), out)
+    assert demo.train_phrase(resume=False) == {"validation_em": [1.0, 1.0], "steps": 840}
+    assert demo.tune_query(resume=False)["epochs"] == 6
+    assert calls == [("phrase", "minilm", str(out / "phrase"), 1, 5e-5, 13),
+                     ("phrase", str(out / "phrase" / "best"), str(out / "phrase-r2"), 1, 3e-5, 14),
+                     ("query", str(out / "phrase-r2" / "best"), str(out / "query"), 2, 13),
+                     ("query", str(out / "query" / "last"), str(out / "query-r2"), 2, 14),
+                     ("query", str(out / "query-r2" / "last"), str(out / "query-r3"), 2, 15)]
+    assert demo.phrase_checkpoint() == out / "phrase-r2" / "best"
+
+
+def test_settings_added_later_leave_the_keys_of_runs_made_before_them(tmp_path):
+    def keys(**changes):
+        cfg = replace(DemoConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), **changes)
+        demo = Demo(cfg, tmp_path / "out")
+        return {name: json.dumps(key) for name, key in demo.keys(demo.stages()).items()}
+    before = keys()
+    added = {"phrase_round_lrs": [3e-5], "query_rounds": 2, "reader_gold_evals": 3, "reader_passages": "phrase"}
+    assert not any(name in key for name in added for key in before.values())
+    for (name, value), stage in zip(added.items(), ("phrase", "query", "reader", "reader")):
+        after = keys(**{name: value})
+        changed = [s for s in before if before[s] != after[s]]
+        assert changed == STAGES[STAGES.index(stage):], name   # that stage and the later ones rerun
+
+
+def test_the_reader_can_train_on_the_pipelines_own_passages(world, first_run, monkeypatch):
+    from odqa.common.io import InputError
+    from odqa.common.questions import load_questions
+    from odqa.retriever.retrieve import retrieve_phrases
+    out, cfg = world["root"] / "out", replace(world["cfg"], reader_passages="phrase")
+    demo = Demo(cfg, out)
+    train, validation = demo.reader_data()
+    assert (train.name, validation.name) == ("phrase-train.json", "phrase-validation.json")
+    entries = json.loads(train.read_text())
+    searched = retrieve_phrases(demo.searcher(), load_questions(out / "supervision" / "train.jsonl"), cfg.reader_k)
+    assert [[c["id"] for c in e["ctxs"]] for e in entries] == [[c["id"] for c in e["ctxs"]] for e in searched]
+    assert all(len(e["ctxs"]) == cfg.reader_k and all("phrase" in c for c in e["ctxs"]) for e in entries)
+    val = json.loads(validation.read_text())
+    assert 0 < len(val) <= cfg.reader_validation and all(any(c["has_answer"] for c in e["ctxs"]) for e in val)
+    # A resumed stage finds the files it wrote and searches no more.
+    monkeypatch.setattr(Demo, "searcher", lambda self: pytest.fail("searched again"))
+    assert demo.reader_data(resume=True) == (train, validation)
+    with pytest.raises(InputError, match="reader_passages must be bm25 or phrase, not 'dense'"):
+        Demo(replace(cfg, reader_passages="dense"), out).reader_data()
+
+
 def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path, monkeypatch):
     import odqa.retriever.query_train as query_train
 
@@ -151,6 +221,23 @@ def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path,
     assert not (tmp_path / "out" / "query").exists()
     assert demo.phrase_model() == tmp_path / "out" / "phrase" / "best"
 
+    # A later round that finds none leaves the rounds before it as they are.
+    from odqa.retriever.phrase_model import CONFIG_FILE
+
+    def second_finds_none(args):
+        out = tmp_path / "out2" / ("query" if args.out_dir.endswith("query") else "query-r2")
+        if out.name == "query":
+            (out / "last").mkdir(parents=True)
+            (out / "last" / CONFIG_FILE).write_text("{}")
+            return {"history": [{"epoch": 1, "questions": 3, "loss": 1.0}]}
+        (out / "checkpoint").mkdir(parents=True)
+        raise query_train.NoPositives("none")
+    monkeypatch.setattr(query_train, "train_query", second_finds_none)
+    demo = Demo(DemoConfig(corpus=str(tmp_path / "corpus"), query_epochs=1, query_rounds=2), tmp_path / "out2")
+    assert demo.tune_query(resume=False) == {"epochs": 1, "questions_with_positive": [3], "loss": [1.0]}
+    assert not (tmp_path / "out2" / "query-r2").exists()
+    assert demo.phrase_model() == tmp_path / "out2" / "query" / "last"
+
 
 def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_run, tmp_path, capsys):
     from odqa.common.defaults import default_pipeline
@@ -160,7 +247,7 @@ def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_ru
     pipeline = default_pipeline()
     assert pipeline["phrase_index"] == (out / "phrase-index").resolve()
     assert pipeline["reader"] == (out / "reader" / "best").resolve()
-    assert pipeline["phrase_model"] == (out / "query" / "last").resolve()   # the query-tuned model
+    assert pipeline["phrase_model"] == (out / "query-r2" / "last").resolve()   # the last query-tuned model
     assert pipeline["doc_index"] == (out / "doc-index").resolve()
     capsys.readouterr()
     run = tmp_path / "r.json"
