@@ -189,9 +189,8 @@ class Demo:
             Stage("phrase", f"train the phrase encoder ({phrase_steps} steps of {c.phrase_batch}{phrase_rounds})",
                   phrase_steps * ref["phrase_step_s"] * c.phrase_batch / 16 * c.max_passage_tokens / 192
                   + c.validation_questions * ref["phrase_encode_s"] * phrase_epochs, self.train_phrase,
-                  {**{k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
-                                                 "max_passage_tokens", "validation_questions")},
-                   **_set(c, "phrase_round_lrs")},
+                  {k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
+                                              "max_passage_tokens", "validation_questions")} | _set(c, "phrase_round_lrs"),
                   [self.phrase_checkpoint()], self.phrase_rounds()),
             Stage("index", f"dump the phrase vectors of {n_pass:,} passages, "
                            + (f"fit the phrase filter, keep {c.index_keep:.0%}, " if c.index_keep < 1 else "")
@@ -206,7 +205,7 @@ class Demo:
                               f"of {query_questions:,} questions"
                               + (f", {c.query_rounds} rounds)" if c.query_rounds > 1 else ")"),
                      c.query_rounds * c.query_epochs * query_questions * ref["query_q_s"], self.tune_query,
-                     {"query_epochs": c.query_epochs, "query_examples": c.query_examples, **_set(c, "query_rounds")},
+                     {"query_epochs": c.query_epochs, "query_examples": c.query_examples} | _set(c, "query_rounds"),
                      [], self.query_rounds())]
               if c.query_epochs else []),
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
@@ -495,12 +494,12 @@ class Demo:
         if resume and all(path.exists() for path in paths):   # each written whole: a resumed stage searches no more
             return paths[0], paths[1]
         out.mkdir(parents=True, exist_ok=True)
-        store = PassageStore(self.corpus)
+        store = None
         if c.reader_passages == "bm25":
             from odqa.retriever.bm25 import BM25Index
-            index = BM25Index.open(self.corpus)
+            index, store = BM25Index.open(self.corpus), PassageStore(self.corpus)
             search = lambda questions: retrieve(index, store, questions, c.reader_k)  # noqa: E731
-        else:
+        else:   # the searcher reads its passages itself
             searcher = self.searcher()
             search = lambda questions: retrieve_phrases(searcher, questions, c.reader_k)  # noqa: E731
         for path, split, limit in zip(paths, ("train", "validation"), (c.reader_questions, None)):
@@ -509,7 +508,8 @@ class Demo:
                 answerable = [e for e in entries if any(ctx["has_answer"] for ctx in e["ctxs"])]
                 entries = (answerable or entries)[:c.reader_validation]
             write_results(path, entries)
-        store.close()
+        if store is not None:
+            store.close()
         return paths[0], paths[1]
 
     def run(self, resume: bool) -> dict:
