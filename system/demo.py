@@ -354,14 +354,14 @@ class Demo:
         rounds: each mines its candidates with the round before's model."""
         from odqa.retriever.args import QueryTrainArgs
         from odqa.retriever.query_train import NoPositives, train_query
-        model, history = self.phrase_checkpoint(), []
+        args = QueryTrainArgs(model=str(self.phrase_checkpoint()), index=str(self.p["phrase-index"]),
+                              corpus=str(self.corpus), out_dir=str(self.p["query"]),
+                              questions=str(self.p["supervision"] / "train.jsonl"), epochs=self.cfg.query_epochs,
+                              max_questions=self.cfg.query_examples, resume=resume)
+        history = []
         for i, out in enumerate(self.query_rounds()):
             try:
-                r = train_query(QueryTrainArgs(model=str(model), index=str(self.p["phrase-index"]),
-                                               corpus=str(self.corpus), out_dir=str(out),
-                                               questions=str(self.p["supervision"] / "train.jsonl"),
-                                               epochs=self.cfg.query_epochs, max_questions=self.cfg.query_examples,
-                                               seed=13 + i, resume=resume))
+                r = train_query(replace(args, out_dir=str(out), seed=args.seed + i))
             except NoPositives as e:   # a phrase model too weak to find any answer: search with it as it is
                 for later in self.query_rounds()[i:]:
                     shutil.rmtree(later, ignore_errors=True)
@@ -369,7 +369,7 @@ class Demo:
                     return {"epochs": 0, "skipped": str(e)}
                 break
             history += r["history"]
-            model = out / "last"
+            args = replace(args, model=str(out / "last"))
         return {"epochs": len(history), "questions_with_positive": [h["questions"] for h in history],
                 "loss": [round(h["loss"], 4) for h in history if h["loss"] is not None]}
 
