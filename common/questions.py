@@ -39,7 +39,19 @@ class Question:
         return {"id": self.id, "question": self.question, "answers": self.answers, "regex": self.regex, **self.extra}
 
 
+def split_limit(spec: str | os.PathLike) -> tuple[str | os.PathLike, int | None]:
+    """`tqa-test:3000` -> (`tqa-test`, 3000); a spec without `:N`, or a file that exists under the
+    whole spec, -> (spec, None)."""
+    head, sep, tail = str(spec).rpartition(":")
+    if not sep or not head or not tail.isdigit() or Path(spec).exists():
+        return spec, None
+    if int(tail) < 1:
+        raise InputError(f"question set {str(spec)!r}: the number after ':' must be at least 1")
+    return head, int(tail)
+
+
 def question_set_path(name_or_path: str | os.PathLike) -> Path:
+    name_or_path, _ = split_limit(name_or_path)
     path = Path(name_or_path)
     if path.suffix or path.exists() or os.sep in str(name_or_path):
         return path
@@ -52,8 +64,8 @@ def question_set_path(name_or_path: str | os.PathLike) -> Path:
 
 
 def question_set_name(name_or_path: str | os.PathLike) -> str:
-    """A short name for reports: the set's name, or the file's stem."""
-    return Path(name_or_path).stem
+    """A short name for reports: the set's name, or the file's stem (without a `:N` limit)."""
+    return Path(split_limit(name_or_path)[0]).stem
 
 
 def parse_question(obj: dict, where: str) -> Question:
@@ -70,6 +82,10 @@ def parse_question(obj: dict, where: str) -> Question:
 
 
 def load_questions(name_or_path: str | os.PathLike, limit: int | None = None) -> list[Question]:
+    """The set's questions; the first `limit`, or fewer where the spec's own `:N` says so."""
+    own = split_limit(name_or_path)[1]
+    if own is not None:
+        limit = own if limit is None else min(limit, own)
     path = question_set_path(name_or_path)
     out = []
     for lineno, obj in read_jsonl(path):

@@ -42,6 +42,9 @@ def run(args: RunArgs) -> list[dict]:
         raise InputError(f"--k needs positive values, not {args.k}")
     if set(args.baselines) - set(BASELINES):
         raise InputError(f"--baselines: each of {', '.join(BASELINES)}, not {args.baselines}")
+    names = [question_set_name(name) for name in args.questions]
+    if len(set(names)) < len(names):
+        raise InputError(f"--questions names a set twice ({' '.join(args.questions)}): its files would overwrite each other")
     corpus = args.corpus or str(default_corpus())
     max_k = max(args.k)
     base_key = {"index": path_fingerprint(args.index), "model": path_fingerprint(args.model), "corpus": corpus,

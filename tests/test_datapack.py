@@ -8,7 +8,8 @@ import pytest
 
 from odqa.common import datapack
 from odqa.common.datapack import FetchError, Package, download
-from odqa.common.questions import QUESTION_SETS, load_questions
+from odqa.common.io import InputError
+from odqa.common.questions import QUESTION_SETS, load_questions, question_set_name
 
 
 def make_wheel(directory, name, version, payload=b"data"):
@@ -65,6 +66,22 @@ def test_unreachable_registry_gives_a_clear_error(tmp_path):
     pkg = Package("odqa-test-pack", "2.0", "odqa_test_pack-2.0-py3-none-any.whl", "0" * 64)
     with pytest.raises(FetchError, match=r"could not download odqa-test-pack==2.0 .*registry reachable"):
         download(pkg, tmp_path / "dl", ("--no-index", "--find-links", str(tmp_path)))
+
+
+def test_a_question_set_spec_can_name_its_first_n_questions(tmp_path):
+    path = tmp_path / "five.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answers": [str(i)]}) + "\n" for i in range(5)))
+    assert [q.question for q in load_questions(f"{path}:3")] == ["q0", "q1", "q2"]
+    assert len(load_questions(f"{path}:3", limit=2)) == 2 and len(load_questions(f"{path}:2", limit=4)) == 2
+    assert len(load_questions(f"{path}:9")) == 5
+    assert question_set_name(f"{path}:3") == question_set_name(path) == "five"
+    with pytest.raises(InputError, match="at least 1"):
+        load_questions(f"{path}:0")
+    with pytest.raises(InputError, match="unknown question set 'no-such-set'"):
+        load_questions("no-such-set:10")
+    literal = tmp_path / "odd:2"                      # a file whose own name ends in :N is that file
+    literal.write_text(path.read_text())
+    assert len(load_questions(literal)) == 5
 
 
 def test_real_pack_extracts_the_documented_counts(cached_wheels, monkeypatch):

@@ -174,6 +174,13 @@ def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypa
     assert demo.phrase_checkpoint() == out / "phrase-r2" / "best"
 
 
+def test_the_full_preset_runs_all_of_nq_test_and_the_first_3000_of_tqa_test(tmp_path):
+    demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "out")
+    assert demo.cfg.test_questions == ["nq-test", "tqa-test:3000"] and demo.cfg.run_limit is None
+    assert demo._test_size("tqa-test:3000") == 3000
+    assert Demo(replace(demo.cfg, run_limit=100), tmp_path / "out")._test_size("tqa-test:3000") == 100
+
+
 def test_settings_added_later_leave_the_keys_of_runs_made_before_them(tmp_path):
     def keys(**changes):
         cfg = replace(DemoConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), **changes)

@@ -145,6 +145,25 @@ def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_pa
     assert (out / "pred-tiny-q-k2.jsonl").exists()
 
 
+def test_odqa_run_reads_a_sets_first_n_questions_and_refuses_a_set_named_twice(system, tmp_path, capsys):
+    import json
+
+    from odqa.system.cli import main
+    root = system["root"]
+    qfile = write_jsonl(tmp_path / "tiny-q.jsonl", TINY_QUESTIONS)
+    argv = ["run", "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader", str(root / "t5"),
+            "--out", str(tmp_path / "run"), "--questions", f"{qfile}:2", "--k", "1", "--corpus",
+            str(system["corpus"]), "--baselines", "none"]
+    assert len(TINY_QUESTIONS) > 2 and main(argv) == 0
+    rows = json.loads((tmp_path / "run" / "report.json").read_text())["rows"]
+    assert [(r["dataset"], r["questions"]) for r in rows] == [("tiny-q", 2)]
+    assert len(json.loads((tmp_path / "run" / "retrieval-tiny-q.json").read_text())) == 2
+    capsys.readouterr()
+    q_at = argv.index("--questions")
+    assert main(argv[:q_at + 1] + [str(qfile)] + argv[q_at + 1:]) != 0
+    assert "names a set twice" in capsys.readouterr().err
+
+
 class SlowPipeline:
     """A pipeline whose batches take `seconds`; it records the questions it was asked."""
 

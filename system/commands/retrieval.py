@@ -200,7 +200,8 @@ def add(sub) -> None:
     p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default "
                                                             "pipeline's), or the dense encoder (default: the MiniLM)")
     search_args(p)
-    p.add_argument("--questions", required=True, help="question set name (e.g. nq-test) or JSONL path")
+    p.add_argument("--questions", required=True,
+                   help="question set name (e.g. nq-test; tqa-test:3000 is its first 3,000) or JSONL path")
     p.add_argument("--k", type=positive_int, default=100, help="passages per question (default 100)")
     p.add_argument("--out", type=Path, required=True, help="output JSON file")
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")
