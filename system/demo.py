@@ -230,7 +230,8 @@ class Demo:
                   [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
                          f"k = {', '.join(map(str, c.run_k))}",
-                  ref["run_start_s"] + run_q * (ref["search_q_s"] + sum(c.run_k) * c.text_maxlength * self._reader_token_s()[1])
+                  # `odqa run` reads every k in one pass: the passages are encoded once, at the largest k
+                  ref["run_start_s"] + run_q * (ref["search_q_s"] + max(c.run_k) * c.text_maxlength * self._reader_token_s()[1])
                   + (n_pass * ref["encode_s"] if "dense" in c.baselines else 0), self.run,
                   {k: getattr(c, k) for k in ("test_questions", "run_limit", "run_k", "baselines", "examples")},
                   [p["run"] / "report.json"], [p["run"]]),
