@@ -51,7 +51,6 @@ def split_limit(spec: str | os.PathLike) -> tuple[str | os.PathLike, int | None]
 
 
 def question_set_path(name_or_path: str | os.PathLike) -> Path:
-    name_or_path, _ = split_limit(name_or_path)
     path = Path(name_or_path)
     if path.suffix or path.exists() or os.sep in str(name_or_path):
         return path
@@ -83,7 +82,7 @@ def parse_question(obj: dict, where: str) -> Question:
 
 def load_questions(name_or_path: str | os.PathLike, limit: int | None = None) -> list[Question]:
     """The set's questions; the first `limit`, or fewer where the spec's own `:N` says so."""
-    own = split_limit(name_or_path)[1]
+    name_or_path, own = split_limit(name_or_path)
     if own is not None:
         limit = own if limit is None else min(limit, own)
     path = question_set_path(name_or_path)
