@@ -39,15 +39,15 @@ class Question:
         return {"id": self.id, "question": self.question, "answers": self.answers, "regex": self.regex, **self.extra}
 
 
-def split_limit(spec: str | os.PathLike) -> tuple[str | os.PathLike, int | None]:
-    """`tqa-test:3000` -> (`tqa-test`, 3000); a spec without `:N`, or a file that exists under the
-    whole spec, -> (spec, None)."""
+def split_limit(spec: str | os.PathLike, limit: int | None = None) -> tuple[str | os.PathLike, int | None]:
+    """`tqa-test:3000` -> (`tqa-test`, 3000), or `limit` where that is smaller; a spec without `:N`, or
+    a file that exists under the whole spec, -> (spec, limit)."""
     head, sep, tail = str(spec).rpartition(":")
     if not sep or not head or not tail.isdigit() or Path(spec).exists():
-        return spec, None
+        return spec, limit
     if int(tail) < 1:
         raise InputError(f"question set {str(spec)!r}: the number after ':' must be at least 1")
-    return head, int(tail)
+    return head, int(tail) if limit is None else min(limit, int(tail))
 
 
 def question_set_path(name_or_path: str | os.PathLike) -> Path:
@@ -82,9 +82,7 @@ def parse_question(obj: dict, where: str) -> Question:
 
 def load_questions(name_or_path: str | os.PathLike, limit: int | None = None) -> list[Question]:
     """The set's questions; the first `limit`, or fewer where the spec's own `:N` says so."""
-    name_or_path, own = split_limit(name_or_path)
-    if own is not None:
-        limit = own if limit is None else min(limit, own)
+    name_or_path, limit = split_limit(name_or_path, limit)
     path = question_set_path(name_or_path)
     out = []
     for lineno, obj in read_jsonl(path):

@@ -282,9 +282,9 @@ class Demo:
 
     def _test_size(self, name: str) -> int:
         """Questions `run` asks of a test set (NQ-test and TQA-test average 7,462 before they are fetched)."""
-        limits = [n for n in (self.cfg.run_limit, split_limit(name)[1]) if n is not None]
-        if limits:
-            return min(limits)
+        limit = split_limit(name, self.cfg.run_limit)[1]
+        if limit is not None:
+            return limit
         if name not in self._test_sizes:
             try:
                 self._test_sizes[name] = len(load_questions(name))
