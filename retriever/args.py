@@ -35,7 +35,9 @@ class PhraseTrainArgs(OptimArgs):
     pre_batch: int = arg(2, "C: preceding batches whose gold vectors are negatives")
     pre_batch_warmup: int = arg(50, "steps before pre-batch negatives join")
     unified: bool = arg(False, "one softmax over in-passage, in-batch and pre-batch tokens")
-    title_path: bool = arg(False, "prefix passages with 'title, section, subsection' (DHR); never phrase candidates")
+    title_path: bool = arg(False, "prefix passages with 'title, section, subsection' (DHR)")
+    title_phrases: bool = arg(False, "the title's tokens are phrase candidates too, so a title can be the answer "
+                                     "(turns it on for a continued checkpoint as well)")
     in_doc_negatives: str = arg("none", "none, doc or section: other passages of the question's document/section "
                                         "as negatives")
     in_doc_count: int = arg(1, "In-Doc negative passages per question")

@@ -3,7 +3,7 @@
 Passages are encoded in batches sorted by length; a token is kept when it is a text token and its
 filter logit (max of "can start", "can end") passes `threshold` (None keeps every text token). Vectors
 are stored as float16 in chunk files with their metadata (passage row, token index, character start/end
-in the passage). `--shard k/n` takes the k-th of n contiguous slices of the corpus, so n processes or
+in the passage's text, or in its title for a model with title phrases, and whether the token is a title's). `--shard k/n` takes the k-th of n contiguous slices of the corpus, so n processes or
 GPUs split a large corpus; each chunk is written atomically and skipped when already there, so an
 interrupted shard resumes where it stopped.
 """
@@ -83,12 +83,12 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
         path = out / f"chunk-{i:05d}.npz"
         if path.exists():
             continue
-        parts = {key: [] for key in ("start", "end", "passage_row", "token", "char_start", "char_end", "filter")}
+        parts = {key: [] for key in DUMP_FIELDS}
         for b in range(0, len(chunk), batch_size):
             batch_rows = chunk[b:b + batch_size]
             passages = [store[int(r)] for r in batch_rows]
             enc = encode_passages(tokenizer, [passage_title(p, cfg.title_path) for p in passages], [p["text"] for p in passages],
-                                  cfg.max_passage_tokens)
+                                  cfg.max_passage_tokens, title_phrases=cfg.title_phrases)
             start, end, filt = model.encode_passages(**{kk: v.to(device) for kk, v in enc.batch.items()})
             keep = kept_tokens(enc.candidate.to(device), filt, threshold)
             bi, ti = keep.nonzero(as_tuple=True)   # row-major: a passage's tokens stay together, in order
@@ -100,6 +100,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
             parts["token"].append(ti.numpy().astype(np.int32))
             parts["char_start"].append(enc.offsets[bi, ti, 0].numpy().astype(np.int32))
             parts["char_end"].append(enc.offsets[bi, ti, 1].numpy().astype(np.int32))
+            parts["in_title"].append(enc.in_title[bi, ti].numpy())
             bar.update(len(batch_rows))
         arrays = {key: np.concatenate(v) if v else np.zeros(0) for key, v in parts.items()}
         # Group by passage row (batches were sorted by length, not row) keeping token order.
@@ -120,7 +121,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
 
 
 
-DUMP_FIELDS = ("start", "end", "passage_row", "token", "char_start", "char_end", "filter")
+DUMP_FIELDS = ("start", "end", "passage_row", "token", "char_start", "char_end", "filter", "in_title")
 
 
 def dump_shards(dump_dir: str | os.PathLike) -> tuple[list[Path], dict]:
@@ -153,7 +154,10 @@ def read_dump(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike) -> tup
     for c in tqdm(chunks, desc="read dump", disable=None):
         z = np.load(c)
         for k in arrays:
-            arrays[k].append(z[k])
+            if k == "in_title" and k not in z.files:   # a dump made before title phrases: text tokens only
+                arrays[k].append(np.zeros(len(z["token"]), bool))
+            else:
+                arrays[k].append(z[k])
     merged = {k: np.concatenate(v) for k, v in arrays.items()}
     order = np.lexsort((merged["token"], merged["passage_row"]))
     return {k: v[order] for k, v in merged.items()}, summary

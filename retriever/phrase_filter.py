@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, atomic_path, read_json, write_json
+from odqa.common.metrics.has_answer import answer_spans
 from odqa.retriever.phrase_dump import read_dump
 from odqa.retriever.phrase_train import load_examples
 
@@ -85,14 +86,18 @@ def answer_labels(arrays: dict, examples: list[dict], corpus_dir) -> tuple[np.nd
         if row is None:
             raise InputError(f"supervision passage {ex.get('passage_id')!r} is not in the corpus {corpus_dir}")
         vid = np.arange(first[row], last[row])
-        cs, ce = arrays["char_start"][vid], arrays["char_end"][vid]
+        cs, ce, in_title = arrays["char_start"][vid], arrays["char_end"][vid], arrays["in_title"][vid]
         lab = np.zeros((len(vid), 2), np.float32)
         own = []
-        for a, b in ex["answer_char_spans"]:
-            s, e = np.flatnonzero(cs == a), np.flatnonzero(ce == b)
-            lab[s, 0], lab[e, 1] = 1, 1
-            if len(s) and len(e):
-                own.append((int(vid[s[0]]), int(vid[e[0]])))
+        # Offsets index the text, or the title for a title token (a dump with title phrases).
+        title_spans = answer_spans(ex["title"], ex["answers"], bool(ex.get("regex"))) if in_title.any() else []
+        for title, spans in ((False, ex["answer_char_spans"]), (True, title_spans)):
+            for a, b in spans:
+                s = np.flatnonzero((cs == a) & (in_title == title))
+                e = np.flatnonzero((ce == b) & (in_title == title))
+                lab[s, 0], lab[e, 1] = 1, 1
+                if len(s) and len(e):
+                    own.append((int(vid[s[0]]), int(vid[e[0]])))
         ids.append(vid)
         labels.append(lab)
         spans.append(own)

@@ -86,8 +86,9 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
         with open(tmp / "meta.npz", "wb") as f:
             # Rows follow from the counts (vectors run in passage order); offsets fit 16 bits for passages
             # under 64k characters, tokens 8 bits under 256 tokens.
+            titles = {"in_title": merged["in_title"]} if merged["in_title"].any() else {}
             np.savez_compressed(f, passage_count=counts.astype(np.int32), token=_narrow(merged["token"]),
-                                char_start=_narrow(merged["char_start"]), char_end=_narrow(merged["char_end"]))
+                                char_start=_narrow(merged["char_start"]), char_end=_narrow(merged["char_end"]), **titles)
         sizes = {p.name: p.stat().st_size for p in tmp.iterdir()}
         manifest.update(version=MANIFEST_VERSION, encoder_hash=first["encoder_hash"], factory=factory, keep=keep,
                         filter_threshold=threshold, vectors=int(n_vec), passages=int(n_pass), dim=int(dim),
@@ -224,7 +225,8 @@ class IVFPQCodes:
 
 
 def _read_meta(path: Path) -> dict[str, np.ndarray]:
-    """meta.npz as search uses it: passage_row, passage_count, token, char_start, char_end."""
+    """meta.npz as search uses it: passage_row, passage_count, token, char_start, char_end, in_title (whether a
+    vector is a title token's; stored only by an index with title phrases)."""
     with np.load(path) as z:
         meta = {k: z[k] for k in z.files}
     if "passage_row" not in meta:   # version 2 stores counts only
@@ -232,4 +234,5 @@ def _read_meta(path: Path) -> dict[str, np.ndarray]:
         meta["passage_row"] = np.repeat(np.arange(len(count)), count)
     for k in ("token", "char_start", "char_end"):
         meta[k] = meta[k].astype(np.int32)   # narrow unsigned types would wrap in the window arithmetic
+    meta["in_title"] = meta["in_title"].astype(bool) if "in_title" in meta else np.zeros(len(meta["token"]), bool)
     return meta

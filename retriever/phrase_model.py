@@ -34,6 +34,7 @@ class PhraseModelConfig:
     max_passage_tokens: int = 192
     max_question_tokens: int = 48
     title_path: bool = False          # prefix passages with "title, section, subsection" (DHR), not the title alone
+    title_phrases: bool = False       # title tokens are phrase candidates too (a phrase never spans both segments)
 
     def __post_init__(self):
         if self.head not in ("split", "linear"):

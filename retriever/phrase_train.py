@@ -14,6 +14,8 @@ its section) join the single-passage softmax as negatives, `--in-doc-count` pass
 `--teacher DIR` adds KL(teacher || phrase model) over the gold passage's tokens, start and end, weighted
 by `--distill-coef`: the teacher (`odqa train-teacher`) reads question and passage together.
 `--title-path` prefixes passages with "title, section, subsection" rather than the title.
+`--title-phrases` makes the title's tokens phrase candidates too, with the answer's occurrences in the
+title as gold spans beside those in the text.
 `--hard-negatives INDEX` (round 2): continuing from a round-1 checkpoint, each training question's top
 passages under that model (INDEX is the phrase index built with it) that hold no answer join its
 softmax the same way, `--hard-negative-count` a question; the mined passages are kept in
@@ -47,8 +49,9 @@ from odqa.retriever.phrase_data import (
     collate,
     encode_passages,
     encode_questions,
-    gold_token_spans,
+    gold_spans,
     passage_title,
+    same_segment,
 )
 from odqa.retriever.phrase_model import (
     DensePhraseModel,
@@ -182,13 +185,17 @@ class PhraseLoss:
                 torch.cat([gold, torch.zeros_like(allowed.flatten(1))], 1))
 
 
-def best_spans(start: torch.Tensor, end: torch.Tensor, candidate: torch.Tensor, max_len: int):
-    """Best (i, j, score) per row with candidate i <= j < i + max_len: (B, T) scores -> list."""
+def best_spans(start: torch.Tensor, end: torch.Tensor, candidate: torch.Tensor, max_len: int,
+               in_title: torch.Tensor | None = None):
+    """Best (i, j, score) per row with candidate i <= j < i + max_len, i and j in one segment (title or
+    text): (B, T) scores -> list."""
     T = start.shape[1]
     pair = start.unsqueeze(2) + end.unsqueeze(1)                     # (B, T, T)
     i, j = torch.arange(T).unsqueeze(1), torch.arange(T).unsqueeze(0)
     ok = (j >= i) & (j - i < max_len)
     ok = ok.unsqueeze(0) & candidate.unsqueeze(2) & candidate.unsqueeze(1)
+    if in_title is not None:
+        ok &= same_segment(in_title)
     flat = pair.masked_fill(~ok, float("-inf")).flatten(1)
     score, idx = flat.max(1)
     return [(int(k) // T, int(k) % T, float(s)) for k, s in zip(idx, score)]
@@ -200,7 +207,7 @@ def gold_passage_inputs(tokenizer, examples: list[dict], cfg: PhraseModelConfig,
         chunk = examples[k:k + batch_size]
         questions = encode_questions(tokenizer, [e["question"] for e in chunk], cfg.max_question_tokens)
         enc = encode_passages(tokenizer, [passage_title(e, cfg.title_path) for e in chunk], [e["text"] for e in chunk],
-                              cfg.max_passage_tokens)
+                              cfg.max_passage_tokens, title_phrases=cfg.title_phrases)
         yield chunk, questions, enc
 
 
@@ -214,12 +221,15 @@ def _gold_passage_batches(model: DensePhraseModel, tokenizer, examples: list[dic
         yield chunk, enc, torch.einsum("bd,btd->bt", qs, hs), torch.einsum("bd,btd->bt", qe, he), filt
 
 
-def em_hits(chunk: list[dict], enc, start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor, max_len: int) -> int:
+def em_hits(chunk: list[dict], enc, start: torch.Tensor, end: torch.Tensor, allowed: torch.Tensor, max_len: int,
+            title_path: bool = False) -> int:
     """How many examples' best phrase among the `allowed` tokens matches an answer."""
     hits = 0
-    for e, (i, j, score), off in zip(chunk, best_spans(start, end, allowed, max_len), enc.offsets):
+    spans = best_spans(start, end, allowed, max_len, enc.in_title)
+    for e, (i, j, score), off, in_title in zip(chunk, spans, enc.offsets, enc.in_title):
         if score > float("-inf"):  # a passage with no allowed token has no phrase
-            hits += exact_match(e["text"][int(off[i, 0]):int(off[j, 1])], e["answers"])
+            source = passage_title(e, title_path) if in_title[i] else e["text"]
+            hits += exact_match(source[int(off[i, 0]):int(off[j, 1])], e["answers"])
     return hits
 
 
@@ -228,7 +238,7 @@ def validation_em(model: DensePhraseModel, tokenizer, examples: list[dict], cfg:
                   batch_size: int = 32) -> float:
     """EM of the best phrase in each example's gold passage."""
     model.eval()
-    hits = sum(em_hits(chunk, enc, start, end, enc.candidate, cfg.max_span_len)
+    hits = sum(em_hits(chunk, enc, start, end, enc.candidate, cfg.max_span_len, cfg.title_path)
                for chunk, enc, start, end, _ in _gold_passage_batches(model, tokenizer, examples, cfg, batch_size))
     model.train()
     return 100.0 * hits / max(len(examples), 1)
@@ -247,7 +257,7 @@ def filter_report(model_dir: str | os.PathLike, examples: list[dict], thresholds
     batches = _gold_passage_batches(model, tokenizer, examples, cfg, batch_size)
     for chunk, enc, start, end, filt in tqdm(batches, total=-(-len(examples) // batch_size), desc="filter report",
                                              disable=None):
-        gold = [gold_token_spans(enc.offsets[b], enc.candidate[b], e["answer_char_spans"], cfg.max_span_len)
+        gold = [gold_spans(enc, b, e, passage_title(e, cfg.title_path), cfg.max_span_len, cfg.title_phrases)
                 for b, e in enumerate(chunk)]
         tokens += int(enc.candidate.sum())
         answerable += sum(bool(g) for g in gold)
@@ -256,7 +266,7 @@ def filter_report(model_dir: str | os.PathLike, examples: list[dict], thresholds
             c = counts[t]
             c["kept"] += int(keep.sum())
             c["recall"] += sum(any(keep[b, i] and keep[b, j] for i, j in g) for b, g in enumerate(gold))
-            c["em"] += em_hits(chunk, enc, start, end, keep, cfg.max_span_len)
+            c["em"] += em_hits(chunk, enc, start, end, keep, cfg.max_span_len, cfg.title_path)
     return [{"threshold": t, "share_kept": counts[t]["kept"] / max(tokens, 1),
              "answer_recall": counts[t]["recall"] / max(answerable, 1), "em": counts[t]["em"] / max(len(examples), 1),
              "examples": len(examples), "answerable": answerable} for t in thresholds]
@@ -266,7 +276,7 @@ def training_batches(examples, tokenizer, cfg: PhraseModelConfig, args: OptimArg
     order = permuted_batches(len(examples), args.batch_size, args.seed + epoch)  # the same order after a resume
     return MicroBatches(examples, order, lambda exs, m: collate(tokenizer, exs, cfg.max_passage_tokens,
                                                                 cfg.max_question_tokens, cfg.max_span_len,
-                                                                cfg.title_path))
+                                                                cfg.title_path, cfg.title_phrases))
 
 
 def with_passage_context(examples: list[dict], args: PhraseTrainArgs, corpus_dir: str) -> None:
@@ -332,7 +342,10 @@ def train(args: PhraseTrainArgs) -> dict:
         model = DensePhraseModel.from_pretrained(args.encoder)
     else:
         model = DensePhraseModel(PhraseModelConfig(args.encoder, args.head, args.question_encoder, args.max_span_len,
-                                                   args.max_passage_tokens, args.max_question_tokens, args.title_path))
+                                                   args.max_passage_tokens, args.max_question_tokens, args.title_path,
+                                                   args.title_phrases))
+    if args.title_phrases:
+        model.config = replace(model.config, title_phrases=True)
     cfg = model.config
     tokenizer = load_tokenizer(args.encoder)
     train_ex, val_ex = load_splits(args)

@@ -42,7 +42,7 @@ def positives(searcher: Searcher, phrases, question, label: str, doc_cache: dict
     for p in phrases:
         passage = searcher.store[p.row]
         if label == "phrase":
-            ok = answer_em(passage["text"][p.char_start:p.char_end], question.answers, question.regex)
+            ok = answer_em(searcher.source(p, passage)[p.char_start:p.char_end], question.answers, question.regex)
         elif label == "passage":
             ok = has_answer(passage["text"], question.answers, question.regex)
         else:

@@ -51,7 +51,7 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int,
             top = top_phrase(r)
             entry["prediction"] = top["text"] if top else ""
             for ctx, p in zip(entry["ctxs"], ps):
-                ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "char_start", "char_end", "score")}
+                ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "in_title", "char_start", "char_end", "score")}
             entries.append(entry)
     return entries
 

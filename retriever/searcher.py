@@ -21,6 +21,10 @@ words, not only the question's own words. The encoders score spans that repeat t
 Sava" for "... the River Sava and which other river?"); when a passage's best hit is one, every span
 of the passage within the cap is scored from the index and the best that can answer is shown instead.
 Passage scores and their order do not change.
+
+With a phrase model trained with title phrases, a passage's title tokens are indexed beside its text
+tokens: a phrase lies in the title or in the text, never across the two, and a title phrase's text is
+read from the title.
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ from odqa.common.io import InputError
 from odqa.common.metrics.answers import is_echo
 from odqa.retriever.args import MAX_ANSWER_TOKENS
 from odqa.retriever.lm import load_tokenizer
-from odqa.retriever.phrase_data import encode_questions
+from odqa.retriever.phrase_data import encode_questions, passage_title
 from odqa.retriever.phrase_index import PhraseIndex
 from odqa.retriever.phrase_model import DensePhraseModel, phrase_encoder_hash
 from odqa.retriever.rerank import Candidates, combined, doc_z_of, rerank_order
@@ -54,16 +58,21 @@ class Phrase:
     start_vec: int
     end_vec: int
     row: int          # passage row in passages.jsonl
-    char_start: int
+    char_start: int   # in the passage's text, or in its title when in_title
     char_end: int
+    in_title: bool = False
+
+    def source(self, passage: dict, title_path: bool = False) -> str:
+        """The string the phrase's offsets index: the passage's title (as the phrase model read it) or text."""
+        return passage_title(passage, title_path) if self.in_title else passage["text"]
 
 
 class Phrases(Sequence):
     """One question's phrases, best first, held as arrays; a `Phrase` is made only when one is read."""
 
-    def __init__(self, score, start_vec, end_vec, row, char_start, char_end):
+    def __init__(self, score, start_vec, end_vec, row, char_start, char_end, in_title):
         self.score, self.start_vec, self.end_vec = score, start_vec, end_vec
-        self.row, self.char_start, self.char_end = row, char_start, char_end
+        self.row, self.char_start, self.char_end, self.in_title = row, char_start, char_end, in_title
 
     def __len__(self) -> int:
         return len(self.score)
@@ -71,14 +80,14 @@ class Phrases(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return Phrases(*(a[i] for a in self._arrays()))
-        return Phrase(float(self.score[i]), *(int(a[i]) for a in self._arrays()[1:]))
+        return Phrase(float(self.score[i]), *(int(a[i]) for a in self._arrays()[1:-1]), bool(self.in_title[i]))
 
     def take(self, which) -> list[Phrase]:
         """The phrases at these positions (a slice or indices), made in one pass over the arrays."""
         return [Phrase(*x) for x in zip(*(a[which].tolist() for a in self._arrays()))]
 
     def _arrays(self) -> tuple:
-        return self.score, self.start_vec, self.end_vec, self.row, self.char_start, self.char_end
+        return self.score, self.start_vec, self.end_vec, self.row, self.char_start, self.char_end, self.in_title
 
 
 class Searcher:
@@ -168,31 +177,32 @@ class Searcher:
         meta, L = self.index.meta, self.max_answer_tokens
         start, end = self.index.scores("start", ids, qs), self.index.scores("end", ids, qe)
         self._check_scores(start, end)
-        rows, tokens = meta["passage_row"][ids], meta["token"][ids]
+        rows, tokens, title = meta["passage_row"][ids], meta["token"][ids], meta["in_title"][ids]
         n = len(ids)
         at = np.arange(n)
         fwd = np.minimum(at[:, None] + np.arange(L), n - 1)   # positions in ids, a passage's consecutive
-        ok = (rows[fwd] == rows[:, None]) & (tokens[fwd] - tokens[:, None] < L)
+        ok = (rows[fwd] == rows[:, None]) & (tokens[fwd] - tokens[:, None] < L) & (title[fwd] == title[:, None])
         ends = np.where(ok, end[fwd], -np.inf)
         best = fwd[at, ends.argmax(1)]
         score = start + end[best]
         order = np.argsort(-score, kind="stable")
         ps, pe = ids[order], ids[best[order]]
-        return Phrases(score[order], ps, pe, rows[order], meta["char_start"][ps], meta["char_end"][pe])
+        return Phrases(score[order], ps, pe, rows[order], meta["char_start"][ps], meta["char_end"][pe],
+                       meta["in_title"][ps])
 
     def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> Phrases:
         meta, L, n_vec = self.index.meta, self.max_answer_tokens, self.index.manifest["vectors"]
-        rows, tokens = meta["passage_row"], meta["token"]
+        rows, tokens, title = meta["passage_row"], meta["token"], meta["in_title"]
         start_hits, end_hits = start_hits[start_hits >= 0], end_hits[end_hits >= 0]
         offsets = np.arange(L)
         # Vector ids run in (passage, token) order, so the L ids after a start hit hold every kept token
         # within L tokens of it in the same passage (and the L ids before an end hit likewise).
         fwd = np.minimum(start_hits[:, None] + offsets, n_vec - 1)
         fwd_ok = (rows[fwd] == rows[start_hits][:, None]) & (tokens[fwd] - tokens[start_hits][:, None] < L) \
-            & (tokens[fwd] >= tokens[start_hits][:, None])
+            & (tokens[fwd] >= tokens[start_hits][:, None]) & (title[fwd] == title[start_hits][:, None])
         bwd = np.maximum(end_hits[:, None] - offsets, 0)
         bwd_ok = (rows[bwd] == rows[end_hits][:, None]) & (tokens[end_hits][:, None] - tokens[bwd] < L) \
-            & (tokens[bwd] <= tokens[end_hits][:, None])
+            & (tokens[bwd] <= tokens[end_hits][:, None]) & (title[bwd] == title[end_hits][:, None])
         start_ids = np.unique(np.concatenate([start_hits, bwd.ravel()]))
         end_ids = np.unique(np.concatenate([end_hits, fwd.ravel()]))
         start_scores = self.index.scores("start", start_ids, qs)   # each needed vector scored once
@@ -216,13 +226,13 @@ class Searcher:
             scores.append(starts[np.arange(len(i)), i] + e_of(end_hits))
         if not scores:
             empty = np.zeros(0, np.int64)
-            return Phrases(np.zeros(0, np.float32), *(empty,) * 5)
+            return Phrases(np.zeros(0, np.float32), *(empty,) * 5, np.zeros(0, bool))
         ps, pe, sc = np.concatenate(pairs_s), np.concatenate(pairs_e), np.concatenate(scores)
         order = np.argsort(-sc, kind="stable")
         _, first = np.unique((ps * n_vec + pe)[order], return_index=True)   # duplicates: keep the best
         keep = order[np.sort(first)]
         ps, pe = ps[keep], pe[keep]
-        return Phrases(sc[keep], ps, pe, rows[ps], meta["char_start"][ps], meta["char_end"][pe])
+        return Phrases(sc[keep], ps, pe, rows[ps], meta["char_start"][ps], meta["char_end"][pe], title[ps])
 
     def _check_scores(self, start: np.ndarray, end: np.ndarray) -> None:
         if np.isnan(start).any() or np.isnan(end).any():
@@ -284,16 +294,20 @@ class Searcher:
         best = np.sort(best)
         return keys[best], best
 
-    @staticmethod
-    def _phrase_json(p: Phrase, passage: dict) -> dict:
-        return {"text": passage["text"][p.char_start:p.char_end], "passage_id": passage["id"], "row": p.row,
+    def _phrase_json(self, p: Phrase, passage: dict) -> dict:
+        return {"text": self.source(p, passage)[p.char_start:p.char_end], "in_title": p.in_title,
+                "passage_id": passage["id"], "row": p.row,
                 "char_start": p.char_start, "char_end": p.char_end, "score": p.score}
 
-    def _best_spans(self, rows: list[int], texts: list[str], qs: np.ndarray, qe: np.ndarray,
+    def source(self, p: Phrase, passage: dict) -> str:
+        """The string a phrase's offsets index (its passage's text, or its title)."""
+        return p.source(passage, self.model.config.title_path)
+
+    def _best_spans(self, rows: list[int], passages: list[dict], qs: np.ndarray, qe: np.ndarray,
                     question: str) -> list[Phrase | None]:
-        """For each passage row (whose text is given), its best phrase that `can_answer` `question`,
-        over every pair of its indexed tokens within the span limit, or None when none can. The rows'
-        vectors are scored together: one lookup table a side for all of them."""
+        """For each passage row (whose passage is given), its best phrase that `can_answer` `question`,
+        over every pair of its indexed tokens within the span limit and one segment, or None when none
+        can. The rows' vectors are scored together: one lookup table a side for all of them."""
         if not rows:
             return []
         meta, L = self.index.meta, self.max_answer_tokens
@@ -301,19 +315,22 @@ class Searcher:
         ids = _id_ranges(*zip(*ranges))
         start, end = self.index.scores("start", ids, qs), self.index.scores("end", ids, qe)
         found, offset = [], 0
-        for row, text, (a, b) in zip(rows, texts, ranges):
+        for row, passage, (a, b) in zip(rows, passages, ranges):
             s, e = start[offset:offset + b - a], end[offset:offset + b - a]
             offset += b - a
             gap = meta["token"][a:b][None, :] - meta["token"][a:b][:, None]
-            span = np.where((gap >= 0) & (gap < L), s[:, None] + e[None, :], -np.inf)
+            title = meta["in_title"][a:b]
+            ok = (gap >= 0) & (gap < L) & (title[None, :] == title[:, None])
+            span = np.where(ok, s[:, None] + e[None, :], -np.inf)
             best = None
             for flat in np.argsort(-span, axis=None, kind="stable"):
                 i, j = divmod(int(flat), b - a)
                 if not np.isfinite(span[i, j]):
                     break
                 cs, ce = int(meta["char_start"][a + i]), int(meta["char_end"][a + j])
-                if can_answer(text, cs, ce, question):
-                    best = Phrase(float(span[i, j]), a + i, a + j, row, cs, ce)
+                phrase = Phrase(float(span[i, j]), a + i, a + j, row, cs, ce, bool(title[i]))
+                if can_answer(self.source(phrase, passage), cs, ce, question):
+                    best = phrase
                     break
             found.append(best)
         return found
@@ -326,10 +343,10 @@ class Searcher:
             """The phrases shown by the units whose best hits are phrases[hits]: each hit, or with
             `answer_filter` the best span of its passage that can answer (the hit when none can)."""
             ps = phrases.take(np.asarray(hits, dtype=np.int64))
-            texts = [passage(p.row)["text"] for p in ps]
-            redo = [n for n, (p, t) in enumerate(zip(ps, texts))
-                    if self.answer_filter and not can_answer(t, p.char_start, p.char_end, query[0])]
-            spans = self._best_spans([ps[n].row for n in redo], [texts[n] for n in redo], query[1], query[2], query[0])
+            redo = [n for n, p in enumerate(ps) if self.answer_filter
+                    and not can_answer(self.source(p, passage(p.row)), p.char_start, p.char_end, query[0])]
+            spans = self._best_spans([ps[n].row for n in redo], [passage(ps[n].row) for n in redo], query[1], query[2],
+                                     query[0])
             for n, span in zip(redo, spans):
                 ps[n] = span or ps[n]
             return [self._phrase_json(p, passage(p.row)) for p in ps]
@@ -339,7 +356,7 @@ class Searcher:
             for p in phrases:
                 if len(kept) == k:
                     break
-                if not self.answer_filter or can_answer(passage(p.row)["text"], p.char_start, p.char_end, query[0]):
+                if not self.answer_filter or can_answer(self.source(p, passage(p.row)), p.char_start, p.char_end, query[0]):
                     kept.append(self._phrase_json(p, passage(p.row)))
             return {"phrases": kept}
         result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases.take(slice(k))]}

@@ -61,6 +61,7 @@ class DemoConfig:
                                             # at this peak rate from the round before's best, seeds 14, 15, ...
     phrase_batch: int = 16
     max_passage_tokens: int = 160
+    title_phrases: bool = False             # the title's tokens are phrase candidates too (`train-phrase --title-phrases`)
     index_factory: str | None = None        # faiss index_factory string; None: OPQ + IVF-PQ sized to the index
     index_keep: float = DEFAULT_KEEP        # share of tokens indexed, by the phrase filter (1: all, no filter)
     query_epochs: int = 0                   # query-side fine-tuning against the index (0: none, no stage; the
@@ -192,7 +193,8 @@ class Demo:
                   phrase_steps * ref["phrase_step_s"] * c.phrase_batch / 16 * c.max_passage_tokens / 192
                   + c.validation_questions * ref["phrase_encode_s"] * phrase_epochs, self.train_phrase,
                   {k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
-                                              "max_passage_tokens", "validation_questions")} | _set(c, "phrase_round_lrs"),
+                                              "max_passage_tokens", "validation_questions")}
+                  | _set(c, "phrase_round_lrs", "title_phrases"),
                   [self.phrase_checkpoint()], self.phrase_rounds()),
             Stage("index", f"dump the phrase vectors of {n_pass:,} passages, "
                            + (f"fit the phrase filter, keep {c.index_keep:.0%}, " if c.index_keep < 1 else "")
@@ -316,7 +318,8 @@ class Demo:
         args = PhraseTrainArgs(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
                                out_dir=str(rounds[0]), encoder=self.encoder, max_passage_tokens=c.max_passage_tokens,
                                epochs=c.phrase_epochs, batch_size=c.phrase_batch, max_train_examples=c.phrase_examples,
-                               max_validation_examples=c.validation_questions, resume=resume)
+                               max_validation_examples=c.validation_questions, title_phrases=c.title_phrases,
+                               resume=resume)
         r = train(args)
         result = {"validation_em": [r["best_em"]], "steps": r["steps"]}
         for lr, out in zip(c.phrase_round_lrs, rounds[1:]):

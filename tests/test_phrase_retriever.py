@@ -731,3 +731,78 @@ def test_a_dump_that_fails_to_start_leaves_its_directory_usable(world, tmp_path)
         dump_phrases(broken, world["corpus"], out)
     dump_phrases(world["model"], world["corpus"], out, chunk_passages=5)   # the right model, same directory
     assert (out / "shard-001-of-001" / "done.json").exists()
+
+
+def test_title_tokens_are_candidates_and_gold_only_with_title_phrases(world):
+    from odqa.retriever.lm import load_tokenizer
+    from odqa.retriever.phrase_data import encode_passages, gold_spans
+    tokenizer = load_tokenizer(world["encoder"])
+    example = {"title": "alice", "text": "the river ran . alice was born in paris .", "answers": ["alice"],
+               "answer_char_spans": [(15, 20)]}
+    for title_phrases in (False, True):
+        enc = encode_passages(tokenizer, [example["title"]], [example["text"]], 32, title_phrases=title_phrases)
+        title_tokens = enc.in_title[0].nonzero().flatten().tolist()
+        assert len(title_tokens) == 1 and bool(enc.candidate[0, title_tokens[0]]) == title_phrases
+        spans = gold_spans(enc, 0, example, example["title"], 20, title_phrases)
+        for i, j in spans:   # each gold span lies in one segment and spells the answer there
+            source = example["title"] if enc.in_title[0, i] else example["text"]
+            assert enc.in_title[0, i] == enc.in_title[0, j]
+            assert source[int(enc.offsets[0, i, 0]):int(enc.offsets[0, j, 1])] == "alice"
+        assert len(spans) == 1 + title_phrases
+
+
+def test_title_phrases_answer_from_the_title_and_never_span_both_segments(tmp_path):
+    """Passages that name their person only in the title ('this person was born in rome'): trained with
+    title phrases, the model reads the title out of its passage (gold-passage EM), the index holds the
+    title tokens, search answers with a title read from the title, and neither search nor a brute-force
+    reading of every span pairs a title token with a text token."""
+    import torch
+
+    from odqa.retriever.phrase_data import encode_passages
+    from odqa.retriever.phrase_train import best_spans
+    rng = random.Random(1)
+    born = dict(zip(NAMES, rng.sample(CITIES, len(CITIES))))
+    passages, examples = [], []
+    for i, (name, city) in enumerate(born.items()):
+        text = f"this person was born in {city} . " + " ".join(rng.choice(FILLER) for _ in range(3)) + " ."
+        passages.append({"id": f"p{i}", "title": name, "text": text})
+        examples.append({"id": name, "question": f"who was born in {city}", "answers": [name], "regex": False,
+                         "passage_id": f"p{i}", "title": name, "text": text, "answer_char_spans": []})
+    sup = write_jsonl(tmp_path / "train.jsonl", examples)
+    encoder = make_tiny_bert(tmp_path / "bert", [e["text"] + " " + e["title"] for e in examples]
+                             + [e["question"] for e in examples])
+    result = train(PhraseTrainArgs(train_file=str(sup), validation_file=str(sup), out_dir=str(tmp_path / "model"),
+                                   encoder=str(encoder), epochs=25, batch_size=4, lr=2e-3, pre_batch_warmup=10,
+                                   max_passage_tokens=64, max_question_tokens=16, title_phrases=True))
+    model = tmp_path / "model" / "best"
+    assert DensePhraseModel.from_pretrained(model).config.title_phrases
+    assert result["best_em"] >= 75.0    # the answer is in no passage's text: only a title phrase gets it
+
+    corpus = tmp_path / "corpus"
+    build_corpus([write_jsonl(tmp_path / "passages.jsonl", passages)], corpus)
+    dump_phrases(model, corpus, tmp_path / "dump")
+    build_index(tmp_path / "dump", tmp_path / "index", corpus)
+    searcher = Searcher(tmp_path / "index", model, corpus)
+    assert searcher.index.meta["in_title"].sum() == len(passages)   # one title token each
+    questions = [e["question"] for e in examples]
+    results = searcher.search(questions, k=5, unit="passage")
+    assert all(r["phrases"][0]["in_title"] and r["phrases"][0]["text"] in NAMES for r in results)
+    for r in results:
+        for ph in r["phrases"] + [p["phrase"] for p in r["passages"]]:
+            p = passages[ph["row"]]
+            assert ph["text"] == (p["title"] if ph["in_title"] else p["text"])[ph["char_start"]:ph["char_end"]]
+    q_start, q_end = searcher.encode(questions)
+    title = searcher.index.meta["in_title"]
+    for ph in searcher.search_phrases(q_start, q_end, k=40):   # every start hit with its best end, and back
+        assert (title[ph.start_vec] == title[ph.end_vec]).all()
+    enc = encode_passages(searcher.tokenizer, [p["title"] for p in passages], [p["text"] for p in passages], 64,
+                          title_phrases=True)
+    with torch.no_grad():
+        hs, he, _ = searcher.model.float().encode_passages(**enc.batch)
+    for qs, qe, r in zip(q_start, q_end, results):
+        s = torch.einsum("d,btd->bt", torch.from_numpy(qs), hs)
+        e = torch.einsum("d,btd->bt", torch.from_numpy(qe), he)
+        spans = best_spans(s, e, enc.candidate, 20, enc.in_title)
+        assert all(enc.in_title[b, i] == enc.in_title[b, j] for b, (i, j, _) in enumerate(spans))
+        best = max(range(len(spans)), key=lambda b: spans[b][2])
+        assert best == r["phrases"][0]["row"]

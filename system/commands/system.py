@@ -65,11 +65,17 @@ def cmd_ask(args) -> None:
     print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']})" if ex else ""))
     print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages)")
     for i, p in enumerate(a["passages"], 1):
-        ph = p["phrase"]
-        text = p["text"][:ph["char_start"]] + "[[" + p["text"][ph["char_start"]:ph["char_end"]] + "]]" + p["text"][ph["char_end"]:]
-        print(f"{i:>2}. {p['title']} ({p['score']:.2f}): {text[:300]}")
+        print(f"{i:>2}. {marked(p['title'], p['phrase'], True)} ({p['score']:.2f}): {marked(p['text'], p['phrase'], False)[:300]}")
     t = a["timings"]
     print(f"retrieve {t['retrieve_ms']:.0f} ms, read {t['read_ms']:.0f} ms")
+
+
+def marked(s: str, phrase: dict, title: bool) -> str:
+    """`s` (a passage's title or text) with `phrase` in [[...]] where it lies in `s`."""
+    if phrase.get("in_title", False) != title:
+        return s
+    a, b = phrase["char_start"], phrase["char_end"]
+    return s[:a] + "[[" + s[a:b] + "]]" + s[b:]
 
 
 # Measured on 2 CPU cores (docs/system.md): a batch of n questions costs n times one, so batching adds
