@@ -27,10 +27,11 @@ log = logging.getLogger(__name__)
 
 
 class MeanPoolEncoder:
-    def __init__(self, name_or_path: str, max_tokens: int = 256, device: str | None = None):
+    def __init__(self, name_or_path: str, max_tokens: int = 256, device: str | None = None, dtype=None):
+        """`dtype`: the encoder's (default `search_dtype`: bfloat16 where the hardware computes it)."""
         self.device = pick_device(device)
         self.tokenizer = load_tokenizer(name_or_path)
-        self.model = load_lm(name_or_path).to(self.device, search_dtype(self.device)).eval()
+        self.model = load_lm(name_or_path).to(self.device, dtype or search_dtype(self.device)).eval()
         self.max_tokens = max_tokens
 
     @torch.no_grad()

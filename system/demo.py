@@ -639,12 +639,16 @@ class Demo:
 
 
 def machine_speed(encoder: str, corpus: Path, n: int = 64) -> float:
-    """Seconds to encode a passage here over REFERENCE["encode_s"] (batch 32, <= 128 tokens)."""
+    """Seconds to encode a passage here over REFERENCE["encode_s"] (batch 32, <= 128 tokens), in float32
+    as on the reference machine: the stages train and dump in float32, and a CPU that computes bfloat16
+    natively would encode 2-4x faster in it than it trains, making every estimate short."""
+    import torch
+
     from odqa.retriever.dense import MeanPoolEncoder
     store = PassageStore(corpus)
     texts = [f"{p['title']} {p['text']}" for _, p in zip(range(n), store)]
     store.close()
-    enc = MeanPoolEncoder(encoder, max_tokens=128)
+    enc = MeanPoolEncoder(encoder, max_tokens=128, dtype=torch.float32)
     enc.encode(texts[:16], batch_size=16)    # warm-up
     t0 = time.perf_counter()
     enc.encode(texts, batch_size=32)
