@@ -111,7 +111,7 @@ def collate(tokenizer, examples: list[dict], max_passage_tokens: int, max_questi
     return {**extra,
         "questions": questions,
         "passages": {k: v[idx] for k, v in passages.batch.items()},
-        "candidate": passages.candidate[idx], "offsets": passages.offsets[idx], "in_title": passages.in_title[idx],
+        "candidate": passages.candidate[idx], "offsets": passages.offsets[idx],
         "gold_start": gold_start[idx], "gold_end": gold_end[idx],
         "texts": [examples[b]["text"] for b in keep], "answers": [examples[b]["answers"] for b in keep],
     }

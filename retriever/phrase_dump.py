@@ -1,10 +1,12 @@
 """`odqa dump-phrases`: start and end vectors of every passage token that may bound a phrase.
 
-Passages are encoded in batches sorted by length; a token is kept when it is a text token and its
-filter logit (max of "can start", "can end") passes `threshold` (None keeps every text token). Vectors
+Passages are encoded in batches sorted by length; a token is kept when it is a candidate (a text token,
+or a title token for a model with title phrases) and its filter logit (max of "can start", "can end")
+passes `threshold` (None keeps every candidate). Vectors
 are stored as float16 in chunk files with their metadata (passage row, token index, character start/end
-in the passage's text, or in its title for a model with title phrases, and whether the token is a title's). `--shard k/n` takes the k-th of n contiguous slices of the corpus, so n processes or
-GPUs split a large corpus; each chunk is written atomically and skipped when already there, so an
+in the passage's text, or in its title for a model with title phrases, and whether the token is a
+title's). `--shard k/n` takes the k-th of n contiguous slices of the corpus, so n processes or GPUs
+split a large corpus; each chunk is written atomically and skipped when already there, so an
 interrupted shard resumes where it stopped.
 """
 from __future__ import annotations

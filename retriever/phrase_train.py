@@ -340,12 +340,12 @@ def train(args: PhraseTrainArgs) -> dict:
     continuing = is_phrase_checkpoint(args.encoder)
     if continuing:
         model = DensePhraseModel.from_pretrained(args.encoder)
+        if args.title_phrases:   # turned on for a continued checkpoint too (never off: its default is False)
+            model.config = replace(model.config, title_phrases=True)
     else:
         model = DensePhraseModel(PhraseModelConfig(args.encoder, args.head, args.question_encoder, args.max_span_len,
                                                    args.max_passage_tokens, args.max_question_tokens, args.title_path,
                                                    args.title_phrases))
-    if args.title_phrases:
-        model.config = replace(model.config, title_phrases=True)
     cfg = model.config
     tokenizer = load_tokenizer(args.encoder)
     train_ex, val_ex = load_splits(args)
