@@ -62,10 +62,6 @@ class Phrase:
     char_end: int
     in_title: bool = False
 
-    def source(self, passage: dict, title_path: bool = False) -> str:
-        """The string the phrase's offsets index: the passage's title (as the phrase model read it) or text."""
-        return passage_title(passage, title_path) if self.in_title else passage["text"]
-
 
 class Phrases(Sequence):
     """One question's phrases, best first, held as arrays; a `Phrase` is made only when one is read."""
@@ -300,8 +296,8 @@ class Searcher:
                 "char_start": p.char_start, "char_end": p.char_end, "score": p.score}
 
     def source(self, p: Phrase, passage: dict) -> str:
-        """The string a phrase's offsets index (its passage's text, or its title)."""
-        return p.source(passage, self.model.config.title_path)
+        """The string a phrase's offsets index: its passage's text, or its title as the phrase model read it."""
+        return passage_title(passage, self.model.config.title_path) if p.in_title else passage["text"]
 
     def _best_spans(self, rows: list[int], passages: list[dict], qs: np.ndarray, qe: np.ndarray,
                     question: str) -> list[Phrase | None]:
