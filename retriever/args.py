@@ -17,6 +17,7 @@ DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index
 # too long: on the validation questions this cap raises the top phrase's EM by about a point and keeps
 # 99% of the training answers (docs/retrieval.md, "The answer-length cap").
 MAX_ANSWER_TOKENS = 6
+BM25_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # `odqa tune-lambda`'s rerank weights of the passage's BM25 score
 
 
 @dataclass(kw_only=True)

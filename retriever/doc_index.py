@@ -80,6 +80,12 @@ class DocRetriever:
         path = self.dir / "lambda.json"
         return read_json(path)["lambda"] if path.exists() else None
 
+    @property
+    def tuned_bm25_weight(self) -> float | None:
+        """The rerank's BM25 weight stored with lambda (files tuned before it was a term hold none)."""
+        path = self.dir / "lambda.json"
+        return read_json(path).get("bm25_weight") if path.exists() else None
+
     def save_lambda(self, result: dict) -> None:
         write_json(self.dir / "lambda.json", result)
 

@@ -1,9 +1,12 @@
-"""DHR's final ranking: passage_score + lambda * document_score.
+"""DHR's final ranking: passage_score + lambda * document_score, and optionally + mu * BM25 score.
 
-The two scores come from different encoders (phrase start+end sums vs document cosines), so each is
-standardised per question first: z(x) = (x - mean) / std over that question's candidates (the
-retrieved passages; the top documents), a lone candidate or equal scores giving z = 0. Lambda is
-tuned on validation by `odqa.retriever.tune_lambda`.
+The scores come from different models (phrase start+end sums, document cosines, BM25's term
+weights), so each is standardised per question first: z(x) = (x - mean) / std over that question's
+candidates (the retrieved passages; the top documents), a lone candidate or equal scores giving
+z = 0. The BM25 term is DenSPI's sparse half (Seo et al. 2019) put back as a rerank feature: a dense
+phrase model trained on a few thousand questions misses lexical matches ("the 2012 summer
+olympics") that term weights catch. Lambda and mu are tuned on validation by
+`odqa.retriever.tune_lambda`.
 """
 from __future__ import annotations
 
@@ -22,11 +25,12 @@ def standardise(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Candidates:
-    """One question's retrieved passages: their scores, their documents' standardised scores, and
-    (for tuning) whether each holds an answer."""
+    """One question's retrieved passages: their scores, their documents' standardised scores, (for
+    tuning) whether each holds an answer, and their standardised BM25 scores (when mu is used)."""
     passage_scores: np.ndarray
     doc_z: np.ndarray
     hits: np.ndarray | None = None
+    bm25_z: np.ndarray | None = None
 
 
 def doc_z_of(doc_rows: np.ndarray, doc_scores: np.ndarray, passage_docs: np.ndarray) -> np.ndarray:
@@ -35,10 +39,15 @@ def doc_z_of(doc_rows: np.ndarray, doc_scores: np.ndarray, passage_docs: np.ndar
     return np.array([z[d] for d in np.asarray(passage_docs).tolist()], dtype=np.float64)
 
 
-def combined(c: Candidates, lam: float) -> np.ndarray:
-    return standardise(c.passage_scores) + lam * c.doc_z
+def combined(c: Candidates, lam: float, mu: float = 0.0) -> np.ndarray:
+    score = standardise(c.passage_scores) + lam * c.doc_z
+    if mu:
+        if c.bm25_z is None:
+            raise ValueError("a BM25 weight needs the candidates' BM25 scores (bm25_z)")
+        score = score + mu * c.bm25_z
+    return score
 
 
-def rerank_order(c: Candidates, lam: float) -> np.ndarray:
+def rerank_order(c: Candidates, lam: float, mu: float = 0.0) -> np.ndarray:
     """Candidate positions, best first (stable: ties keep the passage order)."""
-    return np.argsort(-combined(c, lam), kind="stable")
+    return np.argsort(-combined(c, lam, mu), kind="stable")

@@ -14,7 +14,9 @@ the top documents is scored from the index (for IVF-PQ, from its codes through o
 side) and every phrase in them is paired: exact Eq. 3 within the documents, in one pass, at a cost
 that grows with the documents read, not with the index. Passages are then reranked by
 z(passage score) + lambda * z(document score) (`retriever.rerank`) over the top `rerank_pool` by
-passage score; with lambda = 0 there is nothing to rerank and the pool is k.
+passage score; with lambda = 0 there is nothing to rerank and the pool is k. With a BM25 weight mu the
+rerank adds mu * z(BM25 score of the passage) (for a document, of its best passage), scored by the
+corpus's BM25 index over the same pool.
 
 The phrase a passage (document) shows, its extractive answer, is its best span that `can_answer`: whole
 words, not only the question's own words. The encoders score spans that repeat the question high ("the
@@ -46,7 +48,7 @@ from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_questions, passage_title
 from odqa.retriever.phrase_index import PhraseIndex
 from odqa.retriever.phrase_model import DensePhraseModel, phrase_encoder_hash
-from odqa.retriever.rerank import Candidates, combined, doc_z_of, rerank_order
+from odqa.retriever.rerank import Candidates, combined, doc_z_of, rerank_order, standardise
 
 log = logging.getLogger(__name__)
 UNITS = ("phrase", "passage", "document")
@@ -90,9 +92,11 @@ class Searcher:
     def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
                  nprobe: int = 64, device: str | None = None, batch_size: int = 64,
                  prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100,
-                 max_answer_tokens: int | None = None, answer_filter: bool = True, dtype=None):
-        """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` defaults to the
-        value `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
+                 max_answer_tokens: int | None = None, answer_filter: bool = True, dtype=None,
+                 bm25_weight: float | None = None):
+        """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` and `bm25_weight`
+        (the rerank's weights of the document score and of the passage's BM25 score) default to the
+        values `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
         returned, in tokens; the index's L when None or larger (no longer phrase is indexed).
         `answer_filter`: a passage's (document's) phrase is its best span that `can_answer` the question
         (whole words, not an echo of it), found over all its indexed tokens, not only among the phrases
@@ -119,13 +123,19 @@ class Searcher:
         self.passage_vec = np.concatenate([[0], np.cumsum(self.index.meta["passage_count"])]).astype(np.int64)
         self.corpus_dir, self._table = corpus_dir, None
         self.prefilter, self.top_docs, self.rerank_pool = prefilter, top_docs, rerank_pool
-        self.lam = 0.0
+        self.lam, self.bm25_weight, self.bm25 = 0.0, 0.0, None
+        if prefilter is None and bm25_weight:
+            raise InputError("a BM25 weight needs the document pre-filter: the BM25 score is a term of its rerank")
         if prefilter is not None:
             if top_docs < 1:
                 raise InputError(f"top_docs must be positive, not {top_docs}")
             if prefilter.manifest["fingerprint"] != self.index.manifest["fingerprint"]:
                 raise InputError(f"{prefilter.dir} and {index_dir} were built from different corpora")
             self.lam = lam if lam is not None else (prefilter.tuned_lambda or 0.0)
+            self.bm25_weight = bm25_weight if bm25_weight is not None else (prefilter.tuned_bm25_weight or 0.0)
+            if self.bm25_weight:
+                from odqa.retriever.bm25 import BM25Index
+                self.bm25 = BM25Index.open(corpus_dir)
             # Document d's vectors are ids doc_vec_start[d] .. doc_vec_end[d] - 1.
             table = prefilter.table
             self.doc_vec_start = self.passage_vec[table.first]
@@ -258,7 +268,7 @@ class Searcher:
             raise InputError(f"k must be positive, not {k}")
         q_start, q_end = self.encode(questions)
         if self.prefilter is not None:
-            pool = k if self.lam == 0 or unit == "phrase" else max(k, self.rerank_pool)
+            pool = k if not self.reranks or unit == "phrase" else max(k, self.rerank_pool)
             doc_rows, doc_scores = self.prefilter.search(questions, self.top_docs)
             phrases = self.phrases_in_documents(q_start, q_end, doc_rows)
             return [self._result(ph, self._group(ph, unit), k, unit, pool, (doc_rows[i], doc_scores[i]),
@@ -279,6 +289,10 @@ class Searcher:
                     again.append(qi)
             todo, kk = np.asarray(again, dtype=np.int64), kk * 2
         return results
+
+    @property
+    def reranks(self) -> bool:
+        return bool(self.lam or self.bm25_weight)
 
     def _group(self, phrases: Phrases, unit: str) -> tuple[np.ndarray, np.ndarray]:
         """Passage rows (document rows) in order of their best phrase, and the index of that phrase: Eq. 3,
@@ -362,11 +376,17 @@ class Searcher:
         if doc_info is not None and len(keys):
             docs = self.table.doc_of_passage[keys] if unit == "passage" else keys
             c = Candidates(scores, doc_z_of(*doc_info, docs))
-            if self.lam:
-                order, final = rerank_order(c, self.lam), combined(c, self.lam)
+            if self.bm25_weight:
+                c.bm25_z = standardise(self.bm25.scores(query[0])[phrases.row[best]])
+            if self.reranks:
+                order, final = rerank_order(c, self.lam, self.bm25_weight), combined(c, self.lam, self.bm25_weight)
                 keys, best, scores = keys[order], best[order], final[order]
-                c = Candidates(c.passage_scores[order], c.doc_z[order])
+                c = Candidates(c.passage_scores[order], c.doc_z[order],
+                               bm25_z=None if c.bm25_z is None else c.bm25_z[order])
             extra = [{"passage_score": float(ps), "doc_z": float(dz)} for ps, dz in zip(c.passage_scores, c.doc_z)]
+            if c.bm25_z is not None:
+                for x, bz in zip(extra, c.bm25_z):
+                    x["bm25_z"] = float(bz)
         keys, best, scores, extra = keys[:k], best[:k], scores[:k], extra[:k]
         if unit == "passage":
             result["passages"] = []
@@ -421,7 +441,7 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
                   doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
                   top_docs: int = 100, lam: float | None = None, nprobe: int = 64,
                   max_answer_tokens: int | None = MAX_ANSWER_TOKENS, answer_filter: bool = True,
-                  dtype=None) -> Searcher:
+                  dtype=None, bm25_weight: float | None = None) -> Searcher:
     """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
     `doc_index` is given (with the `doc_model` it was built with), answers capped at
     `max_answer_tokens` (None: the index's L). The CLI (and so the server), `odqa run`, the demo and
@@ -433,4 +453,5 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
         from odqa.retriever.doc_index import DocRetriever
         prefilter = DocRetriever(doc_index, doc_model, corpus)
     return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam,
-                    max_answer_tokens=max_answer_tokens, answer_filter=answer_filter, dtype=dtype)
+                    max_answer_tokens=max_answer_tokens, answer_filter=answer_filter, dtype=dtype,
+                    bm25_weight=bm25_weight)

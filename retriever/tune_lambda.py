@@ -1,7 +1,8 @@
-"""`odqa tune-lambda`: the rerank weight of the document score (passage z + lambda x document z,
-`odqa.retriever.rerank`), grid-searched on validation Top-k and stored with the document index, where
-the pre-filter (`DocRetriever.tuned_lambda`) reads it. The candidates are fixed by one search at
-lambda = 0, so each lambda only re-sorts them.
+"""`odqa tune-lambda`: the rerank weights of the document score and of the passage's BM25 score
+(passage z + lambda x document z + mu x BM25 z, `odqa.retriever.rerank`), grid-searched together on
+validation Top-k and stored with the document index, where the pre-filter
+(`DocRetriever.tuned_lambda`, `tuned_bm25_weight`) reads them. The candidates are fixed by one search
+at lambda = mu = 0, so each pair only re-sorts them.
 """
 from __future__ import annotations
 
@@ -9,41 +10,49 @@ import numpy as np
 
 from odqa.common.io import InputError
 from odqa.common.metrics.has_answer import has_answer
-from odqa.retriever.rerank import Candidates, rerank_order
+from odqa.retriever.args import BM25_GRID
+from odqa.retriever.rerank import Candidates, rerank_order, standardise
+
+LAMBDA_GRID = tuple(np.round(np.arange(0, 2.0001, 0.1), 4).tolist())
 
 
-def top_k_at(candidates: list[Candidates], lam: float, k: int) -> float:
+def top_k_at(candidates: list[Candidates], lam: float, k: int, mu: float = 0.0) -> float:
     if not candidates:
         return 0.0
-    return 100.0 * float(np.mean([bool(c.hits[rerank_order(c, lam)[:k]].any()) for c in candidates]))
+    return 100.0 * float(np.mean([bool(c.hits[rerank_order(c, lam, mu)[:k]].any()) for c in candidates]))
 
 
-def tune_lambda(candidates: list[Candidates], grid: np.ndarray | None = None, k: int = 20) -> dict:
-    """The lambda in the grid (default 0, 0.1, ..., 2) with the best validation Top-k; the smallest on ties."""
-    grid = np.round(np.arange(0, 2.0001, 0.1), 4) if grid is None else np.asarray(grid)
-    scores = [top_k_at(candidates, float(lam), k) for lam in grid]
-    best = int(np.argmax(scores))
-    return {"lambda": float(grid[best]), "metric": f"Top-{k}", "best": scores[best],
-            "grid": [{"lambda": float(lam), f"Top-{k}": s} for lam, s in zip(grid, scores)],
+def tune_lambda(candidates: list[Candidates], grid=LAMBDA_GRID, k: int = 20, bm25_grid=(0.0,)) -> dict:
+    """The (lambda, BM25 weight) pair of the two grids with the best validation Top-k; on ties the
+    smallest BM25 weight (no BM25 scoring at 0), then the smallest lambda."""
+    pairs = [(float(mu), float(lam)) for mu in bm25_grid for lam in grid]
+    scores = [top_k_at(candidates, lam, k, mu) for mu, lam in pairs]
+    best = int(np.argmax(scores))  # the first of equal scores: pairs run by BM25 weight, then lambda
+    return {"lambda": pairs[best][1], "bm25_weight": pairs[best][0], "metric": f"Top-{k}", "best": scores[best],
+            "grid": [{"lambda": lam, "bm25_weight": mu, f"Top-{k}": s} for (mu, lam), s in zip(pairs, scores)],
             "questions": len(candidates)}
 
 
-def candidates_from_results(results: list[dict], questions) -> list[Candidates]:
+def candidates_from_results(results: list[dict], questions, bm25=None) -> list[Candidates]:
     """Tuning candidates from `Searcher.search(..., unit="passage")` results of a pre-filtered search
-    with lambda = 0 (passages in passage-score order, each with its passage_score and doc_z)."""
+    with no rerank (passages in passage-score order, each with its passage_score and doc_z); with a
+    `BM25Index`, each passage's BM25 score standardised over the question's candidates, as the
+    searcher's rerank does."""
     out = []
     for r, q in zip(results, questions):
         ps = r["passages"]
+        bm25_z = None if bm25 is None else standardise(bm25.scores(q.question)[[p["row"] for p in ps]])
         out.append(Candidates(np.array([p["passage_score"] for p in ps]), np.array([p["doc_z"] for p in ps]),
-                              np.array([has_answer(p["text"], q.answers, q.regex) for p in ps], dtype=bool)))
+                              np.array([has_answer(p["text"], q.answers, q.regex) for p in ps], dtype=bool),
+                              bm25_z))
     return out
 
 
 def tune_searcher_lambda(searcher, questions, metric_k: int = 20, limit: int | None = None, info: dict | None = None,
-                         batch_size: int = 64) -> dict:
-    """`odqa tune-lambda`: one pre-filtered search of the (deduplicated) validation questions at
-    lambda = 0, the grid scored on its candidates, the best lambda stored with the document index
-    (the searcher's own lambda is set to it too)."""
+                         batch_size: int = 64, bm25_grid=BM25_GRID) -> dict:
+    """`odqa tune-lambda`: one pre-filtered search of the (deduplicated) validation questions with no
+    rerank, the grids scored on its candidates, the best pair stored with the document index (the
+    searcher's own weights are set to it too). `bm25_grid=(0,)` tunes lambda alone."""
     from tqdm import tqdm
     if searcher.prefilter is None:
         raise InputError("tune-lambda needs a searcher with a document pre-filter: lambda weighs the document score")
@@ -51,12 +60,18 @@ def tune_searcher_lambda(searcher, questions, metric_k: int = 20, limit: int | N
     for q in questions:
         unique.setdefault(q.question, q)
     questions = list(unique.values())[:limit]
-    searcher.lam, results = 0.0, []
+    searcher.lam, searcher.bm25_weight, results = 0.0, 0.0, []
     for a in tqdm(range(0, len(questions), batch_size), desc="tune-lambda search", disable=None):
         results += searcher.search([q.question for q in questions[a:a + batch_size]], k=searcher.rerank_pool,
                                    unit="passage")
-    result = tune_lambda(candidates_from_results(results, questions), k=metric_k)
+    bm25 = None
+    if any(bm25_grid):
+        from odqa.retriever.bm25 import BM25Index
+        bm25 = searcher.bm25 or BM25Index.open(searcher.corpus_dir)
+    result = tune_lambda(candidates_from_results(results, questions, bm25), k=metric_k, bm25_grid=bm25_grid)
     result.update(top_docs=searcher.top_docs, phrase_index=str(searcher.index.dir), **(info or {}))
     searcher.prefilter.save_lambda(result)
-    searcher.lam = result["lambda"]
+    searcher.lam, searcher.bm25_weight = result["lambda"], result["bm25_weight"]
+    if searcher.bm25_weight:
+        searcher.bm25 = bm25
     return result

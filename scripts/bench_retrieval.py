@@ -5,7 +5,7 @@ whole `odqa retrieve` command (start, load, encode, search, write the DPR file),
 
 Phrase retrieval searches the default pipeline's index (`odqa demo`) unless --index/--model name
 others, over every phrase (also without the answer filter, to show its cost) and behind the default
-pipeline's document pre-filter.
+pipeline's document pre-filter (also without the rerank's BM25 term, to show its cost).
 The commands run one after another, so they share the machine's load; --repeat N runs N rounds of them all
 and takes each one's best.
 """
@@ -48,6 +48,7 @@ def main() -> int:
             "phrase, every phrase": phrase + ["--no-prefilter"],
             "phrase, every phrase, without the answer filter": phrase + ["--no-prefilter", "--no-answer-filter"],
             "phrase, behind the document pre-filter": phrase,
+            "phrase, behind the document pre-filter, without the BM25 term": phrase + ["--bm25-weight", "0"],
         }
         seconds = {name: float("inf") for name in runs}
         for r in range(args.repeat):   # rounds of every command, so a load that comes and goes hits all alike

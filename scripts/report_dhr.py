@@ -1,6 +1,6 @@
 """DHR's report on the default corpus, one run, one table: document Top-k of the document retriever;
-phrase-based passage retrieval without the pre-filter, with it (lambda = 0), and with it and the
-rerank (the tuned lambda): Top-1/5/20/100 and MRR@20; and search ms per question (batch 64) with and
+phrase-based passage retrieval without the pre-filter, with it (no rerank), and with it and the
+rerank (the tuned lambda and BM25 weight): Top-1/5/20/100 and MRR@20; and search ms per question (batch 64) with and
 without the pre-filter, timed in the same run.
 
     python scripts/report_dhr.py --index RUN/index-flat --model RUN/best --doc-index DHR/doc-index \\
@@ -48,17 +48,19 @@ def main() -> int:
     args = p.parse_args()
     corpus = args.corpus
     docs = DocRetriever(args.doc_index, args.doc_model, corpus)
-    lam = docs.tuned_lambda or 0.0
+    lam, mu = docs.tuned_lambda or 0.0, docs.tuned_bm25_weight or 0.0
     searchers = {
         "phrase, no pre-filter": open_searcher(args.index, args.model, corpus),
         f"phrase, pre-filter K={args.top_docs}":
-            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=0.0),
-        f"phrase, pre-filter K={args.top_docs} + rerank (lambda {lam:.1f})":
-            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=lam)}
+            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=0.0,
+                          bm25_weight=0.0),
+        f"phrase, pre-filter K={args.top_docs} + rerank (lambda {lam:.1f}, BM25 weight {mu:g})":
+            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=lam,
+                          bm25_weight=mu)}
     names = list(searchers)
     store = PassageStore(corpus)
     answers = AnswerIndex((p["text"] for p in store), total=len(store))
-    report = {"top_docs": args.top_docs, "lambda": lam, "datasets": {}}
+    report = {"top_docs": args.top_docs, "lambda": lam, "bm25_weight": mu, "datasets": {}}
     for name in args.questions:
         questions = load_questions(name, limit=args.limit or None)
         rows = {}
@@ -77,7 +79,7 @@ def main() -> int:
                                     "speedup": timing[names[0]] / timing[names[1]]}
     write_json(args.out, report)
     sizes = ", ".join(f"{n} {d['questions']}" for n, d in report["datasets"].items())
-    print(f"default corpus, K = {args.top_docs} documents, lambda = {lam:.1f} (tuned on validation); questions: {sizes}")
+    print(f"default corpus, K = {args.top_docs} documents, lambda = {lam:.1f}, BM25 weight {mu:g} (tuned on validation); questions: {sizes}")
     print("| set | run | Top-1 | Top-5 | Top-20 | Top-100 | MRR@20 |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, d in report["datasets"].items():

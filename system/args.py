@@ -21,6 +21,7 @@ class RunArgs:
     doc_model: str | None = arg(None, "document encoder of --doc-index")
     top_docs: int = arg(100, "K: documents kept by the pre-filter")
     lam: float | None = arg(None, "rerank weight of the document score (default: the tuned value, else 0)")
+    bm25_weight: float | None = arg(None, "rerank weight of the passage's BM25 score (default: the tuned value, else 0)")
     corpus: str | None = arg(None, "`odqa corpus build` output (default: the default corpus)")
     baselines: list[str] = listed(["bm25", "dense"], "other retrievers on the Top-k plot: bm25, dense, or none")
     dense_encoder: str | None = arg(None, "encoder of the dense baseline (default: the data pack's MiniLM)")

@@ -78,6 +78,7 @@ class DemoConfig:
     doc_validation_docs: int = 1000         # validate among positives + N random documents (0: all)
     top_docs: int = 100
     lambda_questions: int = 200
+    rerank_bm25: bool = True                # tune the rerank's BM25 weight beside lambda (it may still pick 0)
     # reader
     reader_model: str | None = None         # any reader checkpoint (t5-base); None: made by `reader_init`
     reader_init: str = "warm"               # warm: bert2bert from `encoder`; t5: a from-scratch T5 of reader_preset
@@ -219,7 +220,8 @@ class Demo:
                   + c.lambda_questions * ref["search_q_s"],
                   self.train_doc, {k: getattr(c, k) for k in ("doc_examples", "doc_batch", "doc_rounds", "doc_negatives",
                                                               "max_doc_tokens", "doc_validation_docs", "top_docs",
-                                                              "lambda_questions", "validation_questions")},
+                                                              "lambda_questions", "validation_questions",
+                                                              "rerank_bm25")},
                   [self.doc_model(), p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
             Stage("reader", f"train the FiD reader ({self._reader_plan()})", self._reader_estimate(),
                   self.train_reader, {k: getattr(c, k) for k in (
@@ -408,9 +410,10 @@ class Demo:
             result["round 2 Top-20"] = r2["best_top20"]
             model = self.p["doc-r2"] / "best"
         build_doc_index(model, self.corpus, self.p["doc-index"])
-        from odqa.retriever.tune_lambda import tune_searcher_lambda
-        tuned = tune_searcher_lambda(self.searcher(), load_questions(sup / "validation.jsonl"), limit=c.lambda_questions)
-        return {**result, "lambda": tuned["lambda"]}
+        from odqa.retriever.tune_lambda import BM25_GRID, tune_searcher_lambda
+        tuned = tune_searcher_lambda(self.searcher(), load_questions(sup / "validation.jsonl"), limit=c.lambda_questions,
+                                     bm25_grid=BM25_GRID if c.rerank_bm25 else (0.0,))
+        return {**result, "lambda": tuned["lambda"], "bm25_weight": tuned["bm25_weight"]}
 
     def doc_model(self) -> Path:
         return (self.p["doc-r2"] if self.cfg.doc_rounds > 1 else self.p["doc-r1"]) / "best"

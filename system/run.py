@@ -49,7 +49,8 @@ def run(args: RunArgs) -> list[dict]:
     max_k = max(args.k)
     base_key = {"index": path_fingerprint(args.index), "model": path_fingerprint(args.model), "corpus": corpus,
                 "doc_index": path_fingerprint(args.doc_index), "doc_model": path_fingerprint(args.doc_model),
-                "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam, "limit": args.limit,
+                "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam,
+                "bm25_weight": args.bm25_weight, "limit": args.limit,
                 "nprobe": args.nprobe, "max_answer_tokens": args.max_answer_tokens,
                 "answer_filter": args.answer_filter}
     write_json(out / "run_args.json", asdict(args))
@@ -77,7 +78,7 @@ def run(args: RunArgs) -> list[dict]:
                 from odqa.retriever.searcher import open_searcher
                 searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
                                          args.top_docs, args.lam, args.nprobe, args.max_answer_tokens,
-                                         args.answer_filter)
+                                         args.answer_filter, bm25_weight=args.bm25_weight)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
         entries = read_results(retrieval)

@@ -245,6 +245,64 @@ def test_rerank_sorts_by_standardised_passage_plus_lambda_document_score(world, 
     assert any(r["phrases"][0] != r["passages"][0]["phrase"] for r in reranked)
 
 
+def test_rerank_adds_the_passages_standardised_bm25_score(world, doc_model, tmp_path):
+    """With a BM25 weight mu the final score is z(passage) + lambda z(document) + mu z(BM25 of the
+    passage), over the same pool; the weight is read from lambda.json when not given, and a file tuned
+    before the term existed reads as 0."""
+    from odqa.common.io import write_json
+    from odqa.retriever.bm25 import BM25Index
+    from odqa.retriever.rerank import standardise
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    make = lambda **kw: Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"],  # noqa: E731
+                                 prefilter=docs, top_docs=3, **kw)
+    lam, mu = 0.5, 2.0
+    pool = make(lam=0.0, bm25_weight=0.0).search(world["questions"], k=100, unit="passage")
+    reranked = make(lam=lam, bm25_weight=mu).search(world["questions"], k=4, unit="passage")
+    bm25 = BM25Index.open(world["corpus"])
+    moved = 0
+    for q, p, r in zip(world["questions"], pool, reranked):
+        rows = [x["row"] for x in p["passages"]]
+        c = Candidates(np.array([x["passage_score"] for x in p["passages"]]), np.array([x["doc_z"] for x in p["passages"]]),
+                       bm25_z=standardise(bm25.scores(q)[rows]))
+        final = combined(c, lam, mu)
+        order = np.argsort(-final, kind="stable")[:4]
+        assert [p["passages"][i]["id"] for i in order] == [x["id"] for x in r["passages"]]
+        assert [x["score"] for x in r["passages"]] == pytest.approx(final[order].tolist())
+        assert [x["bm25_z"] for x in r["passages"]] == pytest.approx(c.bm25_z[order].tolist())
+        moved += order.tolist() != np.argsort(-combined(c, lam), kind="stable")[:4].tolist()
+    assert moved  # the BM25 term changed some question's ranking
+    # A weight that dwarfs the other terms ranks the pool by BM25 alone.
+    for q, r in zip(world["questions"], make(lam=lam, bm25_weight=1e6).search(world["questions"], k=4)):
+        scores = bm25.scores(q)[[x["row"] for x in r["passages"]]]
+        assert (np.diff(scores) <= 1e-9).all()
+    index_dir = tmp_path / "di"
+    shutil.copytree(doc_model["index"], index_dir)
+    tuned = DocRetriever(index_dir, doc_model["dir"], world["corpus"])
+    write_json(index_dir / "lambda.json", {"lambda": lam})
+    assert Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=tuned).bm25_weight == 0.0
+    write_json(index_dir / "lambda.json", {"lambda": lam, "bm25_weight": mu})
+    searcher = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=tuned, top_docs=3)
+    assert (searcher.lam, searcher.bm25_weight) == (lam, mu)
+    assert searcher.search(world["questions"], k=4, unit="passage") == reranked
+    with pytest.raises(InputError, match="pre-filter"):
+        Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], bm25_weight=mu)
+
+
+def test_tuning_picks_the_planted_bm25_weight_and_prefers_none_on_ties():
+    """Question A's answer is lifted only by mu >= 0.3 (its BM25 z is high), question B's is kept first
+    only by lambda <= 0.5; with BM25 z carrying no signal, the tie goes to mu = 0."""
+    a = Candidates(np.array([2.0, 1.0]), np.zeros(2), np.array([False, True]), bm25_z=np.array([-1 / 0.25, 1 / 0.25]))
+    b = Candidates(np.array([2.0, 1.0]), np.array([-1 / 0.55, 1 / 0.55]), np.array([True, False]), bm25_z=np.zeros(2))
+    result = tune_lambda([a, b], k=1, bm25_grid=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5))
+    assert (result["lambda"], result["bm25_weight"], result["best"]) == (0.0, 0.3, 100.0)
+    assert {(g["lambda"], g["bm25_weight"]) for g in result["grid"] if g["Top-1"] == 100.0} == \
+        {(lam, mu) for lam in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5) for mu in (0.3, 0.4, 0.5)}
+    flat = Candidates(np.array([2.0, 1.0]), np.zeros(2), np.array([True, False]), bm25_z=np.zeros(2))
+    assert tune_lambda([flat], k=1, bm25_grid=(0.0, 0.5))["bm25_weight"] == 0.0
+    with pytest.raises(ValueError, match="bm25_z"):
+        combined(Candidates(np.array([2.0, 1.0]), np.zeros(2)), 0.0, 0.5)
+
+
 def test_lambda_tuning_picks_the_planted_best():
     """Question A needs lambda > 0.45 to lift its answer to the top, question B lambda < 0.55 to keep
     it there: on the grid 0, 0.1, ..., 2 only 0.5 gets both."""
@@ -291,6 +349,7 @@ def test_query_side_tuning_behind_the_prefilter_mines_the_pipelines_candidates(w
 
 
 def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, capsys):
+    from odqa.common.io import read_json
     from odqa.common.retrieval_file import read_results
     from odqa.system.cli import main
     root, corpus = world["root"], str(world["corpus"])
@@ -311,7 +370,9 @@ def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, caps
               "--doc-model", str(tmp_path / "doc2" / "best"), "--top-docs", "3", "--corpus", corpus]
     assert main(["tune-lambda", *common, "--questions", str(sup / "validation.jsonl")]) == 0
     out = capsys.readouterr().out
-    assert "lambda 2.0: Top-20" in out and "best lambda" in out and (tmp_path / "di" / "lambda.json").exists()
+    assert "| Top-20: lambda \\ BM25 weight | 0 | 0.1 |" in out and "\n| 2.0 | " in out and "best lambda" in out
+    tuned = read_json(tmp_path / "di" / "lambda.json")
+    assert len(tuned["grid"]) == 21 * 6 and {"lambda", "bm25_weight"} <= tuned.keys()
     assert main(["retrieve", "--retriever", "phrase", *common, "--questions", str(root / "questions.jsonl"),
                  "--k", "4", "--out", str(tmp_path / "run.json")]) == 0
     entries = read_results(tmp_path / "run.json")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from odqa.common.io import InputError
 from odqa.retriever.args import (
+    BM25_GRID,
     DEFAULT_KEEP,
     MAX_ANSWER_TOKENS,
     DocTrainArgs,
@@ -18,14 +19,16 @@ from odqa.retriever.args import (
 from odqa.system.commands.args import add_dataclass_args, command, corpus_arg, dataclass_from_args, positive_int
 
 
-def phrase_searcher(args, lam=None):
-    """The searcher of --index/--model, behind the document pre-filter when --doc-index is given; the
-    command has filled the paths no flag names from the default pipeline (`fill_defaults`)."""
+def phrase_searcher(args, rerank: bool = True):
+    """The searcher of --index/--model, behind the document pre-filter when --doc-index is given (with
+    `rerank=False`, its rerank off whatever was tuned); the command has filled the paths no flag names
+    from the default pipeline (`fill_defaults`)."""
     from odqa.common.paths import default_corpus
     from odqa.retriever.searcher import open_searcher
+    lam, bm25_weight = (args.lam, args.bm25_weight) if rerank else (0.0, 0.0)
     return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
-                         args.top_docs, args.lam if lam is None else lam, args.nprobe, args.max_answer_tokens,
-                         args.answer_filter)
+                         args.top_docs, lam, args.nprobe, args.max_answer_tokens, args.answer_filter,
+                         bm25_weight=bm25_weight)
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
@@ -45,6 +48,9 @@ def prefilter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-docs", type=positive_int, default=100, help="K: documents kept by the pre-filter (default 100)")
     p.add_argument("--lam", type=float, default=None, help="rerank weight of the document score (default: the "
                                                           "value tune-lambda stored with the document index, else 0)")
+    p.add_argument("--bm25-weight", type=float, default=None,
+                   help="rerank weight of the passage's BM25 score (default: the value tune-lambda stored with the "
+                        "document index, else 0)")
     p.add_argument("--no-prefilter", action="store_true", help="search every phrase, without the default "
                                                                 "pipeline's document pre-filter")
 
@@ -159,16 +165,21 @@ def cmd_tune_lambda(args) -> None:
     from odqa.common.questions import load_questions
     from odqa.retriever.tune_lambda import tune_searcher_lambda
     fill_defaults(args)
-    searcher = phrase_searcher(args, lam=0.0)
+    searcher = phrase_searcher(args, rerank=False)
     if searcher.prefilter is None:
         raise InputError("tune-lambda needs a document pre-filter (--doc-index and --doc-model, or the default "
                          "pipeline's): lambda weighs the document score")
     result = tune_searcher_lambda(searcher, load_questions(args.questions), args.metric_k, args.limit,
-                                  info={"questions_file": str(args.questions)})
-    for g in result["grid"]:
-        print(f"lambda {g['lambda']:.1f}: Top-{args.metric_k} {g[f'Top-{args.metric_k}']:.2f}")
-    print(f"best lambda {result['lambda']:.1f} (Top-{args.metric_k} {result['best']:.2f} on {result['questions']} "
-          f"questions) -> {args.doc_index}/lambda.json")
+                                  info={"questions_file": str(args.questions)}, bm25_grid=args.bm25_grid)
+    metric = f"Top-{args.metric_k}"
+    table = {(g["lambda"], g["bm25_weight"]): g[metric] for g in result["grid"]}
+    lams, mus = sorted({lam for lam, _ in table}), sorted({mu for _, mu in table})
+    print(f"| {metric}: lambda \\ BM25 weight | " + " | ".join(f"{mu:g}" for mu in mus) + " |")
+    print("|---:|" + "---:|" * len(mus))
+    for lam in lams:
+        print(f"| {lam:.1f} | " + " | ".join(f"{table[lam, mu]:.2f}" for mu in mus) + " |")
+    print(f"best lambda {result['lambda']:.1f}, BM25 weight {result['bm25_weight']:g} ({metric} {result['best']:.2f} "
+          f"on {result['questions']} questions) -> {args.doc_index}/lambda.json")
 
 
 def cmd_verify(args) -> None:
@@ -291,14 +302,18 @@ def add(sub) -> None:
     corpus_arg(p)
 
     p = command(sub, "tune-lambda", cmd_tune_lambda,
-                help="grid-search the rerank weight of the document score on validation",
-                description="lambda in 0, 0.1, ..., 2 maximising validation Top-k of pre-filtered phrase "
-                            "retrieval reranked by z(passage) + lambda z(document); stored with the document index.")
+                help="grid-search the rerank weights of the document and BM25 scores on validation",
+                description="lambda in 0, 0.1, ..., 2 and the BM25 weight mu in --bm25-grid maximising "
+                            "validation Top-k of pre-filtered phrase retrieval reranked by z(passage) + lambda "
+                            "z(document) + mu z(BM25); stored with the document index.")
     phrase_index_args(p)
     p.add_argument("--questions", type=Path, default=sup / "validation.jsonl",
                    help="validation questions with answers (default: the supervision validation split)")
     p.add_argument("--limit", type=positive_int, default=500, help="first N questions (default 500)")
     p.add_argument("--metric-k", type=positive_int, default=20, help="k of the Top-k to maximise (default 20)")
+    p.add_argument("--bm25-grid", type=float, nargs="+", default=list(BM25_GRID),
+                   help="BM25 weights tried (default " + " ".join(f"{m:g}" for m in BM25_GRID) + "; 0 alone tunes "
+                        "lambda alone)")
     corpus_arg(p)
 
     p = command(sub, "verify", cmd_verify, help="check an index's files against the checksums in its manifest",
