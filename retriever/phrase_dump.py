@@ -115,7 +115,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
     total_vectors = sum(int(np.load(out / f"chunk-{i:05d}.npz")["token"].shape[0]) for i in range(len(chunks)))
     summary = {**settings, "passages": len(order), "chunks": len(chunks), "vectors": total_vectors,
                "vectors_per_passage": total_vectors / max(len(order), 1), "dim": model.dim,
-               "max_span_len": cfg.max_span_len}
+               "max_span_len": cfg.max_span_len, "title_path": cfg.title_path}
     write_json(out / "done.json", summary)
     log.info("%s: %d vectors for %d passages (%.1f per passage)", out, total_vectors, len(order),
              summary["vectors_per_passage"])

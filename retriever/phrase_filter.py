@@ -29,6 +29,7 @@ from tqdm import tqdm
 from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, atomic_path, read_json, write_json
 from odqa.common.metrics.has_answer import answer_spans
+from odqa.retriever.phrase_data import passage_title
 from odqa.retriever.phrase_dump import read_dump
 from odqa.retriever.phrase_train import load_examples
 
@@ -71,11 +72,15 @@ def load_filter(path: str | os.PathLike) -> tuple[PhraseFilter, dict]:
     return model.eval(), info
 
 
-def answer_labels(arrays: dict, examples: list[dict], corpus_dir) -> tuple[np.ndarray, np.ndarray, list]:
+def answer_labels(arrays: dict, examples: list[dict], corpus_dir, title_path: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, list]:
     """Vector ids of the examples' passages, (N, 2) start/end labels, and for each example the list of
-    its answer occurrences as (start id, end id) pairs that the dump can represent."""
+    its answer occurrences as (start id, end id) pairs that the dump can represent. `title_path`: the
+    phrase model read "title, section, ..." as the title segment, so title answers are found there."""
     store = PassageStore(corpus_dir)
-    row_of = {p["id"]: i for i, p in enumerate(store)}
+    row_of, section_of = {}, {}
+    for i, p in enumerate(store):
+        row_of[p["id"]], section_of[p["id"]] = i, p.get("section", [])
     store.close()
     rows = arrays["passage_row"]
     first = np.searchsorted(rows, np.arange(len(row_of)))
@@ -89,10 +94,11 @@ def answer_labels(arrays: dict, examples: list[dict], corpus_dir) -> tuple[np.nd
         cs, ce, in_title = arrays["char_start"][vid], arrays["char_end"][vid], arrays["in_title"][vid]
         lab = np.zeros((len(vid), 2), np.float32)
         own = []
-        # Offsets index the text, or the title for a title token (a dump with title phrases).
-        title_spans = answer_spans(ex["title"], ex["answers"], bool(ex.get("regex"))) if in_title.any() else []
-        for title, spans in ((False, ex["answer_char_spans"]), (True, title_spans)):
-            for a, b in spans:
+        # Offsets index the text, or the title segment for a title token (a dump with title phrases).
+        segment = passage_title({**ex, "section": section_of[ex["passage_id"]]}, title_path)
+        title_spans = answer_spans(segment, ex["answers"], bool(ex.get("regex"))) if in_title.any() else []
+        for title, occurrences in ((False, ex["answer_char_spans"]), (True, title_spans)):
+            for a, b in occurrences:
                 s = np.flatnonzero((cs == a) & (in_title == title))
                 e = np.flatnonzero((ce == b) & (in_title == title))
                 lab[s, 0], lab[e, 1] = 1, 1
@@ -116,8 +122,9 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     out = Path(out) if out else filter_dir(dump_dir)
     arrays, summary = read_dump(dump_dir, corpus_dir)
     start, end = arrays["start"], arrays["end"]
-    train_ids, train_y, _ = answer_labels(arrays, load_examples(str(train_file)), corpus_dir)
-    _, _, val_spans = answer_labels(arrays, load_examples(str(validation_file)), corpus_dir)
+    title_path = summary.get("title_path", False)   # dumps made before it was recorded: the title alone
+    train_ids, train_y, _ = answer_labels(arrays, load_examples(str(train_file)), corpus_dir, title_path)
+    _, _, val_spans = answer_labels(arrays, load_examples(str(validation_file)), corpus_dir, title_path)
     if not train_y.any():
         raise InputError(f"{train_file}: no answer occurrence falls on the dump's token boundaries")
     torch.manual_seed(seed)

@@ -398,6 +398,36 @@ def test_title_path_prefixes_sections_and_never_yields_candidates(world):
     assert enc.candidate[0].sum() == len(tokenizer.tokenize(p["text"]))
 
 
+def test_filter_labels_title_answers_in_the_title_path_the_model_read(world, tmp_path):
+    """With --title-path and --title-phrases the dump's title tokens index "title, section": an answer
+    that is a section's name is labelled there, and only there. A dump whose model read the title
+    alone has no such tokens to label."""
+    from odqa.common.corpus import PassageStore
+    from odqa.retriever.phrase_dump import read_dump
+    from odqa.retriever.phrase_filter import answer_labels
+    tokenizer = load_tokenizer(world["bert"])
+    passage = next(p for p in PassageStore(world["corpus"]) if p["section"] == ["Career"])
+    example = {"passage_id": passage["id"], "title": passage["title"], "text": passage["text"],
+               "answers": ["Career"], "answer_char_spans": []}
+    counts = {}
+    for title_path in (False, True):
+        model = tmp_path / f"m{title_path}"
+        DensePhraseModel(PhraseModelConfig(str(world["bert"]), max_passage_tokens=64, title_phrases=True,
+                                           title_path=title_path)).save_pretrained(model, tokenizer)
+        dump_phrases(model, world["corpus"], tmp_path / f"d{title_path}", chunk_passages=8)
+        arrays, summary = read_dump(tmp_path / f"d{title_path}", world["corpus"])
+        assert summary["title_path"] is title_path
+        ids, labels, spans = answer_labels(arrays, [example, example], world["corpus"], summary["title_path"])
+        assert len(spans) == 2    # one list of occurrences an example (the calibration's recall reads them)
+        counts[title_path] = int(labels.sum()) // 2
+        if title_path:
+            (s, e), = spans[0]
+            assert arrays["in_title"][s] and arrays["in_title"][e]
+            segment = f"{passage['title']}, Career"
+            assert segment[arrays["char_start"][s]:arrays["char_end"][e]] == "Career"
+    assert counts == {False: 0, True: 2}
+
+
 def test_in_doc_negatives_widen_the_single_passage_softmax(world):
     import torch
 
