@@ -3,7 +3,7 @@
 supervision it trained on, which the training commands read when no `odqa supervise` output is there.
 
     $ODQA_HOME/pipeline.json   {"corpus", "supervision", "phrase_model", "phrase_index", "doc_model",
-                                "doc_index", "reader", "recorded_by", "updated"}
+                                "doc_index", "reranker", "reader", "recorded_by", "updated"}
 
 A flag that names a path always wins. A default that is needed but missing is refused with one line
 that says which command makes it.
@@ -24,6 +24,7 @@ ARTIFACTS = {
     "phrase_index": ("--index", "phrase index"),
     "doc_model": ("--doc-model", "document encoder"),
     "doc_index": ("--doc-index", "document index"),
+    "reranker": ("--reranker", "passage reranker"),
     "reader": ("--reader", "FiD reader"),
 }
 
@@ -65,10 +66,10 @@ def record_pipeline(paths: dict[str, str | Path], by: str) -> None:
 
 
 def fill_defaults(args, reader: bool = False) -> None:
-    """Set the unset paths of `args` (attributes index, model, doc_index, doc_model, corpus, and with
-    `reader` also reader) from the default pipeline. The pre-filter and the corpus come along only with
-    the default phrase index: a phrase index named by a flag is searched as named, and `no_prefilter`
-    (when `args` has it) leaves the pre-filter out."""
+    """Set the unset paths of `args` (attributes index, model, doc_index, doc_model, corpus, reranker where
+    `args` has it, and with `reader` also reader) from the default pipeline. The pre-filter, the reranker
+    and the corpus come along only with the default phrase index: a phrase index named by a flag is
+    searched as named, and `no_prefilter` / `no_reranker` (when `args` has them) leave those out."""
     pipeline = default_pipeline()
     own_index = args.index is None
     if own_index:
@@ -78,6 +79,10 @@ def fill_defaults(args, reader: bool = False) -> None:
     if own_index and args.doc_index is None and not getattr(args, "no_prefilter", False) \
             and {"doc_index", "doc_model"} <= set(pipeline):
         args.doc_index, args.doc_model = str(pipeline["doc_index"]), str(pipeline["doc_model"])
+    # The reranker reorders what the default pipeline's search returns; `no_reranker` leaves it out.
+    if own_index and getattr(args, "reranker", "absent") is None and not getattr(args, "no_reranker", False) \
+            and "reranker" in pipeline:
+        args.reranker = str(pipeline["reranker"])
     if own_index and args.corpus is None and "corpus" in pipeline:
         args.corpus = str(pipeline["corpus"])
     if reader and args.reader is None:

@@ -111,3 +111,22 @@ class DocTrainArgs(OptimArgs):
     max_train_examples: int | None = arg(None, "use only the first N training examples")
     max_validation_examples: int | None = arg(500, "validate on the first N examples")
     validation_docs: int = arg(0, "0: validate over every document; N: the positives and N random others")
+
+
+@dataclass(kw_only=True)
+class RerankerTrainArgs(OptimArgs):
+    # the reranker's own defaults for the optimiser settings
+    epochs: int = arg(1, "passes over the training questions")
+    batch_size: int = arg(8, "questions per micro-batch (each with one positive and --negatives passages)")
+    lr: float = arg(1e-4, "peak learning rate of the pretrained encoder (AdamW, linear warm-up and decay)")
+    head_lr: float = arg(1e-3, "peak learning rate of the new scoring head")
+    train_file: str = required("retrieval file of the training questions (`odqa retrieve ... --questions "
+                               "SUPERVISION/train.jsonl --k 20`), whose has_answer marks the positives")
+    validation_file: str = required("retrieval file of the validation questions, reranked to validate")
+    out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT)
+    encoder: str = required("AutoModel name or path the cross-encoder starts from (default: the data pack's MiniLM)")
+    depth: int = arg(20, "passages of each question read: the search's top N, the ones the pipeline reranks")
+    negatives: int = arg(3, "passages without an answer beside each positive")
+    max_tokens: int = arg(128, "question and passage tokens together")
+    max_train_examples: int | None = arg(None, "use only the first N training questions")
+    max_validation_examples: int | None = arg(500, "validate on the first N questions")

@@ -93,7 +93,7 @@ class Searcher:
                  nprobe: int = 64, device: str | None = None, batch_size: int = 64,
                  prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100,
                  max_answer_tokens: int | None = None, answer_filter: bool = True, dtype=None,
-                 bm25_weight: float | None = None):
+                 bm25_weight: float | None = None, reranker=None, rerank_depth: int = 20):
         """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` and `bm25_weight`
         (the rerank's weights of the document score and of the passage's BM25 score) default to the
         values `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
@@ -101,7 +101,9 @@ class Searcher:
         `answer_filter`: a passage's (document's) phrase is its best span that `can_answer` the question
         (whole words, not an echo of it), found over all its indexed tokens, not only among the phrases
         search hit; phrase results skip the others. `dtype`: the model's (default `search_dtype`:
-        bfloat16 where the hardware has it; a model that will be trained needs float32)."""
+        bfloat16 where the hardware has it; a model that will be trained needs float32).
+        `reranker`: a `retriever.cross_encoder.CrossEncoder` that reorders each question's top
+        max(k, `rerank_depth`) passages by z(search score) + its weight x z(its score) (passages only)."""
         if max_answer_tokens is not None and max_answer_tokens < 1:
             raise InputError(f"max_answer_tokens must be positive, not {max_answer_tokens}")
         self.index = PhraseIndex(index_dir, nprobe)
@@ -123,6 +125,11 @@ class Searcher:
         self.passage_vec = np.concatenate([[0], np.cumsum(self.index.meta["passage_count"])]).astype(np.int64)
         self.corpus_dir, self._table = corpus_dir, None
         self.prefilter, self.top_docs, self.rerank_pool = prefilter, top_docs, rerank_pool
+        if rerank_depth < 1:
+            raise InputError(f"rerank_depth must be positive, not {rerank_depth}")
+        self.reranker, self.rerank_depth = reranker, rerank_depth
+        if reranker is not None:
+            reranker.to(self.device).eval()
         self.lam, self.bm25_weight, self.bm25 = 0.0, 0.0, None
         if prefilter is None and bm25_weight:
             raise InputError("a BM25 weight needs the document pre-filter: the BM25 score is a term of its rerank")
@@ -266,6 +273,12 @@ class Searcher:
             raise InputError(f"unit must be one of {UNITS}, not {unit!r}")
         if k < 1:
             raise InputError(f"k must be positive, not {k}")
+        if self.reranker is not None and unit == "passage":
+            results = self._search(questions, max(k, self.rerank_depth), unit, max_phrases)
+            return [self._cross_rerank(q, r, k) for q, r in zip(questions, results)]
+        return self._search(questions, k, unit, max_phrases)
+
+    def _search(self, questions: list[str], k: int, unit: str, max_phrases: int | None) -> list[dict]:
         q_start, q_end = self.encode(questions)
         if self.prefilter is not None:
             pool = k if not self.reranks or unit == "phrase" else max(k, self.rerank_pool)
@@ -289,6 +302,19 @@ class Searcher:
                     again.append(qi)
             todo, kk = np.asarray(again, dtype=np.int64), kk * 2
         return results
+
+    def _cross_rerank(self, question: str, result: dict, k: int) -> dict:
+        """The result's passages reordered by z(search score) + w x z(cross-encoder score), its first k
+        kept: each passage's `score` becomes that sum, beside its `search_score` and `cross_score`."""
+        passages = result["passages"]
+        if not passages:
+            return result
+        cross = self.reranker.score(question, passages)
+        final = standardise([p["score"] for p in passages]) + self.reranker.weight * standardise(cross)
+        order = np.argsort(-final, kind="stable")[:k]
+        result["passages"] = [{**passages[i], "score": float(final[i]), "search_score": passages[i]["score"],
+                               "cross_score": float(cross[i])} for i in order]
+        return result
 
     @property
     def reranks(self) -> bool:
@@ -441,11 +467,13 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
                   doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
                   top_docs: int = 100, lam: float | None = None, nprobe: int = 64,
                   max_answer_tokens: int | None = MAX_ANSWER_TOKENS, answer_filter: bool = True,
-                  dtype=None, bm25_weight: float | None = None) -> Searcher:
+                  dtype=None, bm25_weight: float | None = None, reranker: str | os.PathLike | None = None,
+                  rerank_depth: int = 20) -> Searcher:
     """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
     `doc_index` is given (with the `doc_model` it was built with), answers capped at
-    `max_answer_tokens` (None: the index's L). The CLI (and so the server), `odqa run`, the demo and
-    `train-query` make theirs here."""
+    `max_answer_tokens` (None: the index's L), and with `reranker` (an `odqa train-reranker` checkpoint)
+    each question's top max(k, `rerank_depth`) passages reordered by it. The CLI (and so the server),
+    `odqa run`, the demo and `train-query` make theirs here."""
     prefilter = None
     if doc_index:
         if not doc_model:
@@ -454,4 +482,10 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
         prefilter = DocRetriever(doc_index, doc_model, corpus)
     return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam,
                     max_answer_tokens=max_answer_tokens, answer_filter=answer_filter, dtype=dtype,
-                    bm25_weight=bm25_weight)
+                    bm25_weight=bm25_weight, rerank_depth=rerank_depth,
+                    reranker=_load_reranker(reranker) if reranker else None)
+
+
+def _load_reranker(path: str | os.PathLike):
+    from odqa.retriever.cross_encoder import CrossEncoder
+    return CrossEncoder.from_pretrained(path)

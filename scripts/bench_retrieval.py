@@ -40,7 +40,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = [sys.executable, "-m", "odqa.system.cli", "-q", "retrieve", "--questions", args.questions,
                 "--limit", str(args.n), "--k", str(args.k)]
-        phrase = base + ["--retriever", "phrase"] + (["--index", args.index] if args.index else []) \
+        # the phrase retriever itself: a passage reranker the default pipeline may have is left out
+        phrase = base + ["--retriever", "phrase", "--no-reranker"] + (["--index", args.index] if args.index else []) \
             + (["--model", args.model] if args.model else [])
         runs = {
             "dense (MiniLM mean-pooled, Flat)": base + ["--retriever", "dense"],

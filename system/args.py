@@ -22,6 +22,10 @@ class RunArgs:
     top_docs: int = arg(100, "K: documents kept by the pre-filter")
     lam: float | None = arg(None, "rerank weight of the document score (default: the tuned value, else 0)")
     bm25_weight: float | None = arg(None, "rerank weight of the passage's BM25 score (default: the tuned value, else 0)")
+    reranker: str | None = arg(None, "passage reranker (`odqa train-reranker` OUT/best; default: the default "
+                                     "pipeline's, where it has one)")
+    rerank_depth: int = arg(20, "passages the reranker reads: the top max(k, N)")
+    no_reranker: bool = arg(False, "without the default pipeline's passage reranker")
     corpus: str | None = arg(None, "`odqa corpus build` output (default: the default corpus)")
     baselines: list[str] = listed(["bm25", "dense"], "other retrievers on the Top-k plot: bm25, dense, or none")
     dense_encoder: str | None = arg(None, "encoder of the dense baseline (default: the data pack's MiniLM)")

@@ -52,7 +52,10 @@ def run(args: RunArgs) -> list[dict]:
                 "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam,
                 "bm25_weight": args.bm25_weight, "limit": args.limit,
                 "nprobe": args.nprobe, "max_answer_tokens": args.max_answer_tokens,
-                "answer_filter": args.answer_filter}
+                "answer_filter": args.answer_filter,
+                # in the key only when set: the files of a run without a reranker stay valid
+                **({"reranker": path_fingerprint(args.reranker), "rerank_depth": args.rerank_depth}
+                   if args.reranker else {})}
     write_json(out / "run_args.json", asdict(args))
     searcher = None
     reader_fp = path_fingerprint(args.reader)
@@ -78,7 +81,8 @@ def run(args: RunArgs) -> list[dict]:
                 from odqa.retriever.searcher import open_searcher
                 searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
                                          args.top_docs, args.lam, args.nprobe, args.max_answer_tokens,
-                                         args.answer_filter, bm25_weight=args.bm25_weight)
+                                         args.answer_filter, bm25_weight=args.bm25_weight, reranker=args.reranker,
+                                         rerank_depth=args.rerank_depth)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
         entries = read_results(retrieval)

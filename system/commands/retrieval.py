@@ -1,5 +1,5 @@
 """The retrievers' commands: `retrieve`, `train-teacher`, `train-phrase`, `dump-phrases`, `train-filter`,
-`build-index`, `train-query`, `train-doc`, `build-doc-index`, `tune-lambda` and `verify`; and the flags
+`build-index`, `train-query`, `train-doc`, `build-doc-index`, `tune-lambda`, `train-reranker` and `verify`; and the flags
 that name a phrase index behind its optional document pre-filter, which `ask`, `serve` and `run` share."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from odqa.retriever.args import (
     DocTrainArgs,
     PhraseTrainArgs,
     QueryTrainArgs,
+    RerankerTrainArgs,
     TeacherTrainArgs,
 )
 from odqa.system.commands.args import add_dataclass_args, command, corpus_arg, dataclass_from_args, positive_int
@@ -28,7 +29,8 @@ def phrase_searcher(args, rerank: bool = True):
     lam, bm25_weight = (args.lam, args.bm25_weight) if rerank else (0.0, 0.0)
     return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
                          args.top_docs, lam, args.nprobe, args.max_answer_tokens, args.answer_filter,
-                         bm25_weight=bm25_weight)
+                         bm25_weight=bm25_weight, reranker=args.reranker if rerank else None,
+                         rerank_depth=args.rerank_depth)
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
@@ -53,6 +55,11 @@ def prefilter_args(p: argparse.ArgumentParser) -> None:
                         "document index, else 0)")
     p.add_argument("--no-prefilter", action="store_true", help="search every phrase, without the default "
                                                                 "pipeline's document pre-filter")
+    p.add_argument("--reranker", type=Path, default=None,
+                   help="passage reranker (`odqa train-reranker` OUT/best): reorders the top max(k, --rerank-depth) "
+                        "passages (default: the default pipeline's, where it has one)")
+    p.add_argument("--rerank-depth", type=positive_int, default=20, help="passages the reranker reads (default 20)")
+    p.add_argument("--no-reranker", action="store_true", help="without the default pipeline's passage reranker")
 
 
 def phrase_index_args(p: argparse.ArgumentParser) -> None:
@@ -73,6 +80,8 @@ def cmd_retrieve(args) -> None:
     if args.retriever == "phrase":
         from odqa.common.defaults import fill_defaults
         fill_defaults(args)
+    elif args.reranker:
+        raise InputError(f"--reranker reorders the phrase retriever's passages, not {args.retriever}'s")
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
     if args.retriever == "phrase":
@@ -151,6 +160,22 @@ def cmd_train_doc(args) -> None:
     for epoch, m in enumerate(r["validation"], 1):
         print(f"epoch {epoch}: validation document " + ", ".join(f"{k} {m[k]:.1f}" for k in ("Top-1", "Top-5", "Top-20", "Top-100")))
     print(f"best Top-20 {r['best_top20']:.1f}; best checkpoint: {args.out_dir}/best")
+
+
+def cmd_train_reranker(args) -> None:
+    from odqa.retriever.cross_encoder_train import train_reranker
+    r = train_reranker(dataclass_from_args(RerankerTrainArgs, args))
+    print(f"{r['train_questions']} training questions with both kinds of passage in their top {args.depth}, "
+          f"{r['steps']} steps")
+    metrics = [k for k in r["retriever"] if k != "questions"]
+    print("| validation | " + " | ".join(metrics) + " |")
+    print("|---|" + "---:|" * len(metrics))
+    print("| the search's order | " + " | ".join(f"{r['retriever'][k]:.1f}" for k in metrics) + " |")
+    for e in r["validation"]:
+        print(f"| reranker, step {e['step']} | " + " | ".join(f"{e[k]:.1f}" for k in metrics) + " |")
+    for row in r["weight_grid"]:
+        print(f"| search + {row['weight']:g} x reranker | " + " | ".join(f"{row[k]:.1f}" for k in metrics) + " |")
+    print(f"weight {r['weight']:g}; best checkpoint: {args.out_dir}/best")
 
 
 def cmd_build_doc_index(args) -> None:
@@ -293,6 +318,14 @@ def add(sub) -> None:
     add_dataclass_args(p, DocTrainArgs, {
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "corpus": str(default_corpus()), "encoder": str(default_encoder())})
+
+    p = command(sub, "train-reranker", cmd_train_reranker,
+                help="train the cross-encoder that reranks the search's top passages",
+                description="A BERT-family cross-encoder (monoBERT) over question + passage, trained with one "
+                            "answer-bearing passage against --negatives retrieved ones per question (a retrieval "
+                            "file of the training questions); validated by reranking, its weight beside the "
+                            "search's score tuned on validation.")
+    add_dataclass_args(p, RerankerTrainArgs, {"encoder": str(default_encoder())})
 
     p = command(sub, "build-doc-index", cmd_build_doc_index,
                 help="encode every document summary into a faiss document index")

@@ -1,0 +1,195 @@
+"""The cross-encoder passage reranker: it learns a planted task from a retrieval file, loads back with
+the same scores and its tuned weight, refuses what is not one of its checkpoints; the searcher reorders
+its top passages by z(search) + w x z(reranker), and the default pipeline's reranker is used unless a
+flag says otherwise."""
+import argparse
+import json
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from tiny_models import make_tiny_bert
+
+from odqa.common.defaults import fill_defaults, record_pipeline
+from odqa.common.io import InputError
+from odqa.retriever.args import RerankerTrainArgs
+from odqa.retriever.cross_encoder import CONFIG, CrossEncoder
+from odqa.retriever.cross_encoder_train import load_groups, ranking_metrics, train_reranker
+from odqa.retriever.rerank import standardise
+from odqa.retriever.searcher import Searcher
+from odqa.system.cli import main
+
+NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar",
+         "peggy", "rupert", "sybil", "trent", "victor", "walter", "yvonne", "zoe"]
+CITIES = ["rome", "paris", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "kyiv", "seoul",
+          "dakar", "baku", "bern", "doha", "riga", "sofia", "tunis", "minsk"]
+
+
+def retrieval_file(path, names, born, rng, depth=6):
+    """Each question asks where a person was born or where they died; its passages are its answer among
+    depth - 1 passages of the other kind, in a random order with random search scores. Half the
+    questions ask each, so no score of a passage alone ranks both kinds right: only reading the
+    question with the passage does."""
+    entries = []
+    for i, name in enumerate(names):
+        asks_birth = i % 2 == 0
+        others = rng.sample([n for n in born if n != name], depth - 1)
+        ctxs = [{"id": name, "title": "person", "text": sentence(name, born[name], asks_birth), "has_answer": True}]
+        ctxs += [{"id": n, "title": "person", "text": sentence(n, born[n], not asks_birth), "has_answer": False}
+                 for n in others]
+        rng.shuffle(ctxs)
+        for c, s in zip(ctxs, sorted((rng.random() for _ in ctxs), reverse=True)):
+            c["score"] = s
+        question = f"where was {name} born" if asks_birth else f"where did {name} die"
+        entries.append({"id": name, "question": question, "answers": [born[name]], "ctxs": ctxs})
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def sentence(name, city, birth):
+    return f"{name} was born in {city} ." if birth else f"{name} died in {city} ."
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reranker")
+    rng = random.Random(0)
+    born = dict(zip(NAMES, CITIES))
+    encoder = make_tiny_bert(root / "bert", [f"{n} was born in {c} . where did die person :" for n, c in born.items()],
+                             hidden=64)
+    train = retrieval_file(root / "train.json", NAMES * 6, born, rng)
+    val = retrieval_file(root / "val.json", NAMES, born, rng)
+    assert main(["-q", "train-reranker", "--train-file", str(train), "--validation-file", str(val),
+                 "--out", str(root / "rr"), "--encoder", str(encoder), "--depth", "6", "--negatives", "3",
+                 "--epochs", "20", "--batch-size", "8", "--lr", "5e-4", "--head-lr", "1e-2", "--max-tokens", "32",
+                 "--eval-steps", "100"]) == 0
+    return {"root": root, "val": val, "out": root / "rr", "summary": json.loads((root / "rr" / "summary.json").read_text())}
+
+
+def test_the_reranker_learns_which_passage_answers(trained):
+    s = trained["summary"]
+    assert s["train_questions"] == 6 * len(NAMES)
+    assert s["retriever"]["Top-1"] < 40           # random order: about 1 in 6
+    assert [e["step"] for e in s["validation"]] == [100, 200, 300]
+    assert s["best"]["value"] >= 90               # MRR@6 of the reranker alone
+    # the tuned weight is the grid's smallest with the best MRR, and it is stored in both checkpoints
+    best = max(s["weight_grid"], key=lambda r: r["MRR@6"])
+    assert s["weight"] == best["weight"] and best["Top-1"] >= 90
+    for name in ("best", "last"):
+        assert json.loads((trained["out"] / name / CONFIG).read_text())["weight"] == s["weight"]
+
+
+def test_a_trained_reranker_loads_back_with_the_same_scores(trained, tmp_path):
+    a = CrossEncoder.from_pretrained(trained["out"] / "best").eval()
+    passages = [{"title": "person", "text": "bob was born in rome ."}, {"title": "person", "text": "zoe died in minsk ."}]
+    a.save_pretrained(tmp_path / "again")
+    b = CrossEncoder.from_pretrained(tmp_path / "again").eval()
+    assert np.array_equal(a.score("where was bob born", passages), b.score("where was bob born", passages))
+    assert a.score("where was bob born", passages)[0] > a.score("where was bob born", passages)[1]
+    assert b.weight == a.weight == json.loads((trained["out"] / "best" / CONFIG).read_text())["weight"]
+
+
+def test_what_is_not_a_reranker_checkpoint_is_refused(trained, tmp_path):
+    with pytest.raises(InputError, match="not a reranker checkpoint"):
+        CrossEncoder.from_pretrained(tmp_path)
+    from transformers import AutoModelForSequenceClassification
+    one = CrossEncoder.from_pretrained(trained["out"] / "best")
+    two = AutoModelForSequenceClassification.from_pretrained(trained["root"] / "bert", num_labels=2)
+    CrossEncoder(two, one.tokenizer, one.config).save_pretrained(tmp_path / "two")
+    with pytest.raises(InputError, match="2 outputs, not 1"):
+        CrossEncoder.from_pretrained(tmp_path / "two")
+    (trained["root"] / "bad.json").write_text("[]")
+    with pytest.raises(InputError, match="fewer than one batch"):
+        train_reranker(RerankerTrainArgs(train_file=str(trained["root"] / "bad.json"), validation_file=str(trained["val"]),
+                                         out_dir=str(tmp_path / "x"), encoder=str(trained["root"] / "bert")))
+
+
+def test_groups_keep_questions_with_both_kinds_in_their_top_passages(tmp_path):
+    entries = [{"question": "a", "answers": ["x"], "ctxs": [{"text": "x", "has_answer": True, "score": 1},
+                                                            {"text": "y", "has_answer": False, "score": 0}]},
+               {"question": "b", "answers": ["x"], "ctxs": [{"text": "y", "has_answer": False, "score": 1}]},
+               {"question": "c", "answers": ["x"], "ctxs": [{"text": "y", "has_answer": False, "score": 1},
+                                                            {"text": "x", "has_answer": True, "score": 0}]}]
+    (tmp_path / "r.json").write_text(json.dumps(entries))
+    groups, asked = load_groups(str(tmp_path / "r.json"), depth=2)
+    assert asked == 3 and [g["question"] for g in groups] == ["a", "c"]
+    assert load_groups(str(tmp_path / "r.json"), depth=1)[0] == []   # c's answer is at rank 2
+
+
+def test_ranking_metrics_order_by_the_search_then_the_reranker():
+    entries = [{"ctxs": [{"score": 3.0, "has_answer": False}, {"score": 2.0, "has_answer": False},
+                         {"score": 1.0, "has_answer": True}]}]
+    cross = [np.array([0.0, 0.0, 5.0])]
+    assert ranking_metrics(entries, cross, 0.0, 3)["Top-1"] == 0.0       # the search's order
+    assert ranking_metrics(entries, cross, None, 3)["Top-1"] == 100.0    # the reranker alone
+    # z(search) = (1.22, 0, -1.22), z(cross) = (-0.71, -0.71, 1.41): weight 1 keeps the first passage
+    # first (0.52 against -0.71 and the answer's 0.19), weight 2 puts the answer first (1.60)
+    assert ranking_metrics(entries, cross, 1.0, 3)["Top-1"] == 0.0
+    assert ranking_metrics(entries, cross, 2.0, 3)["Top-1"] == 100.0
+
+
+class FixedReranker:
+    """Scores a passage by a table of its ids: what the searcher does with any reranker's scores."""
+
+    def __init__(self, scores: dict, weight: float):
+        self.scores, self.weight, self.asked = scores, weight, []
+
+    def to(self, device):
+        return self
+
+    def eval(self):
+        return self
+
+    def score(self, question, passages):
+        self.asked.append([p["id"] for p in passages])
+        return np.array([self.scores.get(p["id"], 0.0) for p in passages])
+
+
+def test_the_searcher_reorders_its_top_passages_by_both_scores():
+    passages = [{"id": f"p{i}", "score": s, "phrase": {"text": f"answer {i}"}} for i, s in enumerate([9.0, 8.0, 7.5, 7.0, 1.0])]
+    reranker = FixedReranker({"p3": 10.0, "p4": 5.0}, weight=1.0)
+    searcher = SimpleNamespace(reranker=reranker)
+    result = Searcher._cross_rerank(searcher, "q", {"phrases": [], "passages": [dict(p) for p in passages]}, k=3)
+    final = standardise([p["score"] for p in passages]) + standardise([0, 0, 0, 10.0, 5.0])
+    want = np.argsort(-final, kind="stable")[:3]
+    assert [p["id"] for p in result["passages"]] == [f"p{i}" for i in want] == ["p3", "p0", "p1"]
+    assert [p["score"] for p in result["passages"]] == pytest.approx(final[want].tolist())
+    assert [p["search_score"] for p in result["passages"]] == [7.0, 9.0, 8.0]
+    assert [p["cross_score"] for p in result["passages"]] == [10.0, 0.0, 0.0]
+    assert result["passages"][0]["phrase"]["text"] == "answer 3"     # the extractive answer follows it
+    reranker.weight = 0.0                                            # a weight of 0 keeps the search's order
+    result = Searcher._cross_rerank(searcher, "q", {"phrases": [], "passages": [dict(p) for p in passages]}, k=5)
+    assert [p["id"] for p in result["passages"]] == [p["id"] for p in passages]
+
+
+def test_the_default_pipelines_reranker_is_used_unless_a_flag_says_otherwise(tmp_path):
+    paths = {}
+    for name in ("phrase_index", "phrase_model", "reranker", "corpus"):
+        paths[name] = tmp_path / name
+        paths[name].mkdir()
+    record_pipeline(paths, by="test")
+
+    def args(**kw):
+        base = dict(index=None, model=None, doc_index=None, doc_model=None, corpus=None, reranker=None,
+                    no_prefilter=False, no_reranker=False)
+        return argparse.Namespace(**{**base, **kw})
+
+    a = args()
+    fill_defaults(a)
+    assert a.reranker == str(paths["reranker"].resolve())
+    a = args(no_reranker=True)
+    fill_defaults(a)
+    assert a.reranker is None
+    a = args(index=str(tmp_path / "other"))        # a phrase index named by a flag is searched as named
+    fill_defaults(a)
+    assert a.reranker is None
+    a = args(reranker=str(tmp_path / "mine"))      # a named reranker wins
+    fill_defaults(a)
+    assert a.reranker == str(tmp_path / "mine")
+
+
+def test_a_reranker_is_refused_for_the_other_retrievers(tiny_corpus, tiny_questions, tmp_path):
+    assert main(["-q", "retrieve", "--retriever", "bm25", "--questions", str(tiny_questions), "--corpus",
+                 str(tiny_corpus), "--reranker", str(tmp_path), "--out", str(tmp_path / "r.json")]) == 2
+    assert not (tmp_path / "r.json").exists()
