@@ -130,3 +130,5 @@ class RerankerTrainArgs(OptimArgs):
     max_tokens: int = arg(128, "question and passage tokens together")
     max_train_examples: int | None = arg(None, "use only the first N training questions")
     max_validation_examples: int | None = arg(500, "validate on the first N questions")
+    record: bool = arg(True, "make OUT/best the default pipeline's reranker, which `retrieve --retriever phrase`, "
+                             "`ask`, `serve` and `run` then use unless --no-reranker")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tiny_models import make_tiny_bert
 
-from odqa.common.defaults import fill_defaults, record_pipeline
+from odqa.common.defaults import default_pipeline, fill_defaults, record_pipeline
 from odqa.common.io import InputError
 from odqa.retriever.args import RerankerTrainArgs
 from odqa.retriever.cross_encoder import CONFIG, CrossEncoder
@@ -64,7 +64,9 @@ def trained(tmp_path_factory):
                  "--out", str(root / "rr"), "--encoder", str(encoder), "--depth", "6", "--negatives", "3",
                  "--epochs", "20", "--batch-size", "8", "--lr", "5e-4", "--head-lr", "1e-2", "--max-tokens", "32",
                  "--eval-steps", "100"]) == 0
-    return {"root": root, "val": val, "out": root / "rr", "summary": json.loads((root / "rr" / "summary.json").read_text())}
+    recorded = default_pipeline().get("reranker")
+    return {"root": root, "val": val, "out": root / "rr", "summary": json.loads((root / "rr" / "summary.json").read_text()),
+            "recorded": recorded}
 
 
 def test_the_reranker_learns_which_passage_answers(trained):
@@ -78,6 +80,7 @@ def test_the_reranker_learns_which_passage_answers(trained):
     assert s["weight"] == best["weight"] and best["Top-1"] >= 90
     for name in ("best", "last"):
         assert json.loads((trained["out"] / name / CONFIG).read_text())["weight"] == s["weight"]
+    assert trained["recorded"] == (trained["out"] / "best").resolve()   # what the next command finds by default
 
 
 def test_a_trained_reranker_loads_back_with_the_same_scores(trained, tmp_path):

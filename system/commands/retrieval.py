@@ -176,6 +176,10 @@ def cmd_train_reranker(args) -> None:
     for row in r["weight_grid"]:
         print(f"| search + {row['weight']:g} x reranker | " + " | ".join(f"{row[k]:.1f}" for k in metrics) + " |")
     print(f"weight {r['weight']:g}; best checkpoint: {args.out_dir}/best")
+    if args.record:
+        from odqa.common.defaults import pipeline_file, record_pipeline
+        record_pipeline({"reranker": Path(args.out_dir) / "best"}, by="odqa train-reranker")
+        print(f"the default pipeline's reranker now ({pipeline_file()}); --no-reranker searches without it")
 
 
 def cmd_build_doc_index(args) -> None:
