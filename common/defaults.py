@@ -80,7 +80,7 @@ def fill_defaults(args, reader: bool = False) -> None:
             and {"doc_index", "doc_model"} <= set(pipeline):
         args.doc_index, args.doc_model = str(pipeline["doc_index"]), str(pipeline["doc_model"])
     # The reranker reorders what the default pipeline's search returns; `no_reranker` leaves it out.
-    if own_index and getattr(args, "reranker", "absent") is None and not getattr(args, "no_reranker", False) \
+    if own_index and hasattr(args, "reranker") and args.reranker is None and not getattr(args, "no_reranker", False) \
             and "reranker" in pipeline:
         args.reranker = str(pipeline["reranker"])
     if own_index and args.corpus is None and "corpus" in pipeline:
