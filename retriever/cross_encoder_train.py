@@ -66,8 +66,8 @@ def _collate(model: CrossEncoder, n_neg: int, seed: int):
 
 class GroupLoss:
     def __call__(self, model, batch: dict, step: int) -> tuple[torch.Tensor, dict]:
-        present = batch.pop("present")
-        scores = model(**batch).float().view(present.shape)
+        present = batch["present"]
+        scores = model(**{k: v for k, v in batch.items() if k != "present"}).float().view(present.shape)
         loss = F.cross_entropy(scores.masked_fill(~present, -1e4), torch.zeros(len(scores), dtype=torch.long,
                                                                                device=scores.device))
         return loss, {"loss": loss.item()}
