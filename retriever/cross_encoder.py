@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
+from odqa.common.device import search_dtype
 from odqa.common.io import InputError, atomic_path, loading
 from odqa.retriever.lm import load_tokenizer, read_config
 
@@ -83,15 +84,17 @@ class CrossEncoder(nn.Module):
 
     @torch.no_grad()
     def score(self, question: str, passages: list[dict], batch_size: int = 32) -> np.ndarray:
-        """The relevance of each passage to the question, in the passages' order."""
+        """The relevance of each passage to the question, in the passages' order; under bfloat16 autocast
+        where the hardware computes it natively (`search_dtype`), as the question encoders and the reader."""
         if not passages:
             return np.zeros(0)
         device = next(self.parameters()).device
         out = []
-        for a in range(0, len(passages), batch_size):
-            chunk = passages[a:a + batch_size]
-            enc = {k: v.to(device) for k, v in self.encode([question] * len(chunk), chunk).items()}
-            out.append(self(**enc).float().cpu().numpy())
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=search_dtype(device.type) == torch.bfloat16):
+            for a in range(0, len(passages), batch_size):
+                chunk = passages[a:a + batch_size]
+                enc = {k: v.to(device) for k, v in self.encode([question] * len(chunk), chunk).items()}
+                out.append(self(**enc).float().cpu().numpy())
         return np.concatenate(out)
 
     @property

@@ -196,3 +196,16 @@ def test_a_reranker_is_refused_for_the_other_retrievers(tiny_corpus, tiny_questi
     assert main(["-q", "retrieve", "--retriever", "bm25", "--questions", str(tiny_questions), "--corpus",
                  str(tiny_corpus), "--reranker", str(tmp_path), "--out", str(tmp_path / "r.json")]) == 2
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_reranker_scores_under_bfloat16_where_search_does(trained, monkeypatch):
+    model = CrossEncoder.from_pretrained(trained["out"] / "best").eval()
+    passages = [{"title": "person", "text": f"{n} {verb} in {c} ."} for n, c in zip(NAMES[:6], CITIES)
+                for verb in ("was born", "died")]
+    monkeypatch.setenv("ODQA_SEARCH_DTYPE", "float32")
+    full = model.score("where did bob die", passages)
+    monkeypatch.setenv("ODQA_SEARCH_DTYPE", "bfloat16")
+    half = model.score("where did bob die", passages)
+    assert not np.array_equal(full, half)                  # it did run in bfloat16
+    assert np.allclose(full, half, atol=0.1 * np.abs(full).max())
+    assert np.argmax(full) == np.argmax(half)
