@@ -22,6 +22,7 @@ from transformers import AutoModelForSequenceClassification
 from odqa.common.device import search_dtype
 from odqa.common.io import InputError, atomic_path, loading
 from odqa.retriever.lm import load_tokenizer, read_config
+from odqa.retriever.rerank import standardise
 
 CONFIG = "cross_encoder.json"
 
@@ -66,7 +67,7 @@ class CrossEncoder(nn.Module):
             tmp.mkdir()
             self.lm.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
-            (tmp / CONFIG).write_text(json.dumps(asdict(self.config), indent=2))
+            _write_config(tmp / CONFIG, self.config)
 
     def encode(self, questions: list[str], passages: list[dict]) -> dict[str, torch.Tensor]:
         """Question-passage pairs as model inputs; only the passage is cut to fit max_tokens."""
@@ -103,8 +104,18 @@ class CrossEncoder(nn.Module):
         return 1.0 if self.config.weight is None else float(self.config.weight)
 
 
+def final_scores(search_scores, cross_scores, weight: float) -> np.ndarray:
+    """The final ranking's scores of one question's passages: z(search score) + weight x z(reranker score),
+    each standardised over those passages (the two come from different models)."""
+    return standardise(search_scores) + weight * standardise(cross_scores)
+
+
 def set_weight(path: str | os.PathLike, weight: float) -> None:
     """Store a tuned ranking weight in the checkpoint at `path`."""
     config = replace(read_config(Path(path) / CONFIG, CrossEncoderConfig), weight=float(weight))
     with atomic_path(Path(path) / CONFIG) as tmp:
-        tmp.write_text(json.dumps(asdict(config), indent=2))
+        _write_config(tmp, config)
+
+
+def _write_config(path: Path, config: CrossEncoderConfig) -> None:
+    path.write_text(json.dumps(asdict(config), indent=2))

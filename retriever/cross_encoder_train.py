@@ -28,8 +28,7 @@ from odqa.common.metrics.retrieval import retrieval_metrics
 from odqa.common.retrieval_file import read_results
 from odqa.common.trainer import MicroBatches, Task, make_engine, permuted_batches, seeded, train
 from odqa.retriever.args import RerankerTrainArgs
-from odqa.retriever.cross_encoder import CrossEncoder, set_weight
-from odqa.retriever.rerank import standardise
+from odqa.retriever.cross_encoder import CrossEncoder, final_scores, set_weight
 
 log = logging.getLogger(__name__)
 WEIGHT_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -86,10 +85,7 @@ def ranking_metrics(entries: list[dict], cross: list[np.ndarray], weight: float 
     hits = []
     for e, c in zip(entries, cross):
         ctxs = e["ctxs"][:depth]
-        if weight is None:
-            score = c
-        else:
-            score = standardise([x["score"] for x in ctxs]) + weight * standardise(c)
+        score = c if weight is None else final_scores([x["score"] for x in ctxs], c, weight)
         order = np.argsort(-np.asarray(score, dtype=np.float64), kind="stable")
         hits.append([bool(ctxs[i]["has_answer"]) for i in order])
     m = retrieval_metrics(hits, ks=(1, 5, 10), mrr_k=depth)

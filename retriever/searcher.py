@@ -306,11 +306,12 @@ class Searcher:
     def _cross_rerank(self, question: str, result: dict, k: int) -> dict:
         """The result's passages reordered by z(search score) + w x z(cross-encoder score), its first k
         kept: each passage's `score` becomes that sum, beside its `search_score` and `cross_score`."""
+        from odqa.retriever.cross_encoder import final_scores
         passages = result["passages"]
         if not passages:
             return result
         cross = self.reranker.score(question, passages)
-        final = standardise([p["score"] for p in passages]) + self.reranker.weight * standardise(cross)
+        final = final_scores([p["score"] for p in passages], cross, self.reranker.weight)
         order = np.argsort(-final, kind="stable")[:k]
         result["passages"] = [{**passages[i], "score": float(final[i]), "search_score": passages[i]["score"],
                                "cross_score": float(cross[i])} for i in order]
