@@ -31,7 +31,9 @@ from odqa.retriever.args import RerankerTrainArgs
 from odqa.retriever.cross_encoder import CrossEncoder, final_scores, set_weight
 
 log = logging.getLogger(__name__)
-WEIGHT_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+# Up to 32, where z(search) only breaks the reranker's ties: a well-trained reranker ranks best
+# nearly alone (the demo's rr2 took 8, the end of a grid that stopped there).
+WEIGHT_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 def load_groups(path: str, depth: int, limit: int | None = None) -> tuple[list[dict], int]:

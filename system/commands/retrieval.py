@@ -193,6 +193,9 @@ def cmd_tune_lambda(args) -> None:
     from odqa.common.defaults import fill_defaults
     from odqa.common.questions import load_questions
     from odqa.retriever.tune_lambda import tune_searcher_lambda
+    if args.reranker:
+        raise InputError("tune-lambda tunes the search's own rerank, which comes before the passage reranker: "
+                         "--reranker has no effect here (the reranker's weight is tuned by train-reranker)")
     fill_defaults(args)
     searcher = phrase_searcher(args, rerank=False)
     if searcher.prefilter is None:
