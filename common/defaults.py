@@ -52,13 +52,17 @@ def default_path(name: str, pipeline: dict[str, Path] | None = None) -> Path:
     return path
 
 
-def record_pipeline(paths: dict[str, str | Path], by: str) -> None:
-    """Record (or update) artifacts of the default pipeline; the file is replaced atomically."""
-    unknown = set(paths) - set(ARTIFACTS)
+def record_pipeline(paths: dict[str, str | Path], by: str, forget: dict[str, str | Path] | None = None) -> None:
+    """Record (or update) artifacts of the default pipeline; the file is replaced atomically. Each
+    artifact of `forget` is taken out where the pipeline still records it at that path."""
+    unknown = (set(paths) | set(forget or {})) - set(ARTIFACTS)
     if unknown:
         raise ValueError(f"not pipeline artifacts: {sorted(unknown)}")
     path = pipeline_file()
     recorded = read_json(path) if path.exists() else {}
+    for k, v in (forget or {}).items():
+        if recorded.get(k) == str(Path(v).resolve()):
+            del recorded[k]
     recorded.update({k: str(Path(v).resolve()) for k, v in paths.items()})
     recorded.update(recorded_by=by, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
     path.parent.mkdir(parents=True, exist_ok=True)

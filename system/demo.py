@@ -11,6 +11,8 @@
     reader     a bert2bert warm-started from the encoder, or a T5 (SentencePiece + preset, or any
                checkpoint, optional span-corruption pretraining); the gold passage alone, then FiD on
                the training questions' BM25 passages or the pipeline's own (DeepSpeed or accelerate)
+    reranker   (opt-in: `reranker`) a cross-encoder passage reranker trained on the pipeline's top
+               `rerank_depth` passages of the training questions; `run` and `ask` then read through it
     run        `odqa run` on a slice of NQ-test and TQA-test: the report table
     ask        three of those questions through the Pipeline, both answers printed
 
@@ -103,6 +105,12 @@ class DemoConfig:
     reader_bf16: bool = True                # train under bfloat16 autocast where the CPU computes it natively
                                             # (AVX512-BF16, AMX): 1.4x the steps, the same losses (docs/reader.md)
     text_maxlength: int = 128
+    # passage reranker (an opt-in stage: about 20 more minutes here; docs/retrieval.md)
+    reranker: bool = False                  # train a cross-encoder reranker; run and ask read through it
+    reranker_questions: int | None = None   # its training questions (None: all)
+    rerank_depth: int = 20                  # passages it is trained on and reorders: the search's top N
+    reranker_validation: int = 300          # validation questions (MRR, then its weight beside the search's)
+    reranker_batch: int = 8                 # questions a step, each with a positive and 3 negatives
     # evaluation
     run_limit: int | None = 100             # first N questions of each test set (None: all)
     run_k: list[int] = field(default_factory=lambda: [5, 10])
@@ -146,6 +154,10 @@ REFERENCE = dict(
     read_token_s=0.00004,     # per (passage x token) read, greedy decoding, tiny preset
     warm_fid_token_s=0.0010,  # the same for the bert2bert reader (MiniLM encoder, 2 decoder layers), span loss
     warm_read_token_s=0.0002,
+    rerank_pair_s=0.12,       # a question-passage pair of a reranker training step (forward and backward,
+                              # <= 128 tokens; 400 steps of 8 x 4 pairs took 23 minutes on a float32-only
+                              # 2-core machine); scoring one is about encode_s
+    rerank_groups=0.45,       # share of the training questions with both kinds of passage in their top 20
 )
 
 
@@ -170,7 +182,8 @@ class Demo:
         self._test_sizes: dict[str, int] = {}  # stages() runs before every stage: count each set once
         self.p = {name: self.out / name for name in (
             "supervision", "phrase", "phrase-dump", "phrase-index", "query", "doc-r1", "doc-r2", "doc-index",
-            "reader-init", "reader-pretrain", "reader-data", "reader-gold", "reader", "run")}
+            "reader-init", "reader-pretrain", "reader-data", "reader-gold", "reader", "reranker-data", "reranker",
+            "run")}
 
     # --- the stages, in order -------------------------------------------------------------------
     def stages(self) -> list[Stage]:
@@ -232,6 +245,16 @@ class Demo:
                       "reader_bf16", "text_maxlength")} | _set(c, "reader_gold_evals", "reader_passages"),
                   [p["reader"] / "best"],
                   [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
+            # After the reader, so that turning it on or off reruns the run stage only.
+            *([Stage("reranker", f"train the passage reranker on the top {c.rerank_depth} passages of "
+                                 f"{min(c.reranker_questions or n_train, n_train):,} training questions",
+                     (min(c.reranker_questions or n_train, n_train) + c.reranker_validation) * ref["search_q_s"]
+                     + min(c.reranker_questions or n_train, n_train) * ref["rerank_groups"] * 4 * ref["rerank_pair_s"]
+                     + c.reranker_validation * c.rerank_depth * ref["encode_s"],
+                     self.train_reranker, {k: getattr(c, k) for k in ("encoder", "reranker_questions", "rerank_depth",
+                                                                      "reranker_validation", "reranker_batch")},
+                     [p["reranker"] / "best"], [p["reranker-data"], p["reranker"]])]
+              if c.reranker else []),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
                          f"k = {', '.join(map(str, c.run_k))}",
                   # `odqa run` reads every k in one pass: the passages are encoded once, at the largest k
@@ -418,10 +441,16 @@ class Demo:
     def doc_model(self) -> Path:
         return (self.p["doc-r2"] if self.cfg.doc_rounds > 1 else self.p["doc-r1"]) / "best"
 
-    def searcher(self):
+    def searcher(self, reranked: bool = False):
+        """The pipeline's phrase search behind its pre-filter; with `reranked`, behind the reranker too
+        where this demo trains one."""
         from odqa.retriever.searcher import open_searcher
         return open_searcher(self.p["phrase-index"], self.phrase_model(), self.corpus, self.p["doc-index"],
-                             self.doc_model(), self.cfg.top_docs)
+                             self.doc_model(), self.cfg.top_docs, reranker=self.reranker() if reranked else None,
+                             rerank_depth=self.cfg.rerank_depth)
+
+    def reranker(self) -> Path | None:
+        return self.p["reranker"] / "best" if self.cfg.reranker else None
 
     def train_reader(self, resume: bool) -> dict:
         from odqa.reader.args import LoopArgs
@@ -522,13 +551,40 @@ class Demo:
             store.close()
         return paths[0], paths[1]
 
+    def train_reranker(self, resume: bool) -> dict:
+        """The pipeline's own top `rerank_depth` passages of the training and validation questions (each
+        file written whole, so a resumed stage searches no more), then `odqa train-reranker` on them."""
+        from odqa.common.retrieval_file import write_results
+        from odqa.retriever.args import RerankerTrainArgs
+        from odqa.retriever.cross_encoder_train import train_reranker
+        from odqa.retriever.retrieve import retrieve_phrases
+        c, out = self.cfg, self.p["reranker-data"]
+        paths = {split: out / f"{split}.json" for split in ("train", "validation")}
+        if not (resume and all(path.exists() for path in paths.values())):
+            out.mkdir(parents=True, exist_ok=True)
+            searcher = self.searcher()
+            for (split, path), limit in zip(paths.items(), (c.reranker_questions, c.reranker_validation)):
+                questions = load_questions(self.p["supervision"] / f"{split}.jsonl", limit=limit)
+                write_results(path, retrieve_phrases(searcher, questions, c.rerank_depth))
+        r = train_reranker(RerankerTrainArgs(
+            train_file=str(paths["train"]), validation_file=str(paths["validation"]), out_dir=str(self.p["reranker"]),
+            encoder=self.encoder, depth=c.rerank_depth, batch_size=c.reranker_batch,
+            max_validation_examples=c.reranker_validation, resume=resume,
+            precision="bf16" if self._reader_bf16() else "auto"))
+        best = next(row for row in r["weight_grid"] if row["weight"] == r["weight"])
+        metric = f"MRR@{c.rerank_depth}"
+        return {"train_questions": r["train_questions"], "steps": r["steps"], "weight": r["weight"],
+                "search Top-1": round(r["retriever"]["Top-1"], 2), "reranked Top-1": round(best["Top-1"], 2),
+                f"search {metric}": round(r["retriever"][metric], 2), f"reranked {metric}": round(best[metric], 2)}
+
     def run(self, resume: bool) -> dict:
         from odqa.system.run import RunArgs, run
-        c = self.cfg
+        c, reranker = self.cfg, self.reranker()
         rows = run(RunArgs(str(self.p["run"]), index=str(self.p["phrase-index"]), model=str(self.phrase_model()),
                            reader=str(self.p["reader"] / "best"), questions=c.test_questions, k=c.run_k, limit=c.run_limit,
                            doc_index=str(self.p["doc-index"]), doc_model=str(self.doc_model()), top_docs=c.top_docs,
-                           corpus=str(self.corpus), baselines=c.baselines, text_maxlength=c.text_maxlength))
+                           corpus=str(self.corpus), baselines=c.baselines, text_maxlength=c.text_maxlength,
+                           reranker=str(reranker) if reranker else None, rerank_depth=c.rerank_depth))
         return {"rows": len(rows), "examples": self.pick_examples()}
 
     def pick_examples(self) -> list[dict]:
@@ -595,8 +651,13 @@ class Demo:
         """Make what is built so far the default pipeline, for `odqa ask`, `serve`, `run` and `retrieve`."""
         built = {"corpus": self.corpus, "supervision": self.p["supervision"], "phrase_model": self.phrase_model(),
                  "phrase_index": self.p["phrase-index"],
-                 "doc_model": self.doc_model(), "doc_index": self.p["doc-index"], "reader": self.p["reader"] / "best"}
-        record_pipeline({k: v for k, v in built.items() if Path(v).exists()}, by=f"odqa demo -> {self.out}")
+                 "doc_model": self.doc_model(), "doc_index": self.p["doc-index"], "reader": self.p["reader"] / "best",
+                 "reranker": self.reranker()}
+        # A demo without the reranker stage takes its own earlier reranker out of the pipeline (it was
+        # trained on the passages of models it may have replaced); one trained by hand stays.
+        forget = [] if self.cfg.reranker else ["reranker"]
+        record_pipeline({k: v for k, v in built.items() if v and Path(v).exists()}, by=f"odqa demo -> {self.out}",
+                        forget={k: self.p["reranker"] / "best" for k in forget})
 
     def _done(self, s: Stage, key: dict) -> bool:
         marker = self.stages_dir / f"{s.name}.json"
@@ -629,7 +690,7 @@ class Demo:
         examples = read_json(self.stages_dir / "run.json")["result"]["examples"]
         lines = [f"report ({self.p['run']}/report.md, em_by_k.png, topk.png):", markdown(rows)]
         if examples:
-            pipeline = Pipeline.load(self.searcher(), self.p["reader"] / "best",
+            pipeline = Pipeline.load(self.searcher(reranked=True), self.p["reader"] / "best",
                                      ReaderSettings(text_maxlength=self.cfg.text_maxlength))
             k = max(self.cfg.run_k)
             lines.append(f"\n{len(examples)} example questions (answer in the top {k}; FiD reads {k} passages):")

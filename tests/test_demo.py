@@ -345,3 +345,34 @@ def test_no_fixture_touched_the_users_cache(world, first_run):
     assert pipeline_file() != user_record
     if user_record.exists():
         assert str(world["root"]) not in user_record.read_text()
+
+
+def test_the_reranker_is_an_opt_in_stage_before_the_run_which_reads_through_it(world, first_run, tmp_path, monkeypatch):
+    from odqa.common.defaults import default_pipeline
+    from odqa.retriever.cross_encoder import CrossEncoder
+    out = tmp_path / "out"
+    shutil.copytree(world["root"] / "out", out)
+    for preset in PRESETS.values():     # off in both presets
+        assert "reranker" not in [s.name for s in Demo(replace(preset, corpus=str(tmp_path / "c")), out).stages()]
+    ran = []
+    for name in ("train_reader", "train_reranker", "run"):
+        real = getattr(Demo, name)
+        monkeypatch.setattr(Demo, name, lambda self, resume, real=real, name=name: ran.append(name) or real(self, resume))
+    cfg = replace(world["cfg"], reranker=True, reranker_batch=1, reranker_validation=4, rerank_depth=20)
+    run_demo(out, cfg=cfg)
+    assert ran == ["train_reranker", "run"]          # the stages before it are reused
+    result = json.loads((out / "stages" / "reranker.json").read_text())["result"]
+    assert result["steps"] >= 1 and result["weight"] > 0 and "reranked MRR@20" in result
+    entries = json.loads((out / "reranker-data" / "train.json").read_text())
+    assert entries and all(0 < len(e["ctxs"]) <= 20 for e in entries)
+    best = (out / "reranker" / "best").resolve()
+    assert CrossEncoder.from_pretrained(best).weight == result["weight"]
+    assert default_pipeline()["reranker"] == best  # ask and serve read through it too
+    assert json.loads((out / "run" / "run_args.json").read_text())["reranker"] == str(out / "reranker" / "best")
+
+    # Turned off again: the run reruns without it, and the pipeline forgets the demo's reranker.
+    ran.clear()
+    run_demo(out, cfg=world["cfg"])
+    assert ran == ["run"]
+    assert "reranker" not in default_pipeline()
+    assert json.loads((out / "run" / "run_args.json").read_text())["reranker"] is None

@@ -47,7 +47,7 @@ def shown(path) -> str:
 def cmd_demo(args) -> None:
     from odqa.system.demo import run_demo
     print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, encoder=args.encoder,
-                   reader_model=args.reader_model), end="")
+                   reader_model=args.reader_model, reranker=args.reranker), end="")
 
 
 def cmd_run(args) -> None:
@@ -124,6 +124,9 @@ def add(sub) -> None:
                                                    "(default: the data pack's MiniLM)")
     p.add_argument("--reader-model", default=None, help="a T5 checkpoint to train the reader from, e.g. t5-base "
                                                         "(default: a from-scratch T5 of the preset's size)")
+    p.add_argument("--reranker", action=argparse.BooleanOptionalAction, default=None,
+                   help="also train a cross-encoder passage reranker (a stage before `run`; about 20 more minutes on "
+                        "the demo preset) and read through it (default: off in both presets)")
 
     p = command(sub, "run", cmd_run,
                 help="evaluate the system: extractive vs generated EM per question set and k, with plots",
