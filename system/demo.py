@@ -105,7 +105,7 @@ class DemoConfig:
     reader_bf16: bool = True                # train under bfloat16 autocast where the CPU computes it natively
                                             # (AVX512-BF16, AMX): 1.4x the steps, the same losses (docs/reader.md)
     text_maxlength: int = 128
-    # passage reranker (an opt-in stage: about 20 more minutes here; docs/retrieval.md)
+    # passage reranker (an opt-in stage: about half an hour more on 2 cores; docs/retrieval.md)
     reranker: bool = False                  # train a cross-encoder reranker; run and ask read through it
     reranker_questions: int | None = None   # its training questions (None: all)
     rerank_depth: int = 20                  # passages it is trained on and reorders: the search's top N
@@ -655,9 +655,8 @@ class Demo:
                  "reranker": self.reranker()}
         # A demo without the reranker stage takes its own earlier reranker out of the pipeline (it was
         # trained on the passages of models it may have replaced); one trained by hand stays.
-        forget = [] if self.cfg.reranker else ["reranker"]
         record_pipeline({k: v for k, v in built.items() if v and Path(v).exists()}, by=f"odqa demo -> {self.out}",
-                        forget={k: self.p["reranker"] / "best" for k in forget})
+                        forget={} if self.cfg.reranker else {"reranker": self.p["reranker"] / "best"})
 
     def _done(self, s: Stage, key: dict) -> bool:
         marker = self.stages_dir / f"{s.name}.json"

@@ -213,3 +213,13 @@ def test_the_reranker_scores_under_bfloat16_where_search_does(trained, monkeypat
     assert not np.array_equal(full, half)                  # it did run in bfloat16
     assert np.allclose(full, half, atol=0.1 * np.abs(full).max())
     assert np.argmax(full) == np.argmax(half) == NAMES.index("bob")
+
+
+def test_a_demo_forgets_only_its_own_reranker(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "demo").mkdir()
+    record_pipeline({"reranker": tmp_path / "mine"}, by="odqa train-reranker")
+    record_pipeline({}, by="odqa demo", forget={"reranker": tmp_path / "demo"})    # one trained by hand stays
+    assert default_pipeline()["reranker"] == (tmp_path / "mine").resolve()
+    record_pipeline({}, by="odqa demo", forget={"reranker": tmp_path / "mine"})
+    assert "reranker" not in default_pipeline()

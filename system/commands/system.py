@@ -125,8 +125,8 @@ def add(sub) -> None:
     p.add_argument("--reader-model", default=None, help="a T5 checkpoint to train the reader from, e.g. t5-base "
                                                         "(default: a from-scratch T5 of the preset's size)")
     p.add_argument("--reranker", action=argparse.BooleanOptionalAction, default=None,
-                   help="also train a cross-encoder passage reranker (a stage before `run`; about 20 more minutes on "
-                        "the demo preset) and read through it (default: off in both presets)")
+                   help="also train a cross-encoder passage reranker (a stage before `run`; about half an hour more on "
+                        "2 cores) and read through it (default: off in both presets)")
 
     p = command(sub, "run", cmd_run,
                 help="evaluate the system: extractive vs generated EM per question set and k, with plots",
