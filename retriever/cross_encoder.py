@@ -9,7 +9,6 @@ A checkpoint is a plain `AutoModelForSequenceClassification` with one label, its
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -20,7 +19,7 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification
 
 from odqa.common.device import search_dtype
-from odqa.common.io import InputError, atomic_path, loading
+from odqa.common.io import InputError, atomic_path, loading, write_json
 from odqa.retriever.lm import load_tokenizer, read_config
 from odqa.retriever.rerank import standardise
 
@@ -67,7 +66,7 @@ class CrossEncoder(nn.Module):
             tmp.mkdir()
             self.lm.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
-            _write_config(tmp / CONFIG, self.config)
+            write_json(tmp / CONFIG, asdict(self.config))
 
     def encode(self, questions: list[str], passages: list[dict]) -> dict[str, torch.Tensor]:
         """Question-passage pairs as model inputs; only the passage is cut to fit max_tokens."""
@@ -113,9 +112,5 @@ def final_scores(search_scores, cross_scores, weight: float) -> np.ndarray:
 def set_weight(path: str | os.PathLike, weight: float) -> None:
     """Store a tuned ranking weight in the checkpoint at `path`."""
     config = replace(read_config(Path(path) / CONFIG, CrossEncoderConfig), weight=float(weight))
-    with atomic_path(Path(path) / CONFIG) as tmp:
-        _write_config(tmp, config)
+    write_json(Path(path) / CONFIG, asdict(config))
 
-
-def _write_config(path: Path, config: CrossEncoderConfig) -> None:
-    path.write_text(json.dumps(asdict(config), indent=2))

@@ -195,6 +195,7 @@ class Demo:
         phrase_rounds = f", {1 + len(c.phrase_round_lrs)} rounds" if c.phrase_round_lrs else ""
         doc_steps = c.doc_rounds * (min(c.doc_examples or n_train, n_train) // c.doc_batch)
         query_questions = min(c.query_examples or n_train, n_train)
+        rerank_questions = min(c.reranker_questions or n_train, n_train)
         run_q = sum(self._test_size(name) for name in c.test_questions)
         return [
             Stage("data", "fetch the data pack, build passages and documents, BM25 index", ref["data_s"],
@@ -247,9 +248,9 @@ class Demo:
                   [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
             # After the reader, so that turning it on or off reruns the run stage only.
             *([Stage("reranker", f"train the passage reranker on the top {c.rerank_depth} passages of "
-                                 f"{min(c.reranker_questions or n_train, n_train):,} training questions",
-                     (min(c.reranker_questions or n_train, n_train) + c.reranker_validation) * ref["search_q_s"]
-                     + min(c.reranker_questions or n_train, n_train) * ref["rerank_groups"] * 4 * ref["rerank_pair_s"]
+                                 f"{rerank_questions:,} training questions",
+                     (rerank_questions + c.reranker_validation) * ref["search_q_s"]
+                     + rerank_questions * ref["rerank_groups"] * 4 * ref["rerank_pair_s"]
                      + c.reranker_validation * c.rerank_depth * ref["encode_s"],
                      self.train_reranker, {k: getattr(c, k) for k in ("encoder", "reranker_questions", "rerank_depth",
                                                                       "reranker_validation", "reranker_batch")},
