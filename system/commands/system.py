@@ -122,8 +122,9 @@ def add(sub) -> None:
                                                        "run nothing")
     p.add_argument("--encoder", default=None, help="BERT-family checkpoint the retriever encoders start from "
                                                    "(default: the data pack's MiniLM)")
-    p.add_argument("--reader-model", default=None, help="a T5 checkpoint to train the reader from, e.g. t5-base "
-                                                        "(default: a from-scratch T5 of the preset's size)")
+    p.add_argument("--reader-model", default=None,
+                   help="a reader checkpoint to train from, e.g. t5-base or one `odqa reader init` wrote (default: "
+                        "a bert2bert reader warm-started from the encoder, `odqa reader init`)")
     p.add_argument("--reranker", action=argparse.BooleanOptionalAction, default=None,
                    help="also train a cross-encoder passage reranker (a stage before `run`; about half an hour more on "
                         "2 cores) and read through it (default: off in both presets)")
