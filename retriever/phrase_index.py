@@ -130,8 +130,9 @@ class PhraseIndex:
         with loading(self.dir / "meta.npz", "the phrase metadata"):
             self.meta = _read_meta(self.dir / "meta.npz")
         n, dim = self.manifest["vectors"], self.manifest["dim"]
+        columns = ("passage_row", "token", "char_start", "char_end")
         if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start_index.d != dim \
-                or self.end_index.d != dim or any(len(self.meta[k]) != n for k in ("passage_row", "token", "char_start", "char_end")):
+                or self.end_index.d != dim or any(len(self.meta[k]) != n for k in columns):
             raise InputError(f"{self.dir}: corrupt phrase index (its files disagree with manifest.json)")
         self._codes = {}
         for side, idx in (("start", self.start_index), ("end", self.end_index)):

@@ -79,7 +79,8 @@ def main() -> int:
                                     "speedup": timing[names[0]] / timing[names[1]]}
     write_json(args.out, report)
     sizes = ", ".join(f"{n} {d['questions']}" for n, d in report["datasets"].items())
-    print(f"default corpus, K = {args.top_docs} documents, lambda = {lam:.1f}, BM25 weight {mu:g} (tuned on validation); questions: {sizes}")
+    print(f"default corpus, K = {args.top_docs} documents, lambda = {lam:.1f}, BM25 weight {mu:g} "
+          f"(tuned on validation); questions: {sizes}")
     print("| set | run | Top-1 | Top-5 | Top-20 | Top-100 | MRR@20 |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, d in report["datasets"].items():

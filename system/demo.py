@@ -423,7 +423,8 @@ class Demo:
         from odqa.retriever.doc_train import DocTrainArgs, train_doc
         c, sup = self.cfg, self.p["supervision"]
         base = DocTrainArgs(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
-                            corpus=str(self.corpus), out_dir=str(self.p["doc-r1"]), encoder=self.encoder, negatives=c.doc_negatives, batch_size=c.doc_batch,
+                            corpus=str(self.corpus), out_dir=str(self.p["doc-r1"]), encoder=self.encoder,
+                            negatives=c.doc_negatives, batch_size=c.doc_batch,
                             max_doc_tokens=c.max_doc_tokens, max_train_examples=c.doc_examples,
                             max_validation_examples=c.validation_questions, validation_docs=c.doc_validation_docs,
                             resume=resume)

@@ -64,8 +64,8 @@ class Pipeline:
         for q, r, g in zip(questions, results, generated):
             top = top_phrase(r)
             out.append({"question": q,
-                        "extractive": None if top is None else {key: top[key] for key in
-                                                                ("text", "score", "passage_id", "in_title", "char_start", "char_end")},
+                        "extractive": None if top is None else {
+                            key: top[key] for key in ("text", "score", "passage_id", "in_title", "char_start", "char_end")},
                         "generated": g,
                         "passages": [{key: p[key] for key in ("id", "title", "text", "score", "phrase")} for p in r["passages"]],
                         "timings": timings})

@@ -75,7 +75,8 @@ def add(sub) -> None:
                 help="distant supervision: answer-bearing passages for training questions",
                 description="Find passages containing an answer, rank them with BM25, write train/validation "
                             "reading-comprehension examples.")
-    p.add_argument("--questions", nargs="+", default=["nq-dev", "tqa-dev"], help="question sets (names or JSONL paths; NAME:N is the first N)")
+    p.add_argument("--questions", nargs="+", default=["nq-dev", "tqa-dev"],
+                   help="question sets (names or JSONL paths; NAME:N is the first N)")
     corpus_arg(p)
     p.add_argument("--out", type=Path, default=None, help="output directory (default: CORPUS/supervision)")
     p.add_argument("--positives", type=positive_int, default=1,

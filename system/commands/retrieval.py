@@ -158,7 +158,8 @@ def cmd_train_doc(args) -> None:
     r = train_doc(dataclass_from_args(DocTrainArgs, args))
     print(f"{r['train_questions']} questions ({r['with_negatives']} with {args.negatives} negatives), {r['steps']} steps")
     for epoch, m in enumerate(r["validation"], 1):
-        print(f"epoch {epoch}: validation document " + ", ".join(f"{k} {m[k]:.1f}" for k in ("Top-1", "Top-5", "Top-20", "Top-100")))
+        print(f"epoch {epoch}: validation document "
+              + ", ".join(f"{k} {m[k]:.1f}" for k in ("Top-1", "Top-5", "Top-20", "Top-100")))
     print(f"best Top-20 {r['best_top20']:.1f}; best checkpoint: {args.out_dir}/best")
 
 

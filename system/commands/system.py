@@ -65,7 +65,8 @@ def cmd_ask(args) -> None:
     print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']})" if ex else ""))
     print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages)")
     for i, p in enumerate(a["passages"], 1):
-        print(f"{i:>2}. {marked(p['title'], p['phrase'], True)} ({p['score']:.2f}): {marked(p['text'], p['phrase'], False)[:300]}")
+        title, text = marked(p["title"], p["phrase"], True), marked(p["text"], p["phrase"], False)
+        print(f"{i:>2}. {title} ({p['score']:.2f}): {text[:300]}")
     t = a["timings"]
     print(f"retrieve {t['retrieve_ms']:.0f} ms, read {t['read_ms']:.0f} ms")
 
