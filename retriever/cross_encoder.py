@@ -69,9 +69,10 @@ class CrossEncoder(nn.Module):
             write_json(tmp / CONFIG, asdict(self.config))
 
     def encode(self, questions: list[str], passages: list[dict]) -> dict[str, torch.Tensor]:
-        """Question-passage pairs as model inputs; only the passage is cut to fit max_tokens."""
+        """Question-passage pairs as model inputs, cut to fit max_tokens from the longer of the two: the passage
+        as a rule, and the question too where it alone would not leave room (TriviaQA has 150-token questions)."""
         return self.tokenizer(questions, [passage_input(p) for p in passages], max_length=self.config.max_tokens,
-                              truncation="only_second", padding=True, return_tensors="pt")
+                              truncation="longest_first", padding=True, return_tensors="pt")
 
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         """A relevance score for each pair, (n,)."""

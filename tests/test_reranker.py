@@ -93,6 +93,16 @@ def test_a_trained_reranker_loads_back_with_the_same_scores(trained, tmp_path):
     assert b.weight == a.weight == json.loads((trained["out"] / "best" / CONFIG).read_text())["weight"]
 
 
+def test_a_question_longer_than_the_input_is_cut_not_refused(trained):
+    """TriviaQA has questions of 150 word pieces; the full preset's reranker stage met one in training."""
+    model = CrossEncoder.from_pretrained(trained["out"] / "best").eval()
+    question = " ".join(["where was bob born"] * 100)
+    passages = [{"title": "person", "text": " ".join(["bob was born in rome ."] * 50)}]
+    enc = model.encode([question], passages)
+    assert enc["input_ids"].shape[1] == model.config.max_tokens
+    assert np.isfinite(model.score(question, passages)).all()
+
+
 def test_what_is_not_a_reranker_checkpoint_is_refused(trained, tmp_path):
     with pytest.raises(InputError, match="not a reranker checkpoint"):
         CrossEncoder.from_pretrained(tmp_path)
