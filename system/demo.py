@@ -571,7 +571,8 @@ class Demo:
         r = train_reranker(RerankerTrainArgs(
             train_file=str(paths["train"]), validation_file=str(paths["validation"]), out_dir=str(self.p["reranker"]),
             encoder=self.encoder, depth=c.rerank_depth, batch_size=c.reranker_batch,
-            max_validation_examples=c.reranker_validation, resume=resume, save_steps=100,   # half an hour: resume near
+            # save_steps: a half-hour stage that is interrupted resumes within 100 steps
+            max_validation_examples=c.reranker_validation, resume=resume, save_steps=100,
             precision="bf16" if self._reader_bf16() else "auto"))
         best = next(row for row in r["weight_grid"] if row["weight"] == r["weight"])
         metric = f"MRR@{c.rerank_depth}"
