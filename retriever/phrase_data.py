@@ -32,7 +32,9 @@ def encode_passages(tokenizer, titles: list[str], texts: list[str], max_tokens: 
                     use_title: bool = True, title_phrases: bool = False) -> EncodedPassages:
     first = titles if use_title else texts
     second = texts if use_title else None
-    enc = tokenizer(first, second, truncation="only_second" if use_title else True, max_length=max_tokens,
+    # longest_first cuts only the text while the title is the shorter segment (every real passage),
+    # and cuts a title longer than the budget instead of failing the whole batch
+    enc = tokenizer(first, second, truncation="longest_first", max_length=max_tokens,
                     padding=True, return_offsets_mapping=True, return_tensors="pt")
     text_seq = 1 if use_title else 0
     seq = torch.tensor([[-1 if s is None else s for s in enc.sequence_ids(b)] for b in range(len(texts))])

@@ -233,6 +233,23 @@ def test_is_echo_reads_words_after_squad_normalisation():
     assert not can_answer(text, *at('salt" beds'), "what metal")             # and through quotes
 
 
+def test_a_title_longer_than_the_input_is_cut_and_the_text_kept_as_far_as_it_fits(tmp_path):
+    """DHR title paths ("title, section, subsection") can outgrow a short passage budget; the tokenizer
+    refused the whole batch when told to cut only the text."""
+    from transformers import AutoTokenizer
+
+    from odqa.retriever.phrase_data import encode_passages
+    title, text = " ".join(["the long section title"] * 30), "bob was born in rome ."
+    tokenizer = AutoTokenizer.from_pretrained(make_tiny_bert(tmp_path / "bert", [title, text]))
+    long_title = encode_passages(tokenizer, [title, "bob"], [text, text], 32, title_phrases=True)
+    assert long_title.batch["input_ids"].shape[1] == 32
+    assert long_title.candidate[0].any() and long_title.in_title[0].sum() < 30
+    # a short title is never cut, the text is cut from its end, and offsets stay in their segment
+    short = encode_passages(tokenizer, ["bob"], [" ".join([text] * 20)], 32)
+    assert short.in_title[0].sum() == 1 and short.batch["input_ids"].shape[1] == 32
+    assert short.offsets[0][short.candidate[0]][:3].tolist() == [[0, 3], [4, 7], [8, 12]]
+
+
 def passage_spans_best_first(searcher, question, row):
     """Every span (i, j), i <= j < i + L, of passage `row`, scored with the model directly, best first,
     as (char_start, char_end)."""
