@@ -52,6 +52,8 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int,
             entry["prediction"] = top["text"] if top else ""
             for ctx, p in zip(entry["ctxs"], ps):
                 ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "in_title", "char_start", "char_end", "score")}
+                # reranked: both parts of the final score, so the rerank can be studied from the file
+                ctx.update({key: p[key] for key in ("search_score", "cross_score") if key in p})
             entries.append(entry)
     return entries
 

@@ -176,6 +176,28 @@ def test_the_searcher_reorders_its_top_passages_by_both_scores():
     assert [p["id"] for p in result["passages"]] == [p["id"] for p in passages]
 
 
+def test_a_reranked_retrieval_file_keeps_both_parts_of_each_score():
+    from odqa.common.questions import Question
+    from odqa.retriever.retrieve import retrieve_phrases
+    passages = [{"id": f"p{i}", "row": i, "title": f"t{i}", "text": f"answer {i} here", "score": s,
+                 "phrase": {"text": f"answer {i}", "in_title": False, "char_start": 0, "char_end": 8, "score": s}}
+                for i, s in enumerate([9.0, 8.0, 7.0])]
+    reranker = FixedReranker({"p2": 10.0}, weight=2.0)
+
+    def search(questions, k, unit):
+        holder = SimpleNamespace(reranker=reranker)
+        return [Searcher._cross_rerank(holder, q, {"phrases": [], "passages": [dict(p) for p in passages]}, k)
+                for q in questions]
+    entry, = retrieve_phrases(SimpleNamespace(search=search), [Question("q0", "which", ["answer 2"])], k=3)
+    assert [c["id"] for c in entry["ctxs"]] == ["p2", "p0", "p1"] and entry["prediction"] == "answer 2"
+    assert [c["search_score"] for c in entry["ctxs"]] == [7.0, 9.0, 8.0]
+    assert [c["cross_score"] for c in entry["ctxs"]] == [10.0, 0.0, 0.0]
+    assert entry["ctxs"][0]["has_answer"] and not entry["ctxs"][1]["has_answer"]
+    plain = retrieve_phrases(SimpleNamespace(search=lambda qs, k, unit: [{"phrases": [], "passages": passages}]),
+                             [Question("q0", "which", ["answer 2"])], k=3)[0]
+    assert "search_score" not in plain["ctxs"][0] and "cross_score" not in plain["ctxs"][0]
+
+
 def test_the_default_pipelines_reranker_is_used_unless_a_flag_says_otherwise(tmp_path):
     paths = {}
     for name in ("phrase_index", "phrase_model", "reranker", "corpus"):
