@@ -38,7 +38,10 @@ def answerable_flags(entries: Sequence[dict], corpus_dir: str | os.PathLike) -> 
 
 def evaluate_results(entries: Sequence[dict], answerable: Sequence[bool] | None = None,
                      ks: Sequence[int] = DEFAULT_TOPK) -> dict[str, dict]:
-    """Retrieval metrics; and EM of the extractive answer where the file has one ("prediction")."""
+    """Retrieval metrics; and EM of the extractive answer where the file has one ("prediction"), with
+    "EM (Top-1 hit)", its EM over the questions whose first passage holds an answer: for phrase
+    retrieval, whose answer is the first passage's phrase, how well the phrase is read where the
+    passage is right."""
     hits = [[bool(c["has_answer"]) for c in e["ctxs"]] for e in entries]
     with_prediction = all("prediction" in e for e in entries)
     em = [answer_em(e["prediction"], e["answers"], bool(e.get("regex"))) for e in entries] if with_prediction else None
@@ -51,6 +54,8 @@ def evaluate_results(entries: Sequence[dict], answerable: Sequence[bool] | None 
         if em is not None:
             kept = [x for x, k in zip(em, keep) if k]
             out[name]["EM"] = 100.0 * sum(kept) / max(len(kept), 1)
+            read = [x for x, h, k in zip(em, hits, keep) if k and h[:1] == [True]]
+            out[name]["EM (Top-1 hit)"] = 100.0 * sum(read) / max(len(read), 1)
     return out
 
 

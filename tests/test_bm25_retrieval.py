@@ -57,6 +57,19 @@ def test_retrieval_file_round_trip_and_metrics(tiny_corpus, tiny_questions, tmp_
     assert metrics["all"]["Top-5"] == 80.0
 
 
+def test_the_extractive_answer_is_scored_over_all_and_over_a_right_first_passage():
+    def entry(prediction, first, second):
+        return {"question": "q", "answers": ["rome"], "prediction": prediction,
+                "ctxs": [{"has_answer": first}, {"has_answer": second}]}
+    entries = [entry("rome", True, False), entry("paris", True, True), entry("milan", False, True),
+               entry("Rome", False, False)]            # right without an answer-bearing passage: EM, not a read
+    metrics = evaluate_results(entries, [True, True, True, False], ks=(1, 2))
+    assert metrics["all"]["EM"] == 50.0 and metrics["all"]["EM (Top-1 hit)"] == 50.0    # 1 of the 2 first hits
+    assert metrics["answerable"]["EM"] == pytest.approx(100 / 3) and metrics["answerable"]["EM (Top-1 hit)"] == 50.0
+    no_prediction = evaluate_results([{k: v for k, v in entries[0].items() if k != "prediction"}], ks=(1,))["all"]
+    assert "EM" not in no_prediction and "EM (Top-1 hit)" not in no_prediction
+
+
 def test_read_results_rejects_a_file_of_another_shape(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([{"question": "q", "ctxs": [{"id": "1"}]}]))
