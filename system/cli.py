@@ -25,10 +25,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(quiet: bool) -> None:
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # faiss's loader tells at INFO which instruction-set build it tried and fell back from
+    # ("Could not load library with AVX2 support due to: ModuleNotFoundError(...)"): on every command,
+    # and it reads as an error when it is none
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.quiet)
     from odqa.common.datapack import FetchError
     try:
         args.func(args)

@@ -110,3 +110,12 @@ def test_help_imports_no_torch():
                          capture_output=True, text=True, check=True)
     assert "usage: odqa train-reader" in out.stdout
     assert not re.search(r"\|\s+(torch|transformers)$", out.stderr, re.M)
+
+
+def test_commands_log_no_faiss_loader_chatter():
+    # faiss's loader logs its instruction-set fallbacks at INFO, as an exception's repr: not for users
+    code = ("import logging\nfrom odqa.system.cli import configure_logging\nconfigure_logging(quiet=False)\n"
+            "import faiss\nlogging.getLogger('odqa').info('still shown')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "INFO odqa: still shown" in out.stderr
+    assert "faiss.loader" not in out.stderr
