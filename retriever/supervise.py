@@ -2,7 +2,10 @@
 
 For each training question, the passages whose text contains an answer (DPR's has_answer; regex for
 CuratedTREC) are the positives; BM25 ranks them and the best `positives_per_question` become examples
-`{id, question, answers, regex, passage_id, title, text, answer_char_spans, bm25_score, dataset}`.
+`{id, question, answers, regex, passage_id, title, text, answer_char_spans, bm25_score, bm25_rank, dataset}`,
+`bm25_rank` being the passage's rank among all passages for the question (1 = BM25's first). On a small
+corpus most questions' topic is missing, and the answer's string turns up in an unrelated passage: the
+rank tells those apart (docs/retrieval.md, "Distant supervision's unrelated passages").
 Questions go to train or validation by a hash of the question text, so the split is the same on every
 machine and every run, and one question's examples never straddle it.
 """
@@ -25,6 +28,9 @@ from odqa.common.questions import load_questions, question_set_name, split_of
 from odqa.retriever.bm25 import BM25Index
 
 log = logging.getLogger(__name__)
+# Where an example's passage ranks among all passages for its question tells a passage about the question
+# from one that holds the answer's string by chance ("31" in Bucharest for the smallest prime above 30).
+RELEVANT_RANK = 20
 
 
 def supervise(question_sets: Sequence[str], corpus_dir: str | os.PathLike, out_dir: str | os.PathLike,
@@ -45,6 +51,7 @@ def supervise(question_sets: Sequence[str], corpus_dir: str | os.PathLike, out_d
             questions = load_questions(name)
             found = {"train": 0, "validation": 0}
             asked = {"train": 0, "validation": 0}
+            in_top = 0
             for q in tqdm(questions, desc=f"supervise {dataset}", unit=" q", mininterval=2, disable=None):
                 split = split_of(q.question, validation_percent)
                 asked[split] += 1
@@ -52,21 +59,26 @@ def supervise(question_sets: Sequence[str], corpus_dir: str | os.PathLike, out_d
                 if not rows:
                     continue
                 found[split] += 1
-                scores = bm25.scores(q.question)[rows]
+                every = bm25.scores(q.question)
+                scores = every[rows]
                 for i in np.argsort(-scores, kind="stable")[:positives_per_question]:
                     p = store[rows[i]]
                     example = {"id": q.id, "question": q.question, "answers": q.answers, "regex": q.regex,
                                "passage_id": p["id"], "title": p["title"], "text": p["text"],
                                "answer_char_spans": answer_spans(p["text"], q.answers, q.regex),
-                               "bm25_score": float(scores[i]), "dataset": dataset}
+                               "bm25_score": float(scores[i]), "bm25_rank": int((every > scores[i]).sum()) + 1,
+                               "dataset": dataset}
+                    in_top += example["bm25_rank"] <= RELEVANT_RANK
                     files[split].write(json.dumps(example, ensure_ascii=False) + "\n")
                     stats["examples"][split] += 1
             stats["datasets"][dataset] = {
                 "questions": len(questions), "with_positive": sum(found.values()),
                 "with_positive_percent": 100.0 * sum(found.values()) / len(questions),
                 "train_questions": found["train"], "validation_questions": found["validation"],
-                "train_asked": asked["train"], "validation_asked": asked["validation"]}
-            log.info("%s: %d of %d questions have a positive passage", dataset, sum(found.values()), len(questions))
+                "train_asked": asked["train"], "validation_asked": asked["validation"],
+                f"examples_in_bm25_top{RELEVANT_RANK}": in_top}
+            log.info("%s: %d of %d questions have a positive passage; %d of the passages rank in BM25's top %d for "
+                     "their question", dataset, sum(found.values()), len(questions), in_top, RELEVANT_RANK)
     store.close()
     write_json(out_dir / "stats.json", stats)
     return stats

@@ -46,3 +46,16 @@ def test_split_is_deterministic_and_near_the_asked_share():
     assert splits == [split_of(q, 10.0) for q in questions]
     assert 0.08 < splits.count("validation") / len(splits) < 0.12
     assert split_of("  Same Question ", 10.0) == split_of("same question", 10.0)
+
+
+def test_examples_carry_their_passage_rank_among_all_passages(tmp_path, tiny_corpus):
+    from odqa.retriever.bm25 import BM25Index
+    questions = write_jsonl(tmp_path / "q.jsonl", [
+        {"id": "a", "question": "which tribe founded the city", "answers": ["city"]}])
+    stats = supervise([str(questions)], tiny_corpus, tmp_path / "sup", positives_per_question=2, validation_percent=0)
+    examples = [obj for _, obj in read_jsonl(tmp_path / "sup" / "train.jsonl")]
+    scores = BM25Index.open(tiny_corpus).scores("which tribe founded the city")
+    for e in examples:
+        assert e["bm25_rank"] == 1 + sum(s > e["bm25_score"] for s in scores)
+    assert examples[0]["bm25_rank"] < examples[1]["bm25_rank"]
+    assert stats["datasets"]["q"]["examples_in_bm25_top20"] == sum(e["bm25_rank"] <= 20 for e in examples)

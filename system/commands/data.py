@@ -25,15 +25,15 @@ def cmd_corpus_build(args) -> None:
 
 def cmd_supervise(args) -> None:
     from odqa.common.paths import default_corpus
-    from odqa.retriever.supervise import supervise
+    from odqa.retriever.supervise import RELEVANT_RANK, supervise
     corpus = args.corpus or default_corpus()
     out = args.out or corpus / "supervision"
     stats = supervise(args.questions, corpus, out, args.positives, args.validation_percent)
-    print("| questions | asked | with a positive | % | train q | validation q |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| questions | asked | with a positive | % | train q | validation q | examples in BM25's top {RELEVANT_RANK} |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, d in stats["datasets"].items():
         print(f"| {name} | {d['questions']} | {d['with_positive']} | {d['with_positive_percent']:.1f} | "
-              f"{d['train_questions']} | {d['validation_questions']} |")
+              f"{d['train_questions']} | {d['validation_questions']} | {d[f'examples_in_bm25_top{RELEVANT_RANK}']} |")
     print(f"examples: {stats['examples']['train']} train, {stats['examples']['validation']} validation -> {out}")
 
 
