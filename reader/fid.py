@@ -129,6 +129,23 @@ class FiD:
         grows with k, the decoder's are small."""
         self.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
+    def freeze_encoder_bottom(self, embeddings: bool, layers: int) -> None:
+        """Hold the embeddings (the word embeddings are the decoder's and the LM head's too) and the
+        encoder's bottom `layers` blocks fixed. Autograd computes nothing below the lowest weight that
+        trains, so with the embeddings and n blocks fixed the backward pass stops n blocks up: on a CPU
+        the embedding matrix's dense gradient and AdamW update are a fifth of a warm reader's FiD step
+        (docs/reader.md)."""
+        modules, blocks = self.encoder_parts()
+        if not 0 <= layers <= len(blocks):
+            raise ValueError(f"freeze_layers must be between 0 and the encoder's {len(blocks)} blocks, not {layers}")
+        for module in ([modules] if embeddings else []) + list(blocks[:layers]):
+            for p in module.parameters():
+                p.requires_grad_(False)
+
+    def encoder_parts(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
+        """(the embeddings, the encoder's blocks in order)."""
+        return self.shared, self.encoder.block
+
     def new_parameters(self) -> set[str]:
         """Names of the weights that did not come from a pretrained model (a warm start's new parts);
         `train-reader --new-lr` trains them at their own rate."""
@@ -154,6 +171,9 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
         if self.has_passage_prior:
             self.passage_scorer = torch.nn.Linear(self.config.encoder.hidden_size, 1)
             self._zero_passage_scorer()
+
+    def encoder_parts(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
+        return self.encoder.embeddings, self.encoder.encoder.layer
 
     def _zero_passage_scorer(self) -> None:
         # A zero scorer is the uniform prior: a reader switched to it reads exactly as before.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
+from odqa.common.io import InputError
 from odqa.common.trainer import MicroBatches, Task, shuffled_batches
 from odqa.reader.args import LoopArgs
 
@@ -29,6 +30,11 @@ def reader_task(model, tokenizer, examples: Sequence, make_batch: Callable[[list
                 evaluate: Callable, metric: str, args: LoopArgs) -> Task:
     if args.gradient_checkpointing:
         model.encoder_gradient_checkpointing()
+    if args.freeze_embeddings or args.freeze_layers:
+        try:
+            model.freeze_encoder_bottom(args.freeze_embeddings, args.freeze_layers)
+        except ValueError as e:
+            raise InputError(f"--freeze-layers: {e}") from None
     model.config.use_cache = False
 
     def batches(epoch: int) -> MicroBatches:

@@ -69,6 +69,16 @@ def test_fid_with_one_passage_is_t5(t5):
     assert torch.allclose(a, b, atol=1e-6)
 
 
+def test_a_frozen_t5_bottom_holds_the_shared_embedding_and_first_blocks(t5):
+    fid = FiDT5.from_pretrained(t5)
+    fid.freeze_encoder_bottom(embeddings=True, layers=1)
+    assert not fid.shared.weight.requires_grad
+    assert fid.lm_head.weight.requires_grad != fid.config.tie_word_embeddings     # tied, it is the same tensor
+    assert not any(p.requires_grad for p in fid.encoder.block[0].parameters())
+    assert all(p.requires_grad for p in fid.encoder.block[1].parameters())
+    assert all(p.requires_grad for p in fid.decoder.block.parameters())
+
+
 def test_generate_matches_step_by_step_greedy_and_masks_padding(t5):
     fid = FiDT5.from_pretrained(t5).eval()
     ids = torch.randint(3, 100, (2, 3, 7))
@@ -306,7 +316,8 @@ def test_cloze_refuses_a_corpus_it_cannot_draw_from(tmp_path, capsys):
 
 def test_loop_settings_that_cannot_train_are_refused_before_any_model_loads(tmp_path):
     from odqa.common.io import InputError
-    for bad in ({"eval_steps": 0}, {"warmup_steps": 0}, {"batch_size": 0}, {"max_steps": -1}, {"save_steps": -5}):
+    for bad in ({"eval_steps": 0}, {"warmup_steps": 0}, {"batch_size": 0}, {"max_steps": -1}, {"save_steps": -5},
+                {"freeze_layers": -1}):
         with pytest.raises(InputError, match="must be at least [01]"):
             LoopArgs(out_dir=str(tmp_path), **bad)
 

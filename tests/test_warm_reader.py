@@ -232,6 +232,27 @@ def test_new_weights_train_at_their_own_rate(b2b, data, tmp_path):
             assert torch.equal(a[name], b[name]), name
 
 
+def test_frozen_embeddings_and_bottom_blocks_stay_as_they_were_and_the_rest_trains(b2b, data, tmp_path):
+    """--freeze-embeddings --freeze-layers 1 through DeepSpeed: the shared word embeddings (the decoder's
+    input and output ones too) and the encoder's first block come out unchanged, its second block and
+    the decoder do not; a block count past the encoder's is refused before training."""
+    reader, loop = _args(b2b, data, tmp_path / "frozen", max_steps=3, batch_size=4, warmup_steps=1, eval_steps=3,
+                         save_steps=3, lr=1e-2, freeze_embeddings=True, freeze_layers=1)
+    reader.max_validation = 4
+    train_reader(reader, loop)
+    before, _ = load_reader(b2b)
+    after, _ = load_reader(tmp_path / "frozen" / "last")
+    b, a = dict(before.named_parameters()), dict(after.named_parameters())
+    frozen = [n for n in b if n.startswith(("encoder.embeddings.", "encoder.encoder.layer.0."))]
+    assert frozen and all(torch.equal(a[n], b[n]) for n in frozen)
+    for x, y in zip(_embeddings(before), _embeddings(after)):
+        assert torch.equal(x, y)
+    for prefix in ("encoder.encoder.layer.1.", "decoder.bert.encoder.layer.0."):
+        assert any(not torch.equal(a[n], b[n]) for n in b if n.startswith(prefix)), prefix
+    with pytest.raises(InputError, match="--freeze-layers"):
+        train_reader(*_args(b2b, data, tmp_path / "too-many", max_steps=1, freeze_layers=3))
+
+
 def test_an_interrupted_warm_reader_training_resumes_with_the_same_losses(b2b, data, tmp_path, monkeypatch):
     def loop_args(out):
         return _args(b2b, data, out, max_steps=8, batch_size=8, eval_steps=5, save_steps=3, new_lr=3e-3)
