@@ -104,6 +104,11 @@ class DemoConfig:
     reader_validation: int = 100            # validation questions with an answer in their top k
     reader_bf16: bool = True                # train under bfloat16 autocast where the CPU computes it natively
                                             # (AVX512-BF16, AMX): 1.4x the steps, the same losses (docs/reader.md)
+    reader_zero_stage: int | None = 0       # the demo trains in one process, where ZeRO-2 partitions nothing and
+                                            # its gradient buckets cost a fifth of a CPU step; None: the JSON's
+    reader_freeze_embeddings: bool = True   # the embeddings and the encoder's bottom 2 blocks held fixed: with
+    reader_freeze_layers: int = 2           # ZeRO-0, 1.7x the stage's speed on a float32 CPU, EM within noise
+                                            # (docs/reader.md); not for a from-scratch T5
     text_maxlength: int = 128
     # passage reranker (an opt-in stage: about half an hour more on 2 cores; docs/retrieval.md)
     reranker: bool = False                  # train a cross-encoder reranker; run and ask read through it
@@ -132,6 +137,8 @@ PRESETS = {
                        doc_validation_docs=0, lambda_questions=500, reader_gold_steps=300, reader_gold_evals=3,
                        reader_steps=1800, reader_passages="phrase", reader_questions=None, reader_validation=200,
                        text_maxlength=160, test_questions=["nq-test", "tqa-test:3000"], run_limit=None,
+                       # GPFPb was measured training every weight; held fixed it is not measured yet
+                       reader_freeze_embeddings=False, reader_freeze_layers=0,
                        run_k=[5, 10, 25], baselines=["bm25", "dense"]),
 }
 
@@ -163,6 +170,11 @@ REFERENCE = dict(
 
 PRIOR_S = 300
 BF16_TRAIN_SPEEDUP = 1.4      # a FiD step under bfloat16 autocast on a CPU that computes it natively (docs/reader.md)
+# The warm reader's FiD step on a float32 CPU (docs/reader.md, "The reader's step on a float32 CPU"): ZeRO-0
+# against the reference's ZeRO-2 in one process, and the share of the step that holding the embeddings,
+# then each of the MiniLM's encoder blocks above them, fixed saves.
+ZERO0_TRAIN_SPEEDUP = 1.28
+FROZEN_EMBEDDINGS_SAVE, FROZEN_BLOCK_SAVE = 0.19, 0.085
 
 
 class Stage:
@@ -243,7 +255,8 @@ class Demo:
                       "reader_preset",
                       "pretrain_steps", "reader_gold_steps", "reader_gold_batch", "reader_steps", "reader_batch", "reader_lr",
                       "reader_new_lr", "reader_span_loss", "reader_k", "reader_questions", "reader_validation",
-                      "reader_bf16", "text_maxlength")} | _set(c, "reader_gold_evals", "reader_passages"),
+                      "reader_bf16", "text_maxlength", "reader_zero_stage", "reader_freeze_embeddings",
+                      "reader_freeze_layers")} | _set(c, "reader_gold_evals", "reader_passages"),
                   [p["reader"] / "best"],
                   [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
             # After the reader, so that turning it on or off reruns the run stage only.
@@ -282,10 +295,21 @@ class Demo:
         from odqa.common.device import cpu_has_bf16
         return self.cfg.reader_bf16 and cpu_has_bf16()
 
+    def _reader_frozen(self) -> dict:
+        """What the reader's training holds fixed: nothing for a from-scratch T5, whose embeddings are
+        random and must learn."""
+        c = self.cfg
+        if c.reader_init == "t5" and not c.reader_model:
+            return {"freeze_embeddings": False, "freeze_layers": 0}
+        return {"freeze_embeddings": c.reader_freeze_embeddings, "freeze_layers": c.reader_freeze_layers}
+
     def _reader_estimate(self) -> float:
         c, ref = self.cfg, REFERENCE
         train_s, read_s = self._reader_token_s()
         train_s /= BF16_TRAIN_SPEEDUP if self._reader_bf16() else 1.0
+        train_s /= ZERO0_TRAIN_SPEEDUP if c.reader_zero_stage == 0 else 1.0
+        if self._reader_frozen()["freeze_embeddings"]:
+            train_s *= 1 - FROZEN_EMBEDDINGS_SAVE - FROZEN_BLOCK_SAVE * c.reader_freeze_layers
         pretrain = c.pretrain_steps * ref["pretrain_step_s"] if c.reader_init == "t5" and not c.reader_model else 0
         return ((0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"] * (2 if c.reader_gold_steps else 1)
                 + pretrain + c.text_maxlength * train_s * (c.reader_gold_steps * c.reader_gold_batch
@@ -463,8 +487,8 @@ class Demo:
         def loop(out: Path, steps: int, batch: int, evals: int = 1) -> LoopArgs:
             return LoopArgs(out_dir=str(out), max_steps=steps, batch_size=batch, lr=c.reader_lr, new_lr=c.reader_new_lr,
                             warmup_steps=max(steps // 10, 1), eval_steps=max(steps // max(evals, 1), 1),
-                            save_steps=max(steps // 2, 1), resume=resume,
-                            precision="bf16" if self._reader_bf16() else "auto")
+                            save_steps=max(steps // 2, 1), resume=resume, zero_stage=c.reader_zero_stage,
+                            **self._reader_frozen(), precision="bf16" if self._reader_bf16() else "auto")
 
         if c.reader_gold_steps:
             gold_train, gold_val = self.gold_data()

@@ -61,6 +61,8 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     # In bfloat16 autocast where the CPU computes it natively, else as `--precision auto` chooses.
     loop = json.loads((out / "reader" / "train_config.json").read_text())["loop"]
     assert loop["precision"] == ("bf16" if cpu_has_bf16() else "auto")
+    # One process, so ZeRO-0; the warm reader's embeddings and bottom encoder blocks held fixed.
+    assert (loop["zero_stage"], loop["freeze_embeddings"], loop["freeze_layers"]) == (0, True, 2)
     # The question encoders were tuned against the index, on the questions whose top phrases hold an answer.
     query = json.loads((out / "stages" / "query.json").read_text())["result"]
     assert query["epochs"] == 2 and query["questions_with_positive"][0] > 0
@@ -204,6 +206,16 @@ def test_machine_speed_times_float32_as_the_reference_machine_did(tmp_path, monk
     corpus = tmp_path / "corpus"
     build_corpus([write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "title": "a", "text": "a b c ."}])], corpus)
     assert machine_speed("minilm", corpus) >= 0 and dtypes == [torch.float32]
+
+
+def test_only_a_reader_with_pretrained_embeddings_holds_them_fixed(tmp_path):
+    frozen = lambda **c: Demo(DemoConfig(corpus=str(tmp_path / "corpus"), **c), tmp_path / "out")._reader_frozen()  # noqa: E731
+    assert frozen() == {"freeze_embeddings": True, "freeze_layers": 2}
+    assert frozen(reader_freeze_layers=0) == {"freeze_embeddings": True, "freeze_layers": 0}
+    assert frozen(reader_init="t5") == {"freeze_embeddings": False, "freeze_layers": 0}     # random embeddings
+    assert frozen(reader_init="t5", reader_model="t5-base")["freeze_embeddings"]
+    full = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "full")
+    assert full._reader_frozen() == {"freeze_embeddings": False, "freeze_layers": 0} and full.cfg.reader_zero_stage == 0
 
 
 def test_the_full_preset_runs_all_of_nq_test_and_the_first_3000_of_tqa_test(tmp_path):
