@@ -209,7 +209,9 @@ def test_machine_speed_times_float32_as_the_reference_machine_did(tmp_path, monk
 
 
 def test_only_a_reader_with_pretrained_embeddings_holds_them_fixed(tmp_path):
-    frozen = lambda **c: Demo(DemoConfig(corpus=str(tmp_path / "corpus"), **c), tmp_path / "out")._reader_frozen()  # noqa: E731
+    def frozen(**changes):
+        return Demo(DemoConfig(corpus=str(tmp_path / "corpus"), **changes), tmp_path / "out")._reader_frozen()
+
     assert frozen() == {"freeze_embeddings": True, "freeze_layers": 2}
     assert frozen(reader_freeze_layers=0) == {"freeze_embeddings": True, "freeze_layers": 0}
     assert frozen(reader_init="t5") == {"freeze_embeddings": False, "freeze_layers": 0}     # random embeddings
