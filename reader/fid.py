@@ -130,8 +130,8 @@ class FiD:
         self.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def freeze_encoder_bottom(self, embeddings: bool, layers: int) -> None:
-        """Hold the embeddings (the word embeddings are the decoder's and the LM head's too) and the
-        encoder's bottom `layers` blocks fixed. Autograd computes nothing below the lowest weight that
+        """Hold the embeddings (the shared word embeddings are the decoder's input ones too, and the LM
+        head's where it is tied) and the encoder's bottom `layers` blocks fixed. Autograd computes nothing below the lowest weight that
         trains, so with the embeddings and n blocks fixed the backward pass stops n blocks up: on a CPU
         the embedding matrix's dense gradient and AdamW update are a fifth of a warm reader's FiD step
         (docs/reader.md)."""
