@@ -131,20 +131,16 @@ class FiD:
 
     def freeze_encoder_bottom(self, embeddings: bool, layers: int) -> None:
         """Hold the embeddings (the shared word embeddings are the decoder's input ones too, and the LM
-        head's where it is tied) and the encoder's bottom `layers` blocks fixed. Autograd computes nothing below the lowest weight that
-        trains, so with the embeddings and n blocks fixed the backward pass stops n blocks up: on a CPU
-        the embedding matrix's dense gradient and AdamW update are a fifth of a warm reader's FiD step
-        (docs/reader.md)."""
+        head's where it is tied) and the encoder's bottom `layers` blocks fixed (`encoder_parts`, each
+        kind's own). Autograd computes nothing below the lowest weight that trains, so with the
+        embeddings and n blocks fixed the backward pass stops n blocks up: on a CPU the embedding
+        matrix's dense gradient and AdamW update are a fifth of a warm reader's FiD step (docs/reader.md)."""
         modules, blocks = self.encoder_parts()
         if not 0 <= layers <= len(blocks):
             raise ValueError(f"freeze_layers must be between 0 and the encoder's {len(blocks)} blocks, not {layers}")
         for module in ([modules] if embeddings else []) + list(blocks[:layers]):
             for p in module.parameters():
                 p.requires_grad_(False)
-
-    def encoder_parts(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
-        """(the embeddings, the encoder's blocks in order)."""
-        return self.shared, self.encoder.block
 
     def new_parameters(self) -> set[str]:
         """Names of the weights that did not come from a pretrained model (a warm start's new parts);
@@ -153,7 +149,9 @@ class FiD:
 
 
 class FiDT5(FiD, T5ForConditionalGeneration):
-    pass
+    def encoder_parts(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
+        """(the embeddings, the encoder's blocks in order)."""
+        return self.shared, self.encoder.block
 
 
 class FiDEncoderDecoder(FiD, EncoderDecoderModel):

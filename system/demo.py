@@ -308,8 +308,9 @@ class Demo:
         train_s, read_s = self._reader_token_s()
         train_s /= BF16_TRAIN_SPEEDUP if self._reader_bf16() else 1.0
         train_s /= ZERO0_TRAIN_SPEEDUP if c.reader_zero_stage == 0 else 1.0
-        if self._reader_frozen()["freeze_embeddings"]:
-            train_s *= 1 - FROZEN_EMBEDDINGS_SAVE - FROZEN_BLOCK_SAVE * c.reader_freeze_layers
+        frozen = self._reader_frozen()
+        if frozen["freeze_embeddings"]:
+            train_s *= 1 - FROZEN_EMBEDDINGS_SAVE - FROZEN_BLOCK_SAVE * frozen["freeze_layers"]
         pretrain = c.pretrain_steps * ref["pretrain_step_s"] if c.reader_init == "t5" and not c.reader_model else 0
         return ((0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"] * (2 if c.reader_gold_steps else 1)
                 + pretrain + c.text_maxlength * train_s * (c.reader_gold_steps * c.reader_gold_batch
