@@ -338,6 +338,18 @@ def make_engine(args: OptimArgs):
     return ENGINES[args.backend](args)
 
 
+def check_resumable(ckpt: Path, saved: dict, now: dict) -> None:
+    """Refuse a resume whose optimizer would not fit the checkpoint's: other weights trained (what is held
+    fixed, which weights take their own rate) or another engine. Checkpoints older than the record pass."""
+    if saved == now:
+        return
+    differs = ", ".join(f"{k} {saved.get(k)} there, {now[k]} here" for k in now if saved.get(k) != now[k])
+    raise InputError(f"--resume: {ckpt} was written by a run that trained other weights or used another engine "
+                     f"({differs}; group_sizes counts the weights each optimizer group trains): resume with the "
+                     f"interrupted run's settings (what it holds fixed, its rates, --backend, --zero-stage), "
+                     f"or train into a fresh --out")
+
+
 def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str = "train") -> dict:
     """Train `task` as `args` say; returns the loop's state (history, evaluations, best)."""
     out = Path(out)
@@ -350,12 +362,19 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
     total = args.max_steps if args.max_steps is not None else steps_per_epoch * args.epochs
     groups = task.groups if task.groups is not None else default_groups(task.model, args.weight_decay)
     groups = [g for g in groups if g["params"]]
+    sizes = [sum(p.numel() for p in g["params"]) for g in groups]   # before ZeRO-3 partitions them
     config = engine.prepare(task.model, groups, total)
-    state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best": None, "history": [], "evals": []}
+    # What the optimizer state is shaped by: a checkpoint of another shape fails deep inside the engine.
+    trains = {"backend": args.backend, "zero_stage": config.get("zero_optimization", {}).get("stage"),
+              "group_sizes": sizes}
+    state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best": None, "history": [], "evals": [],
+             "trains": trains}
     ckpt = out / "checkpoint"
     if args.resume:
         if (ckpt / "trainer_state.json").exists():
             state = read_json(ckpt / "trainer_state.json")
+            check_resumable(ckpt, state.get("trains", trains), trains)
+            state["trains"] = trains
             engine.load(ckpt)
             log.info("%s: resumed from %s at step %d", desc, ckpt, state["global_step"])
         else:

@@ -251,6 +251,13 @@ def test_frozen_embeddings_and_bottom_blocks_stay_as_they_were_and_the_rest_trai
         assert any(not torch.equal(a[n], b[n]) for n in b if n.startswith(prefix)), prefix
     with pytest.raises(InputError, match="--freeze-layers"):
         train_reader(*_args(b2b, data, tmp_path / "too-many", max_steps=1, freeze_layers=3))
+    # Resumed with every weight trained, its optimizer would not fit the checkpoint's: refused by name,
+    # before DeepSpeed loads anything, and the checkpoint is kept.
+    _, unfrozen = _args(b2b, data, tmp_path / "frozen", max_steps=5, batch_size=4, warmup_steps=1, eval_steps=5,
+                        save_steps=5, lr=1e-2, resume=True)
+    with pytest.raises(InputError, match=r"--resume: .*checkpoint.*group_sizes \[[\d, ]+\] there, \[[\d, ]+\] here"):
+        train_reader(reader, unfrozen)
+    assert json.loads((tmp_path / "frozen" / "checkpoint" / "trainer_state.json").read_text())["global_step"] == 3
 
 
 def test_an_interrupted_warm_reader_training_resumes_with_the_same_losses(b2b, data, tmp_path, monkeypatch):
