@@ -217,7 +217,7 @@ def test_only_a_reader_with_pretrained_embeddings_holds_them_fixed(tmp_path):
     assert frozen(reader_init="t5") == {"freeze_embeddings": False, "freeze_layers": 0}     # random embeddings
     assert frozen(reader_init="t5", reader_model="t5-base")["freeze_embeddings"]
     full = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "full")
-    assert full._reader_frozen() == {"freeze_embeddings": False, "freeze_layers": 0} and full.cfg.reader_zero_stage == 0
+    assert full._reader_frozen() == {"freeze_embeddings": True, "freeze_layers": 2} and full.cfg.reader_zero_stage == 0
 
 
 def test_the_full_preset_runs_all_of_nq_test_and_the_first_3000_of_tqa_test(tmp_path):
