@@ -367,18 +367,17 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
     # What the optimizer state is shaped by: a checkpoint of another shape fails deep inside the engine.
     trains = {"backend": args.backend, "zero_stage": config.get("zero_optimization", {}).get("stage"),
               "group_sizes": sizes}
-    state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best": None, "history": [], "evals": [],
-             "trains": trains}
+    state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best": None, "history": [], "evals": []}
     ckpt = out / "checkpoint"
     if args.resume:
         if (ckpt / "trainer_state.json").exists():
             state = read_json(ckpt / "trainer_state.json")
             check_resumable(ckpt, state.get("trains", trains), trains)
-            state["trains"] = trains
             engine.load(ckpt)
             log.info("%s: resumed from %s at step %d", desc, ckpt, state["global_step"])
         else:
             log.warning("--resume: no checkpoint in %s, starting from scratch", ckpt)
+    state["trains"] = trains   # a checkpoint older than the record gets it from here on
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         write_json(out / "train_config.json", {"loop": asdict(args), args.backend: config, "world_size": W,
