@@ -98,6 +98,29 @@ def test_generate_matches_step_by_step_greedy_and_masks_padding(t5):
     assert torch.equal(fid.generate(input_ids=ids2, attention_mask=mask, max_new_tokens=5), out)
 
 
+def test_t5_passages_encoded_in_length_groups_read_as_one_padded_call(t5):
+    """FusedEncoder's buckets under T5's relative positions: the same states on real tokens, the same
+    logits and answers as one padded call."""
+    fid = FiDT5.from_pretrained(t5).eval()
+    ids = torch.randint(3, 100, (2, 3, 10))
+    mask = torch.ones_like(ids)
+    mask[0, 1, 4:] = 0
+    mask[1, 0, 7:] = 0
+    mask[1, 2] = 0
+    labels = torch.randint(3, 100, (2, 4))
+    out = {}
+    for bucket in (0, 4):
+        fid.encoder_bucket = bucket
+        out[bucket] = (fid.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state.view(2, 3, 10, -1),
+                       fid(input_ids=ids, attention_mask=mask, labels=labels).logits,
+                       fid.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False))
+    real = mask.bool()
+    assert torch.allclose(out[0][0][real], out[4][0][real], atol=1e-5)
+    for past_width in (out[4][0][0, 1, 4:], out[4][0][1, 0, 8:], out[4][0][1, 2]):
+        assert torch.count_nonzero(past_width) == 0
+    assert torch.allclose(out[0][1], out[4][1], atol=1e-5) and torch.equal(out[0][2], out[4][2])
+
+
 def test_collator_pads_missing_passages_and_keeps_the_best_k(t5, tmp_path):
     tok = AutoTokenizer.from_pretrained(t5)
     rows = [{"question": "what is the code of bob ?", "answers": ["3"],

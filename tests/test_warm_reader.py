@@ -502,3 +502,41 @@ def test_a_negative_passage_loss_coef_is_refused_before_training(b2b_prior, data
     with pytest.raises(InputError, match="--passage-loss-coef"):
         train_reader(reader, loop)
     assert not (tmp_path / "out" / "reader_args.json").exists()
+
+
+def test_passages_encoded_in_length_groups_read_as_one_padded_call(b2b_prior):
+    """FusedEncoder's buckets: passages of 3, 6 and 11 tokens and an absent one, encoded in groups of
+    their own length, give the one padded call's states on real tokens, zeros past each group's
+    width, and the same loss, gradients and generated answer."""
+    model, tok = load_reader(b2b_prior)
+    with torch.no_grad():
+        model.passage_scorer.weight.normal_(0, 1.0)
+    ids = torch.randint(5, len(tok), (2, 2, 11))
+    mask = torch.ones_like(ids)
+    mask[0, 0, 3:] = 0
+    mask[0, 1, 6:] = 0
+    mask[1, 1] = 0                                          # an absent passage
+    labels = torch.randint(5, len(tok), (2, 3))
+    calls = []
+    model.encoder.register_forward_hook(lambda m, a, kw, out: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    runs = {}
+    for bucket in (0, 4):
+        model.encoder_bucket = bucket
+        model.zero_grad()
+        enc = model.get_encoder()(input_ids=ids, attention_mask=mask)
+        calls[:] = []
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, passage_labels=torch.tensor([[1, 0], [1, 0]]))
+        out.loss.backward()
+        runs[bucket] = (enc.last_hidden_state.view(2, 2, 11, -1), out.loss.detach(),
+                        [p.grad.clone() for p in model.parameters() if p.grad is not None], list(calls),
+                        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False))
+    (one, loss0, grads0, calls0, gen0), (grouped, loss4, grads4, calls4, gen4) = runs[0], runs[4]
+    assert calls0 == [(4, 11)]                               # the forward's encoder calls
+    assert sorted(calls4) == [(1, 4), (1, 8), (1, 11)]       # 3, 6 and 11 tokens; the absent one not encoded
+    real = mask.bool()
+    assert torch.allclose(one[real], grouped[real], atol=1e-5)
+    for past_width in (grouped[0, 0, 4:], grouped[0, 1, 8:], grouped[1, 1]):
+        assert torch.count_nonzero(past_width) == 0
+    assert torch.allclose(loss0, loss4, atol=1e-5)
+    assert len(grads0) == len(grads4) and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads0, grads4))
+    assert torch.equal(gen0, gen4)
