@@ -5,7 +5,7 @@ A quarter of a retrieved batch's tokens are padding (100-word passages of the Wi
 at `--text-maxlength`). The settings take turns batch by batch, so a busy machine slows them alike.
 The training step is forward + backward + AdamW on `--batch` questions at `--k` (the full preset's FiD
 phase: 4 questions at k = 5, 160 tokens, the embeddings and 2 blocks held fixed); reading is
-greedy span-constrained decoding of `--read-batch` questions at `--read-k`, float32. It also prints
+greedy span-constrained decoding of `--read-batch` questions at `--read-k` (all the file's passages), float32. It also prints
 the largest loss difference from one call's: the groups change no result but the float rounding.
 
     python scripts/bench_length_buckets.py [--model READER] [--fid-file FILE] [--buckets 0 16 32 64]
@@ -46,7 +46,9 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=4, help="questions per training step")
     p.add_argument("--steps", type=int, default=20, help="timed training steps per setting")
     p.add_argument("--freeze-layers", type=int, default=2, help="encoder blocks held fixed, with the embeddings")
-    p.add_argument("--read-k", type=int, default=25)
+    p.add_argument("--read-k", type=int, default=None,
+                   help="passages read per question (default: all the file gives; fewer leave absent ones, "
+                        "which the groups skip)")
     p.add_argument("--read-batch", type=int, default=16)
     p.add_argument("--read-batches", type=int, default=4, help="timed reading batches per setting")
     p.add_argument("--text-maxlength", type=int, default=160)
@@ -56,6 +58,7 @@ def main() -> int:
         p.error("no demo run found: pass --model and --fid-file")
     torch.set_num_threads(args.threads)
     examples = [e for e in load_fid_file(args.fid_file) if e.has_answer is None or any(e.has_answer[:args.k])]
+    args.read_k = args.read_k or max(len(e.passages) for e in examples)
     model, tokenizer = load_reader(args.model, "cpu")
     model.freeze_encoder_bottom(True, args.freeze_layers)
     model.config.use_cache = False
