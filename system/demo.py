@@ -130,7 +130,7 @@ PRESETS = {
     # docs/retrieval.md's `phrase-e2` (two rounds) and `qft-e2-56` (three rounds of 2 query epochs),
     # docs/prefilter.md's two-round document encoder, docs/reader.md's GPFPb (300 gold-passage steps,
     # the best of 3 validations, then 1,800 FiD steps at k = 5 on the pipeline's own passages; the
-    # embeddings and 2 blocks held fixed, as in the demo preset: 60.2 minutes on a float32 CPU). It is
+    # embeddings and 2 blocks held fixed, as in the demo preset: 55.3 minutes of training on a float32 CPU). It is
     # evaluated as docs/reader.md's figures are: all of NQ-test and the first 3,000 questions of TriviaQA-test.
     "full": DemoConfig(phrase_examples=None, phrase_round_lrs=[3e-5], max_passage_tokens=192,
                        validation_questions=400, query_epochs=2, query_rounds=3,
