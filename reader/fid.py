@@ -47,8 +47,8 @@ class FusedEncoder:
     are padding. So with `bucket` tokens the passages are encoded in groups of like length, each group
     padded only to its longest rounded up to a multiple of `bucket`: a real token's state is the same
     (attention never looks at padding), padding past a group's width gets zeros (every reader of padding
-    masks it),
-    and the encoder, nearly all of a step's cost, computes a fifth less (docs/reader.md). 0: one call."""
+    masks it), and a training step on retrieved passages runs 1.17x faster, reading 1.3x
+    (docs/reader.md). 0: one padded call."""
 
     def __init__(self, encoder: torch.nn.Module, bucket: int = 0):
         self.encoder = encoder
@@ -87,9 +87,9 @@ class FusedEncoder:
         widths = ((ends + self.bucket - 1) // self.bucket * self.bucket).clamp(max=length)
         rows, pieces = [], []
         for width in widths.unique().tolist():
-            index = (widths == width).nonzero().squeeze(1)
             if width == 0:
                 continue
+            index = (widths == width).nonzero().squeeze(1)
             states = self.encoder(input_ids=input_ids[index, :width], attention_mask=attention_mask[index, :width],
                                   **kwargs).last_hidden_state
             rows.append(index)
