@@ -21,26 +21,28 @@ from pathlib import Path
 
 import torch
 
-from odqa.common.paths import odqa_home
+from odqa.common.defaults import default_pipeline
 from odqa.common.trainer import shuffled_batches
 from odqa.reader.fid_data import FiDCollator, load_fid_file
 from odqa.reader.read import generate_answers, load_reader
 
 
-def default(path: str) -> str | None:
-    """A file of the full preset's demo run, else the demo preset's."""
-    for run in ("demo-full", "demo"):
-        found = sorted((odqa_home() / "runs" / run).glob(path))
-        if found:
-            return str(found[0])
-    return None
+def default_reader_files() -> tuple[str | None, str | None]:
+    """The default pipeline's reader (what `odqa demo` recorded last) and the FiD training file its
+    run wrote beside it (RUN/reader/best, RUN/reader-data/*-train.json)."""
+    reader = default_pipeline().get("reader")
+    if reader is None:
+        return None, None
+    found = sorted((reader.parent.parent / "reader-data").glob("*-train.json"))
+    return str(reader), str(found[0]) if found else None
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=default("reader/best"), help="a reader checkpoint (default: the demo's)")
-    p.add_argument("--fid-file", default=default("reader-data/*-train.json"),
-                   help="a retrieval file with has_answer (default: the demo's FiD training file)")
+    reader, fid_file = default_reader_files()
+    p.add_argument("--model", default=reader, help="a reader checkpoint (default: the default pipeline's)")
+    p.add_argument("--fid-file", default=fid_file,
+                   help="a retrieval file with has_answer (default: the FiD training file of that reader's run)")
     p.add_argument("--buckets", type=int, nargs="+", default=[0, 16, 32, 64], help="0: one padded call")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--batch", type=int, default=4, help="questions per training step")
@@ -55,7 +57,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     if not args.model or not args.fid_file:
-        p.error("no demo run found: pass --model and --fid-file")
+        p.error("no default reader or its FiD file (run `odqa demo`): pass --model and --fid-file")
     torch.set_num_threads(args.threads)
     examples = [e for e in load_fid_file(args.fid_file) if e.has_answer is None or any(e.has_answer[:args.k])]
     args.read_k = args.read_k or max(len(e.passages) for e in examples)
