@@ -56,6 +56,8 @@ class DemoConfig:
     validation_percent: float = 10.0        # dev questions held out (by question hash) for validation
     validation_questions: int = 200         # of those, scored by the phrase and document trainers
     encoder: str | None = None              # BERT-family start of every retriever encoder; None: the pack's MiniLM
+    seed: int = 0                           # added to every seed of the chain (each trainer's, the phrase filter's,
+                                            # the index's sample, the reader's new weights): 0 is the guides' runs
     # phrase retriever
     phrase_examples: int | None = 768       # training questions (None: all)
     phrase_epochs: int = 1
@@ -220,7 +222,7 @@ class Demo:
                   + c.validation_questions * ref["phrase_encode_s"] * phrase_epochs, self.train_phrase,
                   {k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
                                               "max_passage_tokens", "validation_questions")}
-                  | _set(c, "phrase_round_lrs", "title_phrases"),
+                  | _set(c, "phrase_round_lrs", "title_phrases", "seed"),
                   [self.phrase_checkpoint()], self.phrase_rounds()),
             Stage("index", f"dump the phrase vectors of {n_pass:,} passages, "
                            + (f"fit the phrase filter, keep {c.index_keep:.0%}, " if c.index_keep < 1 else "")
@@ -228,14 +230,15 @@ class Demo:
                   n_pass * ref["phrase_encode_s"] * min(1.0, c.max_passage_tokens / 160) + ref["index_s"]
                   + (ref["filter_s"] if c.index_keep < 1 else 0),
                   # The default's kind is in the key, so a run made under an older default is rebuilt.
-                  self.build_phrase_index, {"factory": c.index_factory or "default: OPQ,IVF,PQ", "keep": c.index_keep},
+                  self.build_phrase_index,
+                  {"factory": c.index_factory or "default: OPQ,IVF,PQ", "keep": c.index_keep} | _set(c, "seed"),
                   [p["phrase-index"]],
                   [p["phrase-dump"], p["phrase-index"]]),
             *([Stage("query", f"query-side fine-tuning against the index ({c.query_rounds * c.query_epochs} epochs "
                               f"of {query_questions:,} questions"
                               + (f", {c.query_rounds} rounds)" if c.query_rounds > 1 else ")"),
                      c.query_rounds * c.query_epochs * query_questions * ref["query_q_s"], self.tune_query,
-                     {"query_epochs": c.query_epochs, "query_examples": c.query_examples} | _set(c, "query_rounds"),
+                     {"query_epochs": c.query_epochs, "query_examples": c.query_examples} | _set(c, "query_rounds", "seed"),
                      [], self.query_rounds())]
               if c.query_epochs else []),
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
@@ -246,7 +249,7 @@ class Demo:
                   self.train_doc, {k: getattr(c, k) for k in ("doc_examples", "doc_batch", "doc_rounds", "doc_negatives",
                                                               "max_doc_tokens", "doc_validation_docs", "top_docs",
                                                               "lambda_questions", "validation_questions",
-                                                              "rerank_bm25")},
+                                                              "rerank_bm25")} | _set(c, "seed"),
                   [self.doc_model(), p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
             Stage("reader", f"train the FiD reader ({self._reader_plan()})", self._reader_estimate(),
                   self.train_reader, {k: getattr(c, k) for k in (
@@ -255,7 +258,7 @@ class Demo:
                       "pretrain_steps", "reader_gold_steps", "reader_gold_batch", "reader_steps", "reader_batch", "reader_lr",
                       "reader_new_lr", "reader_span_loss", "reader_k", "reader_questions", "reader_validation",
                       "reader_bf16", "text_maxlength", "reader_zero_stage", "reader_freeze_embeddings",
-                      "reader_freeze_layers")} | _set(c, "reader_gold_evals", "reader_passages"),
+                      "reader_freeze_layers")} | _set(c, "reader_gold_evals", "reader_passages", "seed"),
                   [p["reader"] / "best"],
                   [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
             # After the reader, so that turning it on or off reruns the run stage only.
@@ -265,7 +268,8 @@ class Demo:
                      + rerank_questions * ref["rerank_groups"] * 4 * ref["rerank_pair_s"]
                      + c.reranker_validation * c.rerank_depth * ref["encode_s"],
                      self.train_reranker, {k: getattr(c, k) for k in ("encoder", "reranker_questions", "rerank_depth",
-                                                                      "reranker_validation", "reranker_batch")},
+                                                                      "reranker_validation", "reranker_batch")}
+                     | _set(c, "seed"),
                      [p["reranker"] / "best"], [p["reranker-data"], p["reranker"]])]
               if c.reranker else []),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
@@ -369,7 +373,7 @@ class Demo:
                                out_dir=str(rounds[0]), encoder=self.encoder, max_passage_tokens=c.max_passage_tokens,
                                epochs=c.phrase_epochs, batch_size=c.phrase_batch, max_train_examples=c.phrase_examples,
                                max_validation_examples=c.validation_questions, title_phrases=c.title_phrases,
-                               resume=resume)
+                               resume=resume, seed=PhraseTrainArgs.seed + c.seed)
         r = train(args)
         result = {"validation_em": [r["best_em"]], "steps": r["steps"]}
         for lr, out in zip(c.phrase_round_lrs, rounds[1:]):
@@ -395,12 +399,13 @@ class Demo:
         result = {"dumped_per_passage": round(d["vectors_per_passage"], 1)}
         if c.index_keep < 1:
             from odqa.retriever.phrase_filter import train_filter
-            table = train_filter(self.p["phrase-dump"], sup / "train.jsonl", sup / "validation.jsonl", self.corpus)
+            table = train_filter(self.p["phrase-dump"], sup / "train.jsonl", sup / "validation.jsonl", self.corpus,
+                                 seed=c.seed)
             kept = [row["answer_recall"] for row in table["calibration"] if row["keep"] == c.index_keep]
             if kept:
                 result["answer_phrases_kept"] = round(100 * kept[0], 1)
         m = build_index(self.p["phrase-dump"], self.p["phrase-index"], self.corpus, factory=c.index_factory,
-                        keep=c.index_keep)
+                        keep=c.index_keep, seed=c.seed)
         return {**result, "factory": m["factory"], "vectors": m["vectors"],
                 "vectors_per_passage": round(m["vectors_per_passage"], 1),
                 "bytes_per_passage": round(m["bytes_per_passage"])}
@@ -414,7 +419,8 @@ class Demo:
         args = QueryTrainArgs(model=str(self.phrase_checkpoint()), index=str(self.p["phrase-index"]),
                               corpus=str(self.corpus), out_dir=str(self.p["query"]),
                               questions=str(self.p["supervision"] / "train.jsonl"), epochs=self.cfg.query_epochs,
-                              max_questions=self.cfg.query_examples, resume=resume)
+                              max_questions=self.cfg.query_examples, resume=resume,
+                              seed=QueryTrainArgs.seed + self.cfg.seed)
         history = []
         for i, out in enumerate(self.query_rounds()):
             try:
@@ -451,7 +457,7 @@ class Demo:
                             negatives=c.doc_negatives, batch_size=c.doc_batch,
                             max_doc_tokens=c.max_doc_tokens, max_train_examples=c.doc_examples,
                             max_validation_examples=c.validation_questions, validation_docs=c.doc_validation_docs,
-                            resume=resume)
+                            resume=resume, seed=DocTrainArgs.seed + c.seed)
         result = {"round 1 Top-20": train_doc(base)["best_top20"]}
         model = self.p["doc-r1"] / "best"
         if c.doc_rounds > 1:
@@ -488,7 +494,8 @@ class Demo:
             return LoopArgs(out_dir=str(out), max_steps=steps, batch_size=batch, lr=c.reader_lr, new_lr=c.reader_new_lr,
                             warmup_steps=max(steps // 10, 1), eval_steps=max(steps // max(evals, 1), 1),
                             save_steps=max(steps // 2, 1), resume=resume, zero_stage=c.reader_zero_stage,
-                            **self._reader_frozen(), precision="bf16" if self._reader_bf16() else "auto")
+                            **self._reader_frozen(), precision="bf16" if self._reader_bf16() else "auto",
+                            seed=LoopArgs.seed + c.seed)
 
         if c.reader_gold_steps:
             gold_train, gold_val = self.gold_data()
@@ -515,7 +522,8 @@ class Demo:
         if not (p["reader-init"] / "config.json").exists():
             if c.reader_init == "warm":
                 from odqa.reader.warm_start import init_warm_reader
-                init_warm_reader(self.encoder, p["reader-init"], c.reader_decoder_layers, pointer=c.reader_pointer,
+                init_warm_reader(self.encoder, p["reader-init"], c.reader_decoder_layers, seed=c.seed,
+                                 pointer=c.reader_pointer,
                                  passage_prior=c.reader_passage_prior and c.reader_pointer)
             else:
                 from odqa.reader.t5_init import init_reader, passage_text
@@ -597,7 +605,7 @@ class Demo:
             encoder=self.encoder, depth=c.rerank_depth, batch_size=c.reranker_batch,
             # save_steps: a half-hour stage that is interrupted resumes within 100 steps
             max_validation_examples=c.reranker_validation, resume=resume, save_steps=100,
-            precision="bf16" if self._reader_bf16() else "auto"))
+            precision="bf16" if self._reader_bf16() else "auto", seed=RerankerTrainArgs.seed + c.seed))
         best = next(row for row in r["weight_grid"] if row["weight"] == r["weight"])
         metric = f"MRR@{c.rerank_depth}"
         return {"train_questions": r["train_questions"], "steps": r["steps"], "weight": r["weight"],

@@ -176,6 +176,46 @@ def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypa
     assert demo.phrase_checkpoint() == out / "phrase-r2" / "best"
 
 
+def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monkeypatch):
+    """`odqa demo --seed 1`: another draw of the whole chain, each trainer one seed on from the guides' runs."""
+    import odqa.reader.fid_train as fid_train
+    import odqa.reader.warm_start as warm_start
+    import odqa.retriever.doc_index as doc_index
+    import odqa.retriever.doc_train as doc_train
+    import odqa.retriever.phrase_train as phrase_train
+    import odqa.retriever.query_train as query_train
+    import odqa.retriever.tune_lambda as tune_lambda
+    import odqa.system.demo as demo_module
+    seeds = []
+    monkeypatch.setattr(phrase_train, "train", lambda a: seeds.append(("phrase", a.seed)) or {"best_em": 1.0, "steps": 1})
+    monkeypatch.setattr(query_train, "train_query", lambda a: seeds.append(("query", a.seed)) or {"history": []})
+    monkeypatch.setattr(doc_train, "train_doc", lambda a: seeds.append(("doc", a.seed)) or {"best_top20": 1.0})
+    monkeypatch.setattr(doc_index, "build_doc_index", lambda *a: None)
+    monkeypatch.setattr(tune_lambda, "tune_searcher_lambda", lambda *a, **kw: {"lambda": 0.0, "bm25_weight": 0.0})
+    monkeypatch.setattr(demo_module, "load_questions", lambda *a, **kw: [])
+    monkeypatch.setattr(warm_start, "init_warm_reader", lambda *a, seed, **kw: seeds.append(("init", seed)))
+    monkeypatch.setattr(fid_train, "train_reader", lambda r, loop: seeds.append(("reader", loop.seed)) or {
+        "evals": [{"em": 1.0}], "train_questions": 1})
+
+    def chain(seed):
+        seeds.clear()
+        demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm", seed=seed),
+                    tmp_path / f"out{seed}")
+        monkeypatch.setattr(demo, "gold_data", lambda: ("gold-train", "gold-val"))
+        monkeypatch.setattr(demo, "reader_data", lambda resume: ("train", "val"))
+        monkeypatch.setattr(demo, "searcher", lambda: None)
+        demo.train_phrase(resume=False)
+        demo.tune_query(resume=False)
+        demo.train_doc(resume=False)
+        demo.train_reader(resume=False)
+        return list(seeds)
+
+    guides = chain(0)
+    assert guides == [("phrase", 13), ("phrase", 14), ("query", 13), ("query", 14), ("query", 15), ("doc", 13),
+                      ("doc", 13), ("init", 0), ("reader", 0), ("reader", 0)]
+    assert chain(2) == [(name, seed + 2) for name, seed in guides]
+
+
 def test_title_phrases_reach_every_phrase_round(tmp_path, monkeypatch):
     import odqa.retriever.phrase_train as phrase_train
     seen = []
@@ -234,9 +274,9 @@ def test_settings_added_later_leave_the_keys_of_runs_made_before_them(tmp_path):
         return {name: json.dumps(key) for name, key in demo.keys(demo.stages()).items()}
     before = keys()
     added = {"phrase_round_lrs": [3e-5], "title_phrases": True, "query_rounds": 2, "reader_gold_evals": 3,
-             "reader_passages": "phrase"}
+             "reader_passages": "phrase", "seed": 1}
     assert not any(name in key for name in added for key in before.values())
-    for (name, value), stage in zip(added.items(), ("phrase", "phrase", "query", "reader", "reader")):
+    for (name, value), stage in zip(added.items(), ("phrase", "phrase", "query", "reader", "reader", "phrase")):
         after = keys(**{name: value})
         changed = [s for s in before if before[s] != after[s]]
         assert changed == STAGES[STAGES.index(stage):], name   # that stage and the later ones rerun

@@ -47,7 +47,7 @@ def shown(path) -> str:
 def cmd_demo(args) -> None:
     from odqa.system.demo import run_demo
     print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, encoder=args.encoder,
-                   reader_model=args.reader_model, reranker=args.reranker), end="")
+                   reader_model=args.reader_model, reranker=args.reranker, seed=args.seed), end="")
 
 
 def cmd_run(args) -> None:
@@ -129,6 +129,9 @@ def add(sub) -> None:
     p.add_argument("--reranker", action=argparse.BooleanOptionalAction, default=None,
                    help="also train a cross-encoder passage reranker (a stage before `run`; about half an hour more on "
                         "2 cores) and read through it (default: off in both presets)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="added to every seed of the chain, to measure how far another draw moves the results; use "
+                        "with --out, or it replaces the preset's default run (default 0: the guides' runs)")
 
     p = command(sub, "run", cmd_run,
                 help="evaluate the system: extractive vs generated EM per question set and k, with plots",
