@@ -196,6 +196,14 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
     monkeypatch.setattr(warm_start, "init_warm_reader", lambda *a, seed, **kw: seeds.append(("init", seed)))
     monkeypatch.setattr(fid_train, "train_reader", lambda r, loop: seeds.append(("reader", loop.seed)) or {
         "evals": [{"em": 1.0}], "train_questions": 1})
+    import odqa.common.retrieval_file as retrieval_file
+    import odqa.retriever.cross_encoder_train as cross_encoder_train
+    import odqa.retriever.retrieve as retrieve
+    monkeypatch.setattr(retrieve, "retrieve_phrases", lambda *a: [])
+    monkeypatch.setattr(retrieval_file, "write_results", lambda *a: None)
+    scores = {"Top-1": 1.0, "MRR@20": 1.0}
+    monkeypatch.setattr(cross_encoder_train, "train_reranker", lambda a: seeds.append(("reranker", a.seed)) or {
+        "train_questions": 1, "steps": 1, "weight": 1.0, "weight_grid": [{"weight": 1.0, **scores}], "retriever": scores})
 
     def chain(seed):
         seeds.clear()
@@ -208,11 +216,12 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
         demo.tune_query(resume=False)
         demo.train_doc(resume=False)
         demo.train_reader(resume=False)
+        demo.train_reranker(resume=False)
         return list(seeds)
 
     guides = chain(0)
     assert guides == [("phrase", 13), ("phrase", 14), ("query", 13), ("query", 14), ("query", 15), ("doc", 13),
-                      ("doc", 13), ("init", 0), ("reader", 0), ("reader", 0)]
+                      ("doc", 13), ("init", 0), ("reader", 0), ("reader", 0), ("reranker", 13)]
     assert chain(2) == [(name, seed + 2) for name, seed in guides]
 
 
