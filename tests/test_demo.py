@@ -178,12 +178,15 @@ def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypa
 
 def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monkeypatch):
     """`odqa demo --seed 1`: another draw of the whole chain, each trainer one seed on from the guides' runs."""
+    import odqa.common.retrieval_file as retrieval_file
     import odqa.reader.fid_train as fid_train
     import odqa.reader.warm_start as warm_start
+    import odqa.retriever.cross_encoder_train as cross_encoder_train
     import odqa.retriever.doc_index as doc_index
     import odqa.retriever.doc_train as doc_train
     import odqa.retriever.phrase_train as phrase_train
     import odqa.retriever.query_train as query_train
+    import odqa.retriever.retrieve as retrieve
     import odqa.retriever.tune_lambda as tune_lambda
     import odqa.system.demo as demo_module
     seeds = []
@@ -196,9 +199,6 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
     monkeypatch.setattr(warm_start, "init_warm_reader", lambda *a, seed, **kw: seeds.append(("init", seed)))
     monkeypatch.setattr(fid_train, "train_reader", lambda r, loop: seeds.append(("reader", loop.seed)) or {
         "evals": [{"em": 1.0}], "train_questions": 1})
-    import odqa.common.retrieval_file as retrieval_file
-    import odqa.retriever.cross_encoder_train as cross_encoder_train
-    import odqa.retriever.retrieve as retrieve
     monkeypatch.setattr(retrieve, "retrieve_phrases", lambda *a: [])
     monkeypatch.setattr(retrieval_file, "write_results", lambda *a: None)
     scores = {"Top-1": 1.0, "MRR@20": 1.0}
