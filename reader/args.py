@@ -10,6 +10,9 @@ from odqa.common.io import InputError
 from odqa.common.settings import OUT, OptimArgs, arg, listed, required
 
 DECODING = ("spans", "free")     # answers are passage spans | any tokens
+# Reading may also choose among the retriever's phrases and the spans answer (reader/fusion.py);
+# training's validation reads files without phrases, so it keeps to DECODING.
+READ_DECODING = DECODING + ("phrases",)
 # `odqa reader init --preset`: from-scratch T5 shapes.
 PRESETS = {
     "tiny": dict(vocab=16_000, d_model=256, d_ff=1024, num_layers=4, num_heads=4, d_kv=64),

@@ -322,3 +322,9 @@ class FiDEncoderDecoder(FiD, EncoderDecoderModel):
 def reader_class(model_type: str):
     """The FiD class for a checkpoint's `config.model_type`, or None."""
     return {"t5": FiDT5, "encoder-decoder": FiDEncoderDecoder}.get(model_type)
+
+
+def decoder_start_id(model) -> int:
+    """The token a reader's answers start from (generation config first, as `generate()` reads it)."""
+    config = model.generation_config
+    return config.decoder_start_token_id if config.decoder_start_token_id is not None else model.config.decoder_start_token_id

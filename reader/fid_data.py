@@ -1,6 +1,7 @@
 """FiD's input: retrieval files in DPR/FiD form, JSON list or JSONL, one question each:
 
-    {"id", "question", "answers": [...], "target"?: str, "ctxs": [{"id", "title", "text", "score"}, ...]}
+    {"id", "question", "answers": [...], "target"?: str,
+     "ctxs": [{"id", "title", "text", "score", "phrase"?: {"text", "score"}}, ...]}
 
 A question keeps its k best passages by score. Each passage becomes `question: Q title: T context: P`,
 truncated to `text_maxlength` tokens; a question with fewer than k passages gets empty ones, masked
@@ -33,6 +34,8 @@ class FiDExample:
     target: str | None = None
     regex: bool = False
     has_answer: list[bool] | None = None   # per passage, where the retrieval file says
+    # per passage, its best phrase's (text, score) where a phrase retrieval file gives one (ctxs[].phrase)
+    phrases: list[tuple[str, float] | None] | None = None
 
 
 def _parse(obj: dict, where: str) -> FiDExample:
@@ -52,7 +55,18 @@ def _parse(obj: dict, where: str) -> FiDExample:
                       passages=[(c.get("title", ""), c["text"]) for c in ctxs],
                       target=target if isinstance(target, str) else None, regex=q.regex,
                       has_answer=[bool(c["has_answer"]) for c in ctxs] if all("has_answer" in c for c in ctxs)
-                      else None)
+                      else None,
+                      phrases=[_phrase(c.get("phrase"), f"{where}: ctx {j}") for j, c in enumerate(ctxs)]
+                      if any("phrase" in c for c in ctxs) else None)
+
+
+def _phrase(obj, where: str) -> tuple[str, float] | None:
+    """A ctx's best phrase as (text, score); None where the passage has none."""
+    if obj is None:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+        raise InputError(f"{where}: \"phrase\" needs a \"text\"")
+    return obj["text"], _score(obj.get("score"), f"{where}: phrase")
 
 
 def _score(value, where: str) -> float:

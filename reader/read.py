@@ -4,8 +4,10 @@
 checks that checkpoint and tokenizer fit each other before any generation, so a reader trained with
 another vocabulary fails with a message instead of producing garbage.
 
-Decoding is `spans` (default: the answer is a span of an input passage, reader/spans.py) or `free`;
-either way an answer that spells a passage span is returned in the passage's own characters.
+Decoding is `spans` (default: the answer is a span of an input passage, reader/spans.py), `free`, or
+`phrases` (the `spans` answer or one of the passages' best phrases, as the reader scores them beside
+the phrase scores: reader/fusion.py); an answer that spells a passage span is returned in the
+passage's own characters.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from transformers import AutoConfig, AutoTokenizer
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, loading
 from odqa.common.metrics.answers import answer_em, is_echo
-from odqa.reader.args import DECODING
-from odqa.reader.fid import FusedEncoderOutput, reader_class
+from odqa.reader import fusion
+from odqa.reader.args import READ_DECODING
+from odqa.reader.fid import FusedEncoderOutput, decoder_start_id, reader_class
 from odqa.reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
 from odqa.reader.spans import PassageSpans, strip_generated
 
@@ -66,11 +69,6 @@ def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "c
     return model.to(device).eval(), tokenizer
 
 
-def _start_id(model) -> int:
-    config = model.generation_config
-    return config.decoder_start_token_id if config.decoder_start_token_id is not None else model.config.decoder_start_token_id
-
-
 @torch.no_grad()
 def generate_answers(model, tokenizer, examples: list[FiDExample], n_passages: int, batch_size: int = 8,
                      text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
@@ -93,8 +91,10 @@ def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list
     `dtype` (default `search_dtype`: bfloat16 where the hardware computes it natively): bfloat16 reads
     under autocast, the weights staying as they are; 1.7x faster on this CPU, 98-99% of the answers
     the same as float32's and EM within a question (docs/reader.md)."""
-    if decoding not in DECODING:
-        raise InputError(f"decoding must be one of {', '.join(DECODING)}, not {decoding!r}")
+    if decoding not in READ_DECODING:
+        raise InputError(f"decoding must be one of {', '.join(READ_DECODING)}, not {decoding!r}")
+    if decoding == "phrases":
+        fusion.check_phrases(examples)
     kind = torch.device(device).type
     dtype = search_dtype(kind) if dtype is None else dtype
     with torch.autocast(kind, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
@@ -106,7 +106,7 @@ def _generate_answers_by_k(model, tokenizer, examples, ks, batch_size, text_maxl
                            device, progress, decoding, refuse_echoes) -> dict[int, list[str]]:
     ks = sorted(set(ks))
     collator = FiDCollator(tokenizer, ks[-1], text_maxlength)
-    end, pad, start = answer_end_id(tokenizer), tokenizer.pad_token_id, _start_id(model)
+    end, pad, start = answer_end_id(tokenizer), tokenizer.pad_token_id, decoder_start_id(model)
     was_training = model.training
     model.eval()
     out = {k: [] for k in ks}
@@ -122,12 +122,15 @@ def _generate_answers_by_k(model, tokenizer, examples, ks, batch_size, text_maxl
                                  [f[:k] for f in batch["fields"]], end, pad)
             first = FusedEncoderOutput(last_hidden_state=encoded.last_hidden_state[:, :k * length],
                                        input_ids=encoded.input_ids[:, :k * length], passage_length=length)
-            decode = _Decoder(model, first, mask[:, :k].reshape(b, k * length), spans if decoding == "spans" else None,
+            first_mask = mask[:, :k].reshape(b, k * length)
+            decode = _Decoder(model, first, first_mask, None if decoding == "free" else spans,
                               (end, pad, start), max_new_tokens, num_beams)
             answers = decode(list(range(b)))
             text = [_answer_text(spans, row, a, tokenizer) for row, a in enumerate(answers)]
-            if decoding == "spans" and refuse_echoes:
+            if decoding != "free" and refuse_echoes:
                 _redecode_echoes(decode, spans, questions, answers, text, tokenizer)
+            if decoding == "phrases":
+                text = fusion.choose(model, tokenizer, first, first_mask, examples[i:i + batch_size], text, k)
             out[k] += text
     model.train(was_training)
     return {k: [p.strip() for p in answers] for k, answers in out.items()}

@@ -31,7 +31,8 @@ class RunArgs:
     dense_encoder: str | None = arg(None, "encoder of the dense baseline (default: the data pack's MiniLM)")
     batch_size: int = arg(8, "questions per reader batch")
     text_maxlength: int = arg(200, "reader tokens per question+passage")
-    decoding: str = arg("spans", "the reader's decoding: spans (answers are passage spans) or free")
+    decoding: str = arg("spans", "the reader's decoding: spans (answers are passage spans), free, or phrases "
+                                 "(the spans answer or a passage's best phrase, reader/fusion.py)")
     nprobe: int = arg(64, "IVF lists probed per search")
     max_answer_tokens: int = arg(MAX_ANSWER_TOKENS, "longest phrase returned, in word pieces, at most the index's L")
     answer_filter: bool = arg(True, "each passage's phrase is its best span that can answer: whole words, not "

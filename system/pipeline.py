@@ -29,7 +29,7 @@ class ReaderSettings:
     max_new_tokens: int = 32
     num_beams: int = 1
     batch_size: int = 8
-    decoding: str = "spans"          # spans: the answer is a passage span (reader/spans.py) | free
+    decoding: str = "spans"          # spans: the answer is a passage span (reader/spans.py) | free | phrases
 
 
 class Pipeline:
@@ -54,7 +54,9 @@ class Pipeline:
         results = self.searcher.search(questions, k, unit="passage")
         t1 = time.perf_counter()
         s = self.settings
-        examples = [FiDExample(id=str(i), question=q, answers=[], passages=[(p["title"], p["text"]) for p in r["passages"]])
+        examples = [FiDExample(id=str(i), question=q, answers=[], passages=[(p["title"], p["text"]) for p in r["passages"]],
+                               phrases=[(p["phrase"]["text"], p["phrase"]["score"]) if p.get("phrase") else None
+                                        for p in r["passages"]])
                     for i, (q, r) in enumerate(zip(questions, results))]
         generated = generate_answers(self.model, self.tokenizer, examples, k, s.batch_size, s.text_maxlength,
                                      s.max_new_tokens, s.num_beams, self.device, progress=False, decoding=s.decoding)

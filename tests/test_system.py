@@ -45,6 +45,18 @@ def test_pipeline_returns_both_answers_and_the_passages(system):
         assert a["timings"]["retrieve_ms"] > 0 and a["timings"]["read_ms"] > 0
 
 
+def test_phrase_decoding_answers_with_a_passage_phrase_or_the_spans_answer(system):
+    """`--decoding phrases` through the pipeline, on its T5 reader: the generated answer is the spans
+    answer or one of the k passages' best phrases."""
+    from odqa.system.pipeline import ReaderSettings
+    base = system["pipeline"]
+    questions = [q["question"] for q in TINY_QUESTIONS[:4]]
+    spans = base.answer(questions, k=3)
+    fused = Pipeline(base.searcher, base.model, base.tokenizer, ReaderSettings(decoding="phrases")).answer(questions, k=3)
+    for s, f in zip(spans, fused):
+        assert f["generated"] == s["generated"] or f["generated"] in [p["phrase"]["text"] for p in f["passages"]]
+
+
 def test_server_answers_and_validates(system):
     with TestClient(create_app(system["pipeline"], max_batch=4, max_wait_ms=5)) as client:
         assert client.get("/health").json()["status"] == "ready"
@@ -97,6 +109,9 @@ def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
                  str(root / "phrase"), "--reader", str(root / "t5"), "--corpus", str(system["corpus"])]) == 0
     out = capsys.readouterr().out
     assert "extractive: " in out and "generated: " in out and "[[" in out and " 2. " in out
+    assert main(["ask", "how tall is mount everest", "--k", "2", "--decoding", "phrases", "--index", str(root / "index"),
+                 "--model", str(root / "phrase"), "--reader", str(root / "t5"), "--corpus", str(system["corpus"])]) == 0
+    assert "(FiD over 2 passages, chosen among their phrases)" in capsys.readouterr().out
     assert main(["ask", "  ", "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader",
                  str(root / "t5"), "--corpus", str(system["corpus"])]) == 2
     assert "empty question" in capsys.readouterr().err

@@ -5,7 +5,7 @@ import argparse
 import os
 from pathlib import Path
 
-from odqa.reader.args import DECODING, PRESETS, ClozeArgs, LoopArgs, PretrainArgs, ReaderArgs
+from odqa.reader.args import PRESETS, READ_DECODING, ClozeArgs, LoopArgs, PretrainArgs, ReaderArgs
 from odqa.system.commands.args import add_dataclass_args, add_flag, command, corpus_arg, dataclass_from_args, positive_int
 
 LAUNCH = ("Runs as one process as is; for several, launch with `deepspeed`, `torchrun` or `accelerate launch` "
@@ -145,6 +145,8 @@ def add(sub) -> None:
     p.add_argument("--answer-maxlength", type=positive_int, default=32, help="generated tokens at most (default 32)")
     add_flag(p, "--num-beams", ["--beams"], dest="num_beams", type=positive_int, default=1,
              help="beam size; 1 is greedy (default 1)")
-    p.add_argument("--decoding", choices=DECODING, default="spans",
-                   help="spans: the answer is a span of an input passage; free: any tokens (default spans)")
+    p.add_argument("--decoding", choices=READ_DECODING, default="spans",
+                   help="spans: the answer is a span of an input passage; free: any tokens; phrases: the spans "
+                        "answer or a passage's best phrase (ctxs[].phrase of a phrase retrieval file), whichever "
+                        "the reader and the phrase scores prefer (default spans)")
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")

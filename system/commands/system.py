@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from odqa.common.device import pick_device
-from odqa.reader.args import DECODING
+from odqa.reader.args import READ_DECODING
 from odqa.system.args import RunArgs
 from odqa.system.commands.args import add_dataclass_args, add_flag, command, corpus_arg, dataclass_from_args, positive_int
 from odqa.system.commands.retrieval import phrase_index_args, phrase_searcher
@@ -19,8 +19,10 @@ def system_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-maxlength", type=positive_int, default=200, help="reader tokens per passage (default 200)")
     add_flag(p, "--num-beams", dest="num_beams", type=positive_int, default=1,
              help="beam size for generation (default 1: greedy)")
-    p.add_argument("--decoding", choices=DECODING, default="spans",
-                   help="spans: the generated answer is a span of a passage; free: any tokens (default spans)")
+    p.add_argument("--decoding", choices=READ_DECODING, default="spans",
+                   help="spans: the generated answer is a span of a passage; free: any tokens; phrases: the spans "
+                        "answer or a passage's best phrase, whichever the reader and the phrase scores prefer "
+                        "(default spans)")
     corpus_arg(p)
 
 
@@ -63,7 +65,8 @@ def cmd_ask(args) -> None:
     ex = a["extractive"]
     print(f"question:   {a['question']}")
     print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']})" if ex else ""))
-    print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages)")
+    how = ", chosen among their phrases" if args.decoding == "phrases" else ""
+    print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages{how})")
     for i, p in enumerate(a["passages"], 1):
         title, text = marked(p["title"], p["phrase"], True), marked(p["text"], p["phrase"], False)
         print(f"{i:>2}. {title} ({p['score']:.2f}): {text[:300]}")
