@@ -45,6 +45,15 @@ def _examples(n: int = 12, k: int = 4) -> list[FiDExample]:
     return out
 
 
+def _encoded(model, tok, examples):
+    """(input_ids, mask (B, k, L), the fused encoder output) of the examples' 4 passages."""
+    batch = FiDCollator(tok, 4, 32).encode_passages(examples)
+    with torch.no_grad():
+        encoded = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      return_dict=True)
+    return batch["input_ids"], batch["attention_mask"], encoded
+
+
 def _read(model, tok, examples, decoding, k=4):
     return generate_answers(model, tok, examples, k, batch_size=4, text_maxlength=32, max_new_tokens=4,
                             progress=False, decoding=decoding, dtype=torch.float32)
@@ -63,12 +72,8 @@ def test_the_cached_likelihood_is_the_plain_forward_s(reader):
     """The decoder run once at the start token, its cache copied to each candidate, gives each candidate's
     per-token log-likelihood as one teacher-forced forward over the passages does."""
     model, tok = reader
-    examples = _examples(3)
-    batch = FiDCollator(tok, 4, 32).encode_passages(examples)
-    ids, mask = batch["input_ids"], batch["attention_mask"]
+    ids, mask, encoded = _encoded(model, tok, _examples(3))
     b, k, length = ids.shape
-    with torch.no_grad():
-        encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
     rows, texts = [0, 0, 1, 2, 2, 2], ["bob", "the code of", "7", "likes", "is 3", "people"]
     cached = fusion._per_token_log_likelihood(model, tok, encoded, mask.reshape(b, k * length), rows, texts, 32)
     labels = FiDCollator(tok, 4, 32).encode_targets([strip_article(t) for t in texts])   # as training's targets
@@ -145,15 +150,12 @@ def test_phrases_follow_their_passages_into_score_order(tmp_path):
     assert ex.phrases == [None, ("three", 7.0), ("one", 5.0)]
 
 
-def test_fused_encoder_output_rows_are_what_choose_reads(reader):
+def test_choosing_over_a_batch_equals_choosing_row_by_row(reader):
     """choose() over a batch equals choose() row by row: no row reads another's passages."""
     model, tok = reader
     examples = _examples(4)
-    batch = FiDCollator(tok, 4, 32).encode_passages(examples)
-    ids, mask = batch["input_ids"], batch["attention_mask"]
+    ids, mask, encoded = _encoded(model, tok, examples)
     b, k, length = ids.shape
-    with torch.no_grad():
-        encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
     generated = ["bob"] * b
     together = fusion.choose(model, tok, encoded, mask.reshape(b, -1), examples, generated, k)
     for r in range(b):
