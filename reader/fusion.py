@@ -28,7 +28,7 @@ from odqa.reader.fid_data import FiDExample, answer_end_id, strip_article
 WEIGHT, TEMPERATURE, FLOOR = 0.5, 2.0, -3.0
 
 
-def check_phrases(examples: list[FiDExample], where: str = "the FiD file") -> None:
+def check_phrases(examples: list[FiDExample], where: str = "the reader's input") -> None:
     """Phrase decoding needs each question's passages with their best phrases (a phrase retrieval file)."""
     for ex in examples:
         if ex.phrases is None:

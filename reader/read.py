@@ -214,6 +214,8 @@ def read_with_ks(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, 
                  refuse_echoes: bool = True) -> dict:
     """Predictions at several k (`outs`: k -> file) from one pass of the encoder; k -> summary."""
     examples = load_fid_file(fid_file, limit=limit)
+    if decoding == "phrases":
+        fusion.check_phrases(examples, str(fid_file))    # named here, before any reading
     start = time.perf_counter()
     by_k = generate_answers_by_k(model, tokenizer, examples, list(outs), batch_size, text_maxlength, max_new_tokens,
                                  num_beams, device, decoding=decoding, refuse_echoes=refuse_echoes)

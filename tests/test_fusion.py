@@ -13,7 +13,7 @@ from odqa.common.metrics.answers import normalize_answer
 from odqa.reader import fusion
 from odqa.reader.fid import FusedEncoderOutput
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file, strip_article
-from odqa.reader.read import generate_answers, load_reader
+from odqa.reader.read import generate_answers, load_reader, read_with
 from odqa.reader.warm_start import init_warm_reader
 
 TEXTS = ([f"the code of {n} is {d} ." for n in CODE_NAMES for d in range(10)]
@@ -128,6 +128,9 @@ def test_phrase_decoding_refuses_passages_without_phrases_by_name(reader, tmp_pa
     path.write_text(json.dumps(rows))
     with pytest.raises(InputError, match="decoding 'phrases'.*'q0'"):
         _read(model, tok, load_fid_file(path), "phrases", k=2)
+    with pytest.raises(InputError, match=r"'q0' of \S*bm25.json has none"):
+        read_with(model, tok, path, tmp_path / "pred.jsonl", n_passages=2, decoding="phrases")
+    assert not (tmp_path / "pred.jsonl").exists()
     rows[0]["ctxs"][0]["phrase"] = {"score": 1.0}
     path.write_text(json.dumps(rows))
     with pytest.raises(InputError, match=r"bm25.json:0: ctx \d: \"phrase\" needs a \"text\""):
