@@ -37,7 +37,7 @@ def check_phrases(examples: list[FiDExample], where: str = "the reader's input")
 
 
 def candidates(example: FiDExample, generated: str, k: int) -> list[tuple[str, float | None]]:
-    """(text, phrase term or None) of each distinct candidate: the passages' phrases best first, then the
+    """(text, phrase term or None) of each distinct candidate: the passages' phrases in passage order, then the
     generated answer where no phrase spells it. A phrase that normalises to nothing ("the") is none."""
     phrases = [(text, s / TEMPERATURE, _key(text)) for text, s in (p for p in (example.phrases or [])[:k] if p is not None)]
     phrases = [p for p in phrases if p[2]]
