@@ -23,7 +23,7 @@ import torch
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import normalize_answer
 from odqa.reader.fid import FusedEncoderOutput, decoder_start_id
-from odqa.reader.fid_data import FiDExample, answer_end_id, strip_article
+from odqa.reader.fid_data import FiDCollator, FiDExample, strip_article
 
 WEIGHT, TEMPERATURE, FLOOR = 0.5, 2.0, -3.0
 
@@ -90,14 +90,13 @@ def _per_token_log_likelihood(model, tokenizer, encoded, mask, rows, texts, answ
     The decoder's cross-attention keys and values of a row are computed once, at the start token, and
     copied for its candidates: computed for each candidate instead, they made reading take 2.7 times as
     long (docs/reader.md)."""
-    end, start = answer_end_id(tokenizer), decoder_start_id(model)
-    ids = [seq[: answer_maxlength - 1] + [end] for seq in
-           tokenizer([strip_article(t) for t in texts], add_special_tokens=False)["input_ids"]]
-    out = torch.empty(len(ids))
+    targets = FiDCollator(tokenizer, 1, answer_maxlength=answer_maxlength)    # the labels training builds
+    start = decoder_start_id(model)
+    out = torch.empty(len(texts))
     for r in sorted(set(rows)):
         sel = [i for i, row in enumerate(rows) if row == r]
-        n, width = len(sel), max(len(ids[i]) for i in sel)
-        labels = torch.tensor([ids[i] + [-100] * (width - len(ids[i])) for i in sel], device=mask.device)
+        n = len(sel)
+        labels = targets.encode_targets([strip_article(texts[i]) for i in sel]).to(mask.device)
         one = FusedEncoderOutput(last_hidden_state=encoded.last_hidden_state[r:r + 1],
                                  input_ids=encoded.input_ids[r:r + 1], passage_length=encoded.passage_length)
         first = model(encoder_outputs=one, attention_mask=mask[r:r + 1],
