@@ -41,11 +41,10 @@ def candidates(example: FiDExample, generated: str, k: int) -> list[tuple[str, f
     generated answer where no phrase spells it. A phrase that normalises to nothing ("the") is none."""
     phrases = [(text, s / TEMPERATURE, _key(text)) for text, s in (p for p in (example.phrases or [])[:k] if p is not None)]
     phrases = [p for p in phrases if p[2]]
-    norm = _logsumexp([s for _, s, _ in phrases]) if phrases else 0.0
-    best: dict[str, tuple[str, float]] = {}
+    norm = torch.logsumexp(torch.tensor([s for _, s, _ in phrases], dtype=torch.float64), 0).item() if phrases else 0.0
+    best: dict[str, tuple[str, float]] = {}   # key -> (its first phrase's text, its best phrase term)
     for text, s, key in phrases:
-        if key not in best or s - norm > best[key][1]:
-            best[key] = (best[key][0] if key in best else text, s - norm)
+        best[key] = (best[key][0], max(best[key][1], s - norm)) if key in best else (text, s - norm)
     out: list[tuple[str, float | None]] = list(best.values())
     if _key(generated) and _key(generated) not in best:
         out.append((generated, None))
@@ -54,11 +53,6 @@ def candidates(example: FiDExample, generated: str, k: int) -> list[tuple[str, f
 
 def _key(text: str) -> str:
     return normalize_answer(strip_article(text))
-
-
-def _logsumexp(xs: list[float]) -> float:
-    top = max(xs)
-    return top + math.log(sum(math.exp(x - top) for x in xs))
 
 
 @torch.no_grad()
