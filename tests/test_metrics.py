@@ -109,3 +109,21 @@ def test_evaluate_module_loads_by_path():
     rx = evaluate.load(str(path), "regex")
     assert rx.compute(predictions=["it is Kansas"], references=[["Kansas"]])["exact_match"] == 0.0
     assert rx.compute(predictions=["it is Kansas"], references=[["Kansas"]], regex_mode="search")["exact_match"] == 100.0
+
+
+def test_overlap_parts_tell_paraphrases_answer_overlap_and_novel_answers():
+    from odqa.common.metrics.overlap import nearest_questions, overlap_parts
+    train = [("when did the berlin wall fall", ["1989"]), ("who wrote hamlet", ["William Shakespeare"]),
+             ("capital city of france", ["Paris"])]
+    test = [("When did the Berlin wall fall?", ["1989"]),            # the same words, the same answer
+            ("when did the berlin wall go up", ["1961"]),            # alike, another answer
+            ("which city hosted the 1900 olympics", ["paris"]),      # a training answer, another question
+            ("who painted the mona lisa", ["Leonardo da Vinci"])]    # nothing seen
+    best, cosine = nearest_questions([q for q, _ in test], [q for q, _ in train])
+    assert list(best[:2]) == [0, 0] and math.isclose(cosine[0], 1.0) and 0.0 < cosine[1] < 0.7
+    parts = overlap_parts(test, train, threshold=0.7)
+    assert [p["part"] for p in parts] == ["question overlap", "no overlap", "answer overlap only", "no overlap"]
+    assert parts[0]["nearest"] == "when did the berlin wall fall"
+    assert overlap_parts(test[:1], train, threshold=1.01)[0]["part"] == "answer overlap only"
+    with pytest.raises(ValueError, match="no training questions"):
+        nearest_questions(["q"], [])

@@ -59,3 +59,30 @@ def test_read_answerable_oracle_keeps_the_answer_bearing_passages_in_order(monke
     with pytest.raises(SystemExit):
         read.main()
     assert "one k" in capsys.readouterr().err
+
+
+def test_overlap_em_splits_each_files_right_answers_by_part(tmp_path, capsys, monkeypatch):
+    overlap = _script("overlap_em")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(q) + "\n" for q in [
+        {"question": "who wrote hamlet", "answers": ["William Shakespeare"]},
+        {"question": "capital city of france", "answers": ["Paris"]}]))
+    tests = [("a", "who was the author of hamlet", "William Shakespeare", "William Shakespeare", True),
+             ("b", "who wrote hamlet", "William Shakespeare", "Marlowe", False),
+             ("c", "largest city in france", "Paris", "Paris", True),
+             ("d", "who painted the mona lisa", "Leonardo", "Leonardo", False)]
+    entries = [{"id": i, "question": q, "answers": [a], "prediction": ext, "ctxs": [_ctx(a, hit)]}
+               for i, q, a, ext, hit in tests]
+    (tmp_path / "r.json").write_text(json.dumps(entries))
+    (tmp_path / "gen.jsonl").write_text("".join(json.dumps({"id": i, "question": q, "answers": [a], "em": i != "d"})
+                                                 + "\n" for i, q, a, _, _ in tests))
+    argv = ["overlap_em", "--train", str(tmp_path / "train.jsonl"), "--retrieval", str(tmp_path / "r.json"),
+            "--predictions", str(tmp_path / "gen.jsonl"), "--threshold", "0.7"]
+    monkeypatch.setattr("sys.argv", argv)
+    assert overlap.main() == 0
+    rows = {r["part"]: r for r in json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]}
+    assert {part: (r["questions"], r["top-k"], r["extractive"], r["gen"]) for part, r in rows.items()} == {
+        "question overlap": (1, 0, 0, 1), "answer overlap only": (2, 2, 2, 2), "no overlap": (1, 0, 1, 0),
+        "all": (4, 2, 3, 3)}
+    (tmp_path / "short.jsonl").write_text(json.dumps({"id": "a", "question": "q", "answers": ["x"], "em": 1}) + "\n")
+    monkeypatch.setattr("sys.argv", argv[:-2] + [str(tmp_path / "short.jsonl")])
+    assert overlap.main() == 2 and "short: no answer for 3" in capsys.readouterr().err
