@@ -72,7 +72,12 @@ def main() -> int:
         for path in args.predictions:
             preds = _by_id([obj for _, obj in read_jsonl(path)], path)
             test = test or preds
-            columns[Path(path).stem] = {i: bool(pr.get("em")) for i, pr in preds.items()}
+            if args.predictions.count(path) > 1:
+                raise InputError(f"{path}: given twice")
+            name = Path(path).stem
+            if name in columns:     # two runs' pred-nq-test-k10.jsonl: name each by its folder too
+                name = f"{Path(path).parent.name}/{name}"
+            columns[name] = {i: bool(pr.get("em")) for i, pr in preds.items()}
         for name, right in columns.items():
             missing = [i for i in test if i not in right]
             if missing:

@@ -83,6 +83,13 @@ def test_overlap_em_splits_each_files_right_answers_by_part(tmp_path, capsys, mo
     assert {part: (r["questions"], r["top-k"], r["extractive"], r["gen"]) for part, r in rows.items()} == {
         "question overlap": (1, 0, 0, 1), "answer overlap only": (2, 2, 2, 2), "no overlap": (1, 0, 1, 0),
         "all": (4, 2, 3, 3)}
+    (tmp_path / "run2").mkdir()
+    (tmp_path / "run2" / "gen.jsonl").write_text((tmp_path / "gen.jsonl").read_text())
+    monkeypatch.setattr("sys.argv", argv[:-2] + [str(tmp_path / "run2" / "gen.jsonl")] + argv[-2:])
+    assert overlap.main() == 0
+    assert {"gen", "run2/gen"} <= set(json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0])
+    monkeypatch.setattr("sys.argv", argv[:-2] + [str(tmp_path / "gen.jsonl")] + argv[-2:])
+    assert overlap.main() == 2 and "given twice" in capsys.readouterr().err
     (tmp_path / "short.jsonl").write_text(json.dumps({"id": "a", "question": "q", "answers": ["x"], "em": 1}) + "\n")
     monkeypatch.setattr("sys.argv", argv[:-2] + [str(tmp_path / "short.jsonl")])
     assert overlap.main() == 2 and "short: no answer for 3" in capsys.readouterr().err
