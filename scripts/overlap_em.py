@@ -62,6 +62,9 @@ def main() -> int:
     if not args.predictions and not args.retrieval:
         p.error("give --predictions, --retrieval or both")
     try:
+        for path in args.predictions:
+            if args.predictions.count(path) > 1:
+                raise InputError(f"{path}: given twice")
         train = [(q.question, q.answers) for name in args.train for q in load_questions(name)]
         columns, test, topk = {}, None, None
         if args.retrieval:
@@ -72,8 +75,6 @@ def main() -> int:
         for path in args.predictions:
             preds = _by_id([obj for _, obj in read_jsonl(path)], path)
             test = test or preds
-            if args.predictions.count(path) > 1:
-                raise InputError(f"{path}: given twice")
             name = Path(path).stem
             if name in columns:     # two runs' pred-nq-test-k10.jsonl: name each by its folder too
                 name = f"{Path(path).parent.name}/{name}"
