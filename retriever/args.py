@@ -17,6 +17,11 @@ DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index
 # too long: on the validation questions this cap raises the top phrase's EM by about a point and keeps
 # 99% of the training answers (docs/retrieval.md, "The answer-length cap").
 MAX_ANSWER_TOKENS = 6
+# The extractive answer's aggregation (retriever/answer_aggregation.py): the top ANSWER_DEPTH passages
+# vote for their phrases at temperature ANSWER_TEMPERATURE, in the ranking's score units. Picked on the
+# validation questions of two full chains (docs/retrieval.md, "The extractive answer by aggregation").
+ANSWER_DEPTH = 25
+ANSWER_TEMPERATURE = 1.0
 BM25_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # `odqa tune-lambda`'s rerank weights of the passage's BM25 score
 
 

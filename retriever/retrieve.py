@@ -37,8 +37,8 @@ def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Ques
 def retrieve_phrases(searcher, questions: Sequence[Question], k: int,
                      batch_size: int = 64) -> list[dict]:
     """DPR-format entries of a phrase `Searcher`: a passage's score is its best phrase's, each ctx
-    carries that phrase, and the first passage's phrase (`searcher.top_phrase`) is the entry's
-    (extractive) "prediction"."""
+    carries that phrase, and the searcher's extractive answer (`searcher.top_phrase`: the phrase its top
+    passages vote for) is the entry's "prediction"."""
     # Imported here: the searcher has loaded it already, and bm25/dense retrieval need no faiss.
     from odqa.retriever.searcher import top_phrase
 

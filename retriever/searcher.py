@@ -43,7 +43,8 @@ from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import is_echo
-from odqa.retriever.args import MAX_ANSWER_TOKENS
+from odqa.retriever.answer_aggregation import aggregate_answer
+from odqa.retriever.args import ANSWER_DEPTH, ANSWER_TEMPERATURE, MAX_ANSWER_TOKENS
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_questions, passage_title
 from odqa.retriever.phrase_index import PhraseIndex
@@ -93,7 +94,8 @@ class Searcher:
                  nprobe: int = 64, device: str | None = None, batch_size: int = 64,
                  prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100,
                  max_answer_tokens: int | None = None, answer_filter: bool = True, dtype=None,
-                 bm25_weight: float | None = None, reranker=None, rerank_depth: int = 20):
+                 bm25_weight: float | None = None, reranker=None, rerank_depth: int = 20,
+                 answer_depth: int = ANSWER_DEPTH, answer_temperature: float = ANSWER_TEMPERATURE):
         """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` and `bm25_weight`
         (the rerank's weights of the document score and of the passage's BM25 score) default to the
         values `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
@@ -103,9 +105,15 @@ class Searcher:
         search hit; phrase results skip the others. `dtype`: the model's (default `search_dtype`:
         bfloat16 where the hardware has it; a model that will be trained needs float32).
         `reranker`: a `retriever.cross_encoder.CrossEncoder` that reorders each question's top
-        max(k, `rerank_depth`) passages by z(search score) + its weight x z(its score) (passages only)."""
+        max(k, `rerank_depth`) passages by z(search score) + its weight x z(its score) (passages only).
+        `answer_depth`, `answer_temperature`: the extractive answer's vote (`aggregate_answer`); depth 1
+        makes it the first unit's phrase."""
         if max_answer_tokens is not None and max_answer_tokens < 1:
             raise InputError(f"max_answer_tokens must be positive, not {max_answer_tokens}")
+        if answer_depth < 1 or not answer_temperature > 0:
+            raise InputError(f"answer_depth and answer_temperature must be positive, not {answer_depth} "
+                             f"and {answer_temperature}")
+        self.answer_depth, self.answer_temperature = answer_depth, answer_temperature
         self.index = PhraseIndex(index_dir, nprobe)
         L = self.index.max_span_len
         self.max_answer_tokens = min(max_answer_tokens or L, L)
@@ -266,17 +274,28 @@ class Searcher:
 
     def search(self, questions: list[str], k: int = 10, unit: str = "passage",
                max_phrases: int | None = None) -> list[dict]:
-        """For each question: its top phrases, and for unit passage/document the top k of those.
-        k' doubles from 2k up to `max_phrases` (default 64k) hits a side; a question whose phrases sit in
-        fewer than k passages even then gets fewer, which bounds the cost of very peaked questions."""
+        """For each question: its top phrases, and for unit passage/document the top k of those with the
+        extractive "answer" their top `answer_depth` vote for. k' doubles from 2k up to `max_phrases`
+        (default 64k) hits a side; a question whose phrases sit in fewer than k passages even then gets
+        fewer, which bounds the cost of very peaked questions."""
         if unit not in UNITS:
             raise InputError(f"unit must be one of {UNITS}, not {unit!r}")
         if k < 1:
             raise InputError(f"k must be positive, not {k}")
+        if unit == "phrase":
+            return self._search(questions, k, unit, max_phrases)
+        # The answer must not depend on how many passages the caller reads: search as deep as it votes.
+        n = max(k, self.answer_depth)
         if self.reranker is not None and unit == "passage":
-            results = self._search(questions, max(k, self.rerank_depth), unit, max_phrases)
-            return [self._cross_rerank(q, r, k) for q, r in zip(questions, results)]
-        return self._search(questions, k, unit, max_phrases)
+            results = self._search(questions, max(n, self.rerank_depth), unit, max_phrases)
+            results = [self._cross_rerank(q, r, n) for q, r in zip(questions, results)]
+        else:
+            results = self._search(questions, n, unit, max_phrases)
+        key = unit + "s"
+        for r in results:
+            r["answer"] = aggregate_answer(r[key], self.answer_depth, self.answer_temperature)
+            r[key] = r[key][:k]
+        return results
 
     def _search(self, questions: list[str], k: int, unit: str, max_phrases: int | None) -> list[dict]:
         q_start, q_end = self.encode(questions)
@@ -455,9 +474,10 @@ def can_answer(text: str, start: int, end: int, question: str) -> bool:
 
 
 def top_phrase(result: dict) -> dict | None:
-    """The extractive answer of one `Searcher.search` result: the phrase of its first passage (document).
-    Without a rerank that is the top phrase itself (a passage scores as its best phrase); behind the
-    pre-filter's rerank it is the phrase that the final ranking, document score included, puts first."""
+    """The extractive answer of one `Searcher.search` result: its aggregated "answer" for a passage
+    (document) search, else the phrase of its first passage (document), else its top phrase."""
+    if "answer" in result:
+        return result["answer"]
     units = result.get("passages") or result.get("documents")
     if units:
         return units[0]["phrase"]
@@ -469,11 +489,13 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
                   top_docs: int = 100, lam: float | None = None, nprobe: int = 64,
                   max_answer_tokens: int | None = MAX_ANSWER_TOKENS, answer_filter: bool = True,
                   dtype=None, bm25_weight: float | None = None, reranker: str | os.PathLike | None = None,
-                  rerank_depth: int = 20) -> Searcher:
+                  rerank_depth: int = 20, answer_depth: int = ANSWER_DEPTH,
+                  answer_temperature: float = ANSWER_TEMPERATURE) -> Searcher:
     """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
     `doc_index` is given (with the `doc_model` it was built with), answers capped at
     `max_answer_tokens` (None: the index's L), and with `reranker` (an `odqa train-reranker` checkpoint)
-    each question's top max(k, `rerank_depth`) passages reordered by it. The CLI (and so the server),
+    each question's top max(k, `rerank_depth`) passages reordered by it; the extractive answer voted by
+    the top `answer_depth` at `answer_temperature`. The CLI (and so the server),
     `odqa run`, the demo and `train-query` make theirs here."""
     prefilter = None
     if doc_index:
@@ -484,7 +506,8 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
     return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam,
                     max_answer_tokens=max_answer_tokens, answer_filter=answer_filter, dtype=dtype,
                     bm25_weight=bm25_weight, rerank_depth=rerank_depth,
-                    reranker=_load_reranker(reranker) if reranker else None)
+                    reranker=_load_reranker(reranker) if reranker else None,
+                    answer_depth=answer_depth, answer_temperature=answer_temperature)
 
 
 def _load_reranker(path: str | os.PathLike):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odqa.common.settings import OUT, arg, listed, required
-from odqa.retriever.args import MAX_ANSWER_TOKENS
+from odqa.retriever.args import ANSWER_DEPTH, ANSWER_TEMPERATURE, MAX_ANSWER_TOKENS
 
 
 @dataclass
@@ -37,3 +37,6 @@ class RunArgs:
     max_answer_tokens: int = arg(MAX_ANSWER_TOKENS, "longest phrase returned, in word pieces, at most the index's L")
     answer_filter: bool = arg(True, "each passage's phrase is its best span that can answer: whole words, not "
                                     "only the question's own words")
+    answer_depth: int = arg(ANSWER_DEPTH, "the extractive answer is the phrase string the top N passages vote for "
+                                          "most; 1: the first passage's phrase")
+    answer_temperature: float = arg(ANSWER_TEMPERATURE, "temperature of that vote, in the ranking's score units")

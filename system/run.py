@@ -1,6 +1,6 @@
 """`odqa run`: the evaluation of the whole system on question sets, per k, into one directory.
 
-    OUT/retrieval-SET.json        phrase retrieval (DPR format, top max(k), "prediction" = first passage's phrase)
+    OUT/retrieval-SET.json        phrase retrieval (DPR format, top max(k), "prediction" = the extractive answer)
     OUT/fid-SET-kK.jsonl          the reader's input: each question with its top K passages
     OUT/pred-SET-kK.jsonl         FiD's generated answers
     OUT/bm25-SET.json, dense-SET.json   baseline retrievers for the Top-k curves
@@ -53,6 +53,7 @@ def run(args: RunArgs) -> list[dict]:
                 "bm25_weight": args.bm25_weight, "limit": args.limit,
                 "nprobe": args.nprobe, "max_answer_tokens": args.max_answer_tokens,
                 "answer_filter": args.answer_filter,
+                "answer_depth": args.answer_depth, "answer_temperature": args.answer_temperature,
                 # in the key only when set: the files of a run without a reranker stay valid
                 **({"reranker": path_fingerprint(args.reranker), "rerank_depth": args.rerank_depth}
                    if args.reranker else {})}
@@ -82,7 +83,8 @@ def run(args: RunArgs) -> list[dict]:
                 searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
                                          args.top_docs, args.lam, args.nprobe, args.max_answer_tokens,
                                          args.answer_filter, bm25_weight=args.bm25_weight, reranker=args.reranker,
-                                         rerank_depth=args.rerank_depth)
+                                         rerank_depth=args.rerank_depth, answer_depth=args.answer_depth,
+                                         answer_temperature=args.answer_temperature)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
         entries = read_results(retrieval)

@@ -215,6 +215,58 @@ def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
         Searcher(index, world["model"], world["corpus"], max_answer_tokens=0)
 
 
+def test_the_answer_is_the_phrase_string_the_top_passages_vote_for():
+    from odqa.retriever.answer_aggregation import aggregate_answer
+
+    def unit(score, text):
+        return {"score": score, "phrase": {"text": text, "passage_id": f"p{score}"}}
+    units = [unit(3.0, "Osaka"), unit(2.8, "the Tokyo"), unit(2.7, "tokyo"), unit(-5.0, "Kyoto")]
+    answer = aggregate_answer(units, depth=25, temperature=1.0)
+    # "the Tokyo" and "tokyo" are one string for exact match: two votes outweigh Osaka's one
+    assert answer["text"] == "the Tokyo" and answer["passage_id"] == "p2.8"
+    w = np.exp(np.array([0.0, -0.2, -0.3, -8.0]))
+    assert answer["support"] == pytest.approx((w[1] + w[2]) / w.sum())
+    # one voter, or a temperature near 0, gives the first passage's phrase; two voters, the better one
+    assert [aggregate_answer(units, d, t)["text"] for d, t in ((1, 1.0), (25, 0.05), (2, 1.0))] == ["Osaka"] * 3
+    assert aggregate_answer([unit(1.0, "b c"), unit(1.0, "a")], 5, 1.0)["text"] == "b c"   # a tie: the higher-ranked
+    assert aggregate_answer([{"score": 1.0, "phrase": None}], 5, 1.0) is None
+    for depth, temperature in ((0, 1.0), (5, 0.0)):
+        with pytest.raises(ValueError, match="must be positive"):
+            aggregate_answer(units, depth, temperature)
+
+
+def test_the_searcher_votes_over_its_answer_depth_whatever_k(world, index):
+    from odqa.retriever.answer_aggregation import aggregate_answer
+    from odqa.retriever.searcher import top_phrase
+    questions = [f"where was {name} born" for name in NAMES[:4]]
+    searcher = Searcher(index, world["model"], world["corpus"], answer_depth=5, answer_temperature=2.0)
+    for one, five in zip(searcher.search(questions, k=1), searcher.search(questions, k=5)):
+        assert len(one["passages"]) == 1 and len(five["passages"]) == 5
+        assert one["answer"] == five["answer"] == aggregate_answer(five["passages"], 5, 2.0)
+        assert top_phrase(one) is one["answer"]
+    first = Searcher(index, world["model"], world["corpus"], answer_depth=1)
+    for r in first.search(questions, k=3):
+        assert top_phrase(r) == {**r["passages"][0]["phrase"], "support": 1.0}
+    assert "answer" not in first.search(questions[:1], k=3, unit="phrase")[0]
+    for bad in ({"answer_depth": 0}, {"answer_temperature": 0.0}):
+        with pytest.raises(InputError, match="answer_depth and answer_temperature"):
+            Searcher(index, world["model"], world["corpus"], **bad)
+
+
+def test_the_answer_flags_are_refused_below_one_and_zero(world, index, tmp_path, capsys):
+    from odqa.system.cli import main
+    root = world["root"]
+    base = ["retrieve", "--retriever", "phrase", "--index", str(index), "--model", str(world["model"]),
+            "--questions", str(root / "questions.jsonl"), "--corpus", str(world["corpus"]), "--k", "2"]
+    for flag, said in (("--answer-depth", "must be at least 1"), ("--answer-temperature", "must be above 0")):
+        with pytest.raises(SystemExit) as refused:
+            main([*base, flag, "0", "--out", str(tmp_path / "a.json")])
+        assert refused.value.code == 2 and f"{flag}: {said}" in capsys.readouterr().err
+    out = tmp_path / "first.json"
+    assert main(["-q", *base, "--answer-depth", "1", "--out", str(out)]) == 0
+    assert all(e["prediction"] == e["ctxs"][0]["phrase"]["text"] for e in json.loads(out.read_text()))
+
+
 def test_is_echo_reads_words_after_squad_normalisation():
     question = "The city of Belgrade lies at the confluence of the River Sava and which other river?"
     assert is_echo("the Sava", question) and is_echo("River, Sava", question) and is_echo("the", question)

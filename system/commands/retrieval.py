@@ -8,6 +8,8 @@ from pathlib import Path
 
 from odqa.common.io import InputError
 from odqa.retriever.args import (
+    ANSWER_DEPTH,
+    ANSWER_TEMPERATURE,
     BM25_GRID,
     DEFAULT_KEEP,
     MAX_ANSWER_TOKENS,
@@ -30,7 +32,19 @@ def phrase_searcher(args, rerank: bool = True):
     return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
                          args.top_docs, lam, args.nprobe, args.max_answer_tokens, args.answer_filter,
                          bm25_weight=bm25_weight, reranker=args.reranker if rerank else None,
-                         rerank_depth=args.rerank_depth)
+                         rerank_depth=args.rerank_depth, answer_depth=args.answer_depth,
+                         answer_temperature=args.answer_temperature)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number above 0 (a temperature)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {value:g}")
+    return value
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
@@ -41,6 +55,12 @@ def search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answer-filter", action=argparse.BooleanOptionalAction, default=True,
                    help="each passage's phrase is its best span that can answer: whole words, not only the "
                         "question's own words (default on; --no-answer-filter shows the search's best phrase)")
+    p.add_argument("--answer-depth", type=positive_int, default=ANSWER_DEPTH,
+                   help=f"the extractive answer is the phrase string the top N passages vote for most, each "
+                        f"weighted by exp((score - best score) / --answer-temperature); 1: the first passage's "
+                        f"phrase (default {ANSWER_DEPTH})")
+    p.add_argument("--answer-temperature", type=positive_float, default=ANSWER_TEMPERATURE,
+                   help=f"temperature of that vote, in the ranking's score units (default {ANSWER_TEMPERATURE:g})")
 
 
 def prefilter_args(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,38 @@
+"""The extractive answer as the phrase with the most evidence over the top passages.
+
+A question's first passage shows one phrase, but the same answer string is often the best phrase of
+several of its top passages, while a wrong one stands alone. Strength-based aggregation (Wang et al.,
+"Evidence Aggregation for Answer Re-Ranking in Open-Domain Question Answering", ICLR 2018) picks the
+string whose passages weigh most: each of the top `depth` passages votes for its phrase with weight
+exp((score - best score) / temperature), strings are compared as exact match compares them
+(`normalize_answer`), and the answer is the winning string's phrase in its highest-ranked passage. The
+temperature is in the units of the ranking's scores (behind the default pipeline's rerank, standardised
+scores); as it goes to 0, or with depth 1, the answer is the first passage's phrase.
+"""
+from __future__ import annotations
+
+import math
+
+from odqa.common.metrics import normalize_answer
+
+
+def aggregate_answer(units: list[dict], depth: int, temperature: float) -> dict | None:
+    """The winning phrase of the first `depth` ranked units (passages or documents, best first, each
+    with its "score" and "phrase"), as a copy of that phrase with "support": its string's share of the
+    votes. None when no unit shows a phrase."""
+    if depth < 1:
+        raise ValueError(f"depth must be positive, not {depth}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, not {temperature}")
+    voters = [u for u in units[:depth] if u.get("phrase")]
+    if not voters:
+        return None
+    best = max(u["score"] for u in voters)
+    votes: dict[str, float] = {}
+    first: dict[str, dict] = {}
+    for u in voters:
+        key = normalize_answer(u["phrase"]["text"])
+        votes[key] = votes.get(key, 0.0) + math.exp((u["score"] - best) / temperature)
+        first.setdefault(key, u["phrase"])
+    winner = max(votes, key=votes.get)   # dicts keep insertion order: a tie goes to the higher-ranked string
+    return {**first[winner], "support": votes[winner] / sum(votes.values())}
