@@ -87,6 +87,8 @@ def run(args: RunArgs) -> list[dict]:
                                          answer_temperature=args.answer_temperature)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
+        # The reader reads the passages, not the extractive answer: another vote re-reads nothing.
+        passages_key = {key: value for key, value in r_key.items() if key not in ANSWER_KEYS}
         entries = read_results(retrieval)
         curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}
         if set(args.baselines) - {"none"}:
@@ -99,7 +101,7 @@ def run(args: RunArgs) -> list[dict]:
                                                                                 for e in entries)))
             # echo_retries: predictions of the decoding before echoes were decoded again are read anew;
             # dtype: those read in another precision too
-            p_keys[k] = {**f_key, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding,
+            p_keys[k] = {"retrieval": passages_key, "k": k, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding,
                          "echo_retries": ECHO_RETRIES, "dtype": dtype}
         # Every k still to read is read in one pass over the largest one's file: the encoder runs once.
         stale = [k for k in sorted(args.k) if cached_key(pred_files[k], p_keys[k]) is None]
@@ -127,6 +129,7 @@ def run(args: RunArgs) -> list[dict]:
 
 
 BASELINES = ("bm25", "dense", "none")
+ANSWER_KEYS = ("answer_depth", "answer_temperature")   # settings of the extractive answer alone
 
 
 def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:

@@ -158,6 +158,12 @@ def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_pa
     for name, stamp in stamps.items():
         assert (out / name).stat().st_mtime_ns == stamp, name
     assert (out / "pred-tiny-q-k2.jsonl").exists()
+    # another extractive vote makes the retrieval anew (the answer is in it) and reads nothing again
+    assert main([*argv, "--answer-depth", "1"]) == 0
+    assert (out / "pred-tiny-q-k3.jsonl").stat().st_mtime_ns == stamps["pred-tiny-q-k3.jsonl"]
+    assert (out / "retrieval-tiny-q.json").stat().st_mtime_ns != stamps["retrieval-tiny-q.json"]
+    retrieval = json.loads((out / "retrieval-tiny-q.json").read_text())
+    assert [e["prediction"] for e in retrieval] == [e["ctxs"][0]["phrase"]["text"] for e in retrieval]
 
 
 def test_odqa_run_reads_a_sets_first_n_questions_and_refuses_a_set_named_twice(system, tmp_path, capsys):
