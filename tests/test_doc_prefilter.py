@@ -227,12 +227,14 @@ def test_question_vectors_come_back_in_the_questions_order(world, doc_model):
 
 def test_rerank_sorts_by_standardised_passage_plus_lambda_document_score(world, doc_model):
     docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
-    base = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs, top_docs=3, lam=0.0)
+    # answer_depth 1: the extractive answer is the first passage's phrase, not a vote
+    base = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs, top_docs=3, lam=0.0,
+                    answer_depth=1)
     lam = 1.5
     # the lambda = 0 pool of rerank_pool passages, reranked by hand, is what the lambda searcher returns
     pool = base.search(world["questions"], k=base.rerank_pool, unit="passage")
     reranked = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs, top_docs=3,
-                        lam=lam).search(world["questions"], k=4, unit="passage")
+                        lam=lam, answer_depth=1).search(world["questions"], k=4, unit="passage")
     for p, r in zip(pool, reranked):
         c = Candidates(np.array([x["passage_score"] for x in p["passages"]]), np.array([x["doc_z"] for x in p["passages"]]))
         final = combined(c, lam)
@@ -240,8 +242,8 @@ def test_rerank_sorts_by_standardised_passage_plus_lambda_document_score(world, 
         assert [p["passages"][i]["id"] for i in order] == [x["id"] for x in r["passages"]]
         assert [x["score"] for x in r["passages"]] == pytest.approx(final[order].tolist())
         # the extractive answer follows the final ranking: the first passage's phrase, not the top phrase
-        assert top_phrase(r) == r["passages"][0]["phrase"]
-        assert top_phrase(p) == p["phrases"][0]   # without a rerank they are one phrase
+        assert top_phrase(r) == {**r["passages"][0]["phrase"], "support": 1.0}
+        assert top_phrase(p) == {**p["phrases"][0], "support": 1.0}   # without a rerank they are one phrase
     assert any(r["phrases"][0] != r["passages"][0]["phrase"] for r in reranked)
 
 
