@@ -35,9 +35,11 @@ def system(tmp_path_factory):
 def test_pipeline_returns_both_answers_and_the_passages(system):
     questions = [q["question"] for q in TINY_QUESTIONS[:3]]
     out = system["pipeline"].answer(questions, k=2)
+    deep = system["pipeline"].answer(questions, k=25)   # every passage that votes is shown
     assert [a["question"] for a in out] == questions
-    for a in out:
-        passage = next(p for p in a["passages"] if p["id"] == a["extractive"]["passage_id"])
+    for a, d in zip(out, deep):
+        assert a["extractive"] == d["extractive"] and 0 < a["extractive"]["support"] <= 1   # the vote ignores k
+        passage = next(p for p in d["passages"] if p["id"] == a["extractive"]["passage_id"])
         ex = a["extractive"]
         assert passage["text"][ex["char_start"]:ex["char_end"]] == ex["text"] != ""
         assert isinstance(a["generated"], str)
@@ -109,6 +111,7 @@ def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
                  str(root / "phrase"), "--reader", str(root / "t5"), "--corpus", str(system["corpus"])]) == 0
     out = capsys.readouterr().out
     assert "extractive: " in out and "generated: " in out and "[[" in out and " 2. " in out
+    assert "% of the top passages' votes)" in out
     assert main(["ask", "how tall is mount everest", "--k", "2", "--decoding", "phrases", "--index", str(root / "index"),
                  "--model", str(root / "phrase"), "--reader", str(root / "t5"), "--corpus", str(system["corpus"])]) == 0
     assert "(FiD over 2 passages, chosen among their phrases)" in capsys.readouterr().out
@@ -145,7 +148,7 @@ def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_pa
         assert row["Top-k"] == pytest.approx(100 * sum(r["k"][k]["hit"] for r in records) / len(records))
         assert row["only extractive right"] == sum(e and not g for e, g in zip(ext, gen))
         assert row["only generated right"] == sum(g and not e for e, g in zip(ext, gen))
-    # every extractive answer is the top phrase of the retrieval file, every hit its has_answer
+    # every extractive answer is the retrieval file's prediction, every hit its has_answer
     retrieval = json.loads((out / "retrieval-tiny-q.json").read_text())
     assert [r["extractive"] for r in records] == [e["prediction"] for e in retrieval]
     assert [r["k"]["1"]["hit"] for r in records] == [e["ctxs"][0]["has_answer"] for e in retrieval]

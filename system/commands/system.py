@@ -64,7 +64,9 @@ def cmd_ask(args) -> None:
     (a,) = pipeline(args).answer([args.question], k=args.k)
     ex = a["extractive"]
     print(f"question:   {a['question']}")
-    print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']})" if ex else ""))
+    votes = f", {ex['support']:.0%} of the top passages' votes" if ex and ex.get("support") is not None else ""
+    print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']}{votes})"
+                                                         if ex else ""))
     how = ", chosen among their phrases" if args.decoding == "phrases" else ""
     print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages{how})")
     for i, p in enumerate(a["passages"], 1):
