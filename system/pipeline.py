@@ -67,8 +67,8 @@ class Pipeline:
             top = top_phrase(r)
             out.append({"question": q,
                         "extractive": None if top is None else {
-                            key: top.get(key) for key in ("text", "score", "passage_id", "in_title", "char_start", "char_end",
-                                                          "support")},
+                            **{key: top[key] for key in ("text", "score", "passage_id", "in_title", "char_start", "char_end")},
+                            "support": top.get("support")},
                         "generated": g,
                         "passages": [{key: p[key] for key in ("id", "title", "text", "score", "phrase")} for p in r["passages"]],
                         "timings": timings})

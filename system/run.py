@@ -101,8 +101,8 @@ def run(args: RunArgs) -> list[dict]:
                                                                                 for e in entries)))
             # echo_retries: predictions of the decoding before echoes were decoded again are read anew;
             # dtype: those read in another precision too
-            p_keys[k] = {"retrieval": passages_key, "k": k, "reader": reader_fp, "text_maxlength": args.text_maxlength, "decoding": args.decoding,
-                         "echo_retries": ECHO_RETRIES, "dtype": dtype}
+            p_keys[k] = {"retrieval": passages_key, "k": k, "reader": reader_fp, "text_maxlength": args.text_maxlength,
+                         "decoding": args.decoding, "echo_retries": ECHO_RETRIES, "dtype": dtype}
         # Every k still to read is read in one pass over the largest one's file: the encoder runs once.
         stale = [k for k in sorted(args.k) if cached_key(pred_files[k], p_keys[k]) is None]
         read_now = set()

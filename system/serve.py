@@ -261,8 +261,8 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
         # The server has stopped taking requests and waited for those in flight; nothing is left to batch.
         worker.cancel()
 
-    app = FastAPI(title="odqa", description="Open-domain QA: an extractive answer (the phrase the top passages vote for) and a "
-                                            "generated one (FiD over the top-k passages).", lifespan=lifespan)
+    app = FastAPI(title="odqa", description="Open-domain QA: an extractive answer (the phrase the top passages vote "
+                                            "for) and a generated one (FiD over the top-k passages).", lifespan=lifespan)
     app.state.batcher, app.state.metrics = batcher, metrics
 
     @app.exception_handler(RequestValidationError)

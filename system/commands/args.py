@@ -23,6 +23,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a number above 0 (a temperature)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {value:g}")
+    return value
+
+
 def percent(text: str) -> float:
     """An argparse type: a share in percent, 0 to 100."""
     try:

@@ -19,7 +19,14 @@ from odqa.retriever.args import (
     RerankerTrainArgs,
     TeacherTrainArgs,
 )
-from odqa.system.commands.args import add_dataclass_args, command, corpus_arg, dataclass_from_args, positive_int
+from odqa.system.commands.args import (
+    add_dataclass_args,
+    command,
+    corpus_arg,
+    dataclass_from_args,
+    positive_float,
+    positive_int,
+)
 
 
 def phrase_searcher(args, rerank: bool = True):
@@ -34,17 +41,6 @@ def phrase_searcher(args, rerank: bool = True):
                          bm25_weight=bm25_weight, reranker=args.reranker if rerank else None,
                          rerank_depth=args.rerank_depth, answer_depth=args.answer_depth,
                          answer_temperature=args.answer_temperature)
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number above 0 (a temperature)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {value:g}")
-    return value
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
