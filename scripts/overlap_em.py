@@ -5,7 +5,7 @@ on the rest (common/metrics/overlap.py says how each part is found).
     python scripts/overlap_em.py --train nq-dev --predictions PRED-k10.jsonl --retrieval RETRIEVAL.json
 
 PRED is what `odqa read` writes (id, question, answers, prediction, em); several may be given, one
-column each. RETRIEVAL is what `odqa retrieve` writes: its top phrase is the extractive answer, and
+column each. RETRIEVAL is what `odqa retrieve` writes: its "prediction" is the extractive answer, and
 its passages give Top-k. The test questions are those of the first file given; every other file must
 hold them all. Prints a Markdown table and one JSON line.
 """

@@ -4,7 +4,7 @@ the EM over every question is the same at a fraction of the reading time.
 
     python scripts/read_answerable.py --model READER --retrieval RETRIEVAL.json --ks 5 10 25 --out-dir DIR
 
-RETRIEVAL.json is what `odqa retrieve` writes (with has_answer and the top phrase as "prediction").
+RETRIEVAL.json is what `odqa retrieve` writes (with has_answer and the extractive answer as "prediction").
 Prints one JSON line: Top-k, the extractive answer's EM, generated EM at each k and its share of Top-k.
 The reader reads in `search_dtype` (bfloat16 where the CPU computes it natively; ODQA_SEARCH_DTYPE=float32
 reads in float32).

@@ -1,7 +1,7 @@
 """Where a reader's answers come from: over the questions with an answer in their top k, how many it
 gets right, and for each wrong answer whether its string occurs only in passages that do not hold
 the answer, only in answer-bearing ones, or in both; then how often the extractive answer (the
-retrieval file's top phrase) and the generated one are right together and apart.
+retrieval file's "prediction") and the generated one are right together and apart.
 
     python scripts/reader_errors.py --retrieval RETRIEVAL.json --predictions PRED-k10.jsonl --k 10
 
