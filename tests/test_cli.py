@@ -101,6 +101,23 @@ def test_one_flag_name_for_one_meaning():
         assert old not in flags, f"{old} is offered by {flags[old]}"
 
 
+def test_no_flag_is_a_double_negation():
+    """A setting named as a negation is a switch: `run --no-reranker`, never `--no-no-reranker`."""
+    parser = build_parser()
+    stack = [parser]
+    while stack:
+        p = stack.pop()
+        for action in p._actions:
+            if isinstance(action, type(parser._subparsers._group_actions[0])):
+                stack += list(action.choices.values())
+            else:
+                assert not [f for f in action.option_strings if f.startswith("--no-no-")], action.option_strings
+    run = ["run", "--out", "o"]
+    assert parser.parse_args(run + ["--no-reranker"]).no_reranker is True
+    assert parser.parse_args(run).no_reranker is False
+    assert parser.parse_args(run + ["--no-answer-filter"]).answer_filter is False
+
+
 def test_help_imports_no_torch():
     code = ("import sys\nfrom odqa.system.cli import build_parser\nbuild_parser().format_help()\n"
             "print(sorted(m for m in ('torch', 'transformers', 'faiss', 'numpy', 'deepspeed') if m in sys.modules))")

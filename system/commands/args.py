@@ -83,7 +83,9 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         help_ = meta.get("help", "")
         if kind == "bool":
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=bool(default), help=help_)
+            # A setting named as a negation (--no-reranker) is a plain switch: its --no- form would read --no-no-reranker.
+            action = "store_true" if flag.startswith("--no-") else argparse.BooleanOptionalAction
+            p.add_argument(flag, dest=f.name, action=action, default=bool(default), help=help_)
             continue
         shown = "" if required or default is None else \
             f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
