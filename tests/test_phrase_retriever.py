@@ -440,6 +440,29 @@ def test_corrupt_or_mismatched_index_is_refused(world, index, tmp_path):
         build_index(dump_dir, tmp_path / "ix", world["corpus"])
 
 
+def test_a_linear_head_starts_with_the_split_heads_scores(world):
+    """Two d x d heads, started as the split padded with zeros: every phrase and question scores as
+    the paper's split model does, until training moves them."""
+    import torch
+    split = DensePhraseModel(PhraseModelConfig(str(world["encoder"]), head="split")).eval()
+    linear = DensePhraseModel(PhraseModelConfig(str(world["encoder"]), head="linear"),
+                              lms={n: getattr(split, n) for n in ("phrase_lm", "q_start_lm", "q_end_lm")}).eval()
+    torch.manual_seed(0)
+    vocab = split.phrase_lm.config.vocab_size
+    passages = {"input_ids": torch.randint(5, vocab, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+    questions = {"input_ids": torch.randint(5, vocab, (3, 6)), "attention_mask": torch.ones(3, 6, dtype=torch.long)}
+    with torch.no_grad():
+        scores = []
+        for m in (split, linear):
+            hs, he, _ = m.encode_passages(**passages)
+            qs, qe = m.encode_questions(**questions)
+            scores.append((torch.einsum("qd,btd->qbt", qs, hs), torch.einsum("qd,btd->qbt", qe, he)))
+    assert linear.dim == 2 * split.dim
+    for a, b in zip(*scores):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(scores[0][0], scores[0][1])   # start and end scores differ: the halves are apart
+
+
 @pytest.mark.parametrize("head, qenc, unified", [("linear", "shared", False), ("split", "dual", True)])
 def test_model_options_train(world, tmp_path, head, qenc, unified):
     root = world["root"]
