@@ -84,7 +84,7 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         help_ = meta.get("help", "")
         if kind == "bool":
             # A setting named as a negation (--no-reranker) is a plain switch: its --no- form would read --no-no-reranker.
-            action = "store_true" if flag.startswith("--no-") else argparse.BooleanOptionalAction
+            action = "store_true" if flag.startswith("--no-") and not default else argparse.BooleanOptionalAction
             p.add_argument(flag, dest=f.name, action=action, default=bool(default), help=help_)
             continue
         shown = "" if required or default is None else \
