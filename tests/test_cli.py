@@ -1,4 +1,5 @@
 """The `odqa` command's wiring: help, each subcommand end to end on a tiny corpus, errors."""
+import argparse
 import json
 import re
 import subprocess
@@ -84,19 +85,25 @@ def test_old_flag_spellings_still_work_and_say_the_new_one(old, new, dest, value
     assert read.num_beams == 3 and "--beams is deprecated" in capsys.readouterr().err
 
 
-def test_one_flag_name_for_one_meaning():
-    """Every output is --out, every beam size --num-beams, every passages-per-question --k."""
-    parser = build_parser()
-    flags = {}
+def every_option(parser):
+    """(command, action) for each option of the parser and of all its subcommands, at any depth."""
     stack = [("odqa", parser)]
     while stack:
         name, p = stack.pop()
         for action in p._actions:
-            if isinstance(action, type(parser._subparsers._group_actions[0])):
+            if isinstance(action, argparse._SubParsersAction):
                 stack += [(f"{name} {n}", sub) for n, sub in action.choices.items()]
-            elif action.help != "==SUPPRESS==":
-                for flag in action.option_strings:
-                    flags.setdefault(flag, []).append(name)
+            else:
+                yield name, action
+
+
+def test_one_flag_name_for_one_meaning():
+    """Every output is --out, every beam size --num-beams, every passages-per-question --k."""
+    flags = {}
+    for name, action in every_option(build_parser()):
+        if action.help != "==SUPPRESS==":
+            for flag in action.option_strings:
+                flags.setdefault(flag, []).append(name)
     for old in ("--out-dir", "--n-passages", "--beams", "--output"):
         assert old not in flags, f"{old} is offered by {flags[old]}"
 
@@ -104,14 +111,8 @@ def test_one_flag_name_for_one_meaning():
 def test_no_flag_is_a_double_negation():
     """A setting named as a negation is a switch: `run --no-reranker`, never `--no-no-reranker`."""
     parser = build_parser()
-    stack = [parser]
-    while stack:
-        p = stack.pop()
-        for action in p._actions:
-            if isinstance(action, type(parser._subparsers._group_actions[0])):
-                stack += list(action.choices.values())
-            else:
-                assert not [f for f in action.option_strings if f.startswith("--no-no-")], action.option_strings
+    for name, action in every_option(parser):
+        assert not [f for f in action.option_strings if f.startswith("--no-no-")], (name, action.option_strings)
     run = ["run", "--out", "o"]
     assert parser.parse_args(run + ["--no-reranker"]).no_reranker is True
     assert parser.parse_args(run).no_reranker is False
