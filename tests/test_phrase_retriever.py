@@ -27,7 +27,7 @@ from odqa.common.metrics.answers import is_echo
 from odqa.retriever import phrase_dump
 from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_index import build_index
-from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from odqa.retriever.phrase_model import LMS, DensePhraseModel, PhraseModelConfig
 from odqa.retriever.phrase_train import PhraseTrainArgs, train
 from odqa.retriever.query_train import QueryTrainArgs, train_query
 from odqa.retriever.searcher import Searcher, can_answer
@@ -446,7 +446,7 @@ def test_a_linear_head_starts_with_the_split_heads_scores(world):
     import torch
     split = DensePhraseModel(PhraseModelConfig(str(world["encoder"]), head="split")).eval()
     linear = DensePhraseModel(PhraseModelConfig(str(world["encoder"]), head="linear"),
-                              lms={n: getattr(split, n) for n in ("phrase_lm", "q_start_lm", "q_end_lm")}).eval()
+                              lms={n: getattr(split, n) for n in LMS}).eval()
     torch.manual_seed(0)
     vocab = split.phrase_lm.config.vocab_size
     passages = {"input_ids": torch.randint(5, vocab, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
