@@ -10,8 +10,6 @@ against the sha256 pinned below, and unpacked into $ODQA_HOME/data:
 """
 from __future__ import annotations
 
-import ast
-import csv
 import hashlib
 import io
 import json
@@ -27,7 +25,7 @@ from pathlib import Path
 
 from odqa.common.io import atomic_path, write_json, write_jsonl
 from odqa.common.paths import data_dir, default_documents, default_encoder, downloads_dir, questions_dir
-from odqa.common.questions import QUESTION_SETS, REGEX_SETS
+from odqa.common.questions import QUESTION_SETS, REGEX_SETS, dpr_rows
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +108,8 @@ def wiki_documents(wheel: Path) -> list[dict]:
     return docs
 
 
-def _tsv_topics(text: str) -> list[tuple[str, list[str]]]:
-    # DPR's CSV-quoted TSV: answers are a Python list literal, and quoted fields may hold tabs,
-    # doubled quotes and newlines, so csv (not str.split) reads it.
-    rows = []
-    for row in csv.reader(io.StringIO(text), delimiter="\t"):
-        question, answers = row
-        rows.append((question, list(ast.literal_eval(answers))))
-    return rows
+def _tsv_topics(text: str, name: str) -> list[tuple[str, list[str]]]:
+    return [(question, answers) for _, question, answers in dpr_rows(text, name)]
 
 
 def _jsonl_topics(text: str) -> list[tuple[str, list[str]]]:
@@ -131,8 +123,8 @@ def question_sets(wheel: Path) -> dict[str, list[dict]]:
 
         sets = {}
         for name, (filename, fmt, raw_filename) in QUESTION_SETS.items():
-            rows = _tsv_topics(read(filename)) if fmt == "tsv" else _jsonl_topics(read(filename))
-            raw = _tsv_topics(read(raw_filename)) if raw_filename else None
+            rows = _tsv_topics(read(filename), filename) if fmt == "tsv" else _jsonl_topics(read(filename))
+            raw = _tsv_topics(read(raw_filename), raw_filename) if raw_filename else None
             if raw is not None and len(raw) != len(rows):
                 raise FetchError(f"{raw_filename} has {len(raw)} questions, {filename} {len(rows)}")
             lines = []

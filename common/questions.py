@@ -1,4 +1,5 @@
-"""Question sets: JSONL lines `{"id", "question", "answers", "regex"}`.
+"""Question sets: JSONL lines `{"id", "question", "answers", "regex"}`, or DPR's question files
+(`nq-test.qa.csv`, pyserini's `topics.dpr.*.txt`): `question<TAB>['answer', ...]` per line.
 
 `regex` is true where the answers are regular expressions (CuratedTREC). NQ lines also carry
 `answers_raw`, the untokenised answers of pyserini's `topics.nq.*` (DPR's are PTB-tokenised:
@@ -6,12 +7,16 @@
 """
 from __future__ import annotations
 
+import ast
+import csv
 import hashlib
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from odqa.common.io import InputError, read_jsonl
+from odqa.common.io import InputError, read_jsonl, read_text, text_lines
 from odqa.common.paths import questions_dir
 
 # name -> (file inside the anserini jar, format, raw-answers file)
@@ -55,7 +60,8 @@ def question_set_path(name_or_path: str | os.PathLike) -> Path:
     if path.suffix or path.exists() or os.sep in str(name_or_path):
         return path
     if name_or_path not in QUESTION_SETS:
-        raise InputError(f"unknown question set {name_or_path!r}: give a JSONL path or one of {', '.join(QUESTION_SETS)}")
+        raise InputError(f"unknown question set {name_or_path!r}: give a JSONL or DPR TSV path, or one of "
+                         f"{', '.join(QUESTION_SETS)}")
     path = questions_dir() / f"{name_or_path}.jsonl"
     if not path.exists():
         raise InputError(f"question set {name_or_path!r} not found at {path}: run `odqa data fetch` first")
@@ -80,12 +86,49 @@ def parse_question(obj: dict, where: str) -> Question:
                     regex=bool(obj.get("regex", False)), extra=extra)
 
 
+def dpr_rows(text: str, where: str) -> Iterator[tuple[int, str, list[str]]]:
+    """(line number, question, answers) of DPR's question TSV. Its fields are CSV-quoted (a question
+    may hold tabs, doubled quotes and newlines), so csv reads it, and the answers are a Python list
+    literal."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
+    while True:
+        try:
+            row = next(reader, None)
+        except csv.Error as e:      # a NUL byte, a field past csv's size limit
+            raise InputError(f"{where}:{reader.line_num}: not DPR's question TSV ({e})") from None
+        if row is None:
+            return
+        if not "".join(row).strip():
+            continue
+        where_line = f"{where}:{reader.line_num}"
+        if len(row) != 2:
+            raise InputError(f"{where_line}: expected a JSON object or DPR's question<TAB>['answer', ...], "
+                             f"got {len(row)} tab-separated fields")
+        try:
+            answers = ast.literal_eval(row[1])
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):   # what literal_eval raises
+            answers = None
+        if not isinstance(answers, (list, tuple)) or not all(isinstance(a, str) for a in answers):
+            raise InputError(f"{where_line}: the answers must be a Python list of strings, got {row[1][:80]!r}")
+        yield reader.line_num, row[0], list(answers)
+
+
+def question_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, question object) of a JSONL or a DPR TSV file, told apart by the first line."""
+    first = next((line for _, line in text_lines(path) if line.strip()), "")
+    if first.lstrip().startswith("{") or not first:
+        yield from read_jsonl(path)
+        return
+    for lineno, question, answers in dpr_rows(read_text(path), str(path)):
+        yield lineno, {"question": question, "answers": answers}
+
+
 def load_questions(name_or_path: str | os.PathLike, limit: int | None = None) -> list[Question]:
     """The set's questions; the first `limit`, or fewer where the spec's own `:N` says so."""
     name_or_path, limit = split_limit(name_or_path, limit)
     path = question_set_path(name_or_path)
     out = []
-    for lineno, obj in read_jsonl(path):
+    for lineno, obj in question_lines(path):
         q = parse_question(obj, f"{path}:{lineno}")
         q.id = q.id or f"{path.stem}-{len(out)}"
         out.append(q)

@@ -51,7 +51,7 @@ def split_em(test: dict[str, dict], columns: dict[str, dict[str, bool]], train: 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--train", nargs="+", required=True,
-                   help="training question sets: names (nq-dev) or JSONL paths; several are joined")
+                   help="training question sets: names (nq-dev), JSONL or DPR .qa.csv paths; several are joined")
     p.add_argument("--predictions", nargs="*", default=[], help="`odqa read` output files, one column each")
     p.add_argument("--retrieval", default=None,
                    help="`odqa retrieve` output: the extractive answer's column, and Top-k")

@@ -14,7 +14,8 @@ class RunArgs:
     index: str | None = arg(None, "phrase index directory (default: the default pipeline's)")
     model: str | None = arg(None, "phrase model checkpoint (default: the default pipeline's)")
     reader: str | None = arg(None, "FiD reader checkpoint (default: the default pipeline's)")
-    questions: list[str] = listed(["nq-test", "tqa-test"], "question sets (names or JSONL paths; NAME:N is the first N)")
+    questions: list[str] = listed(["nq-test", "tqa-test"],
+                                  "question sets (names, JSONL or DPR .qa.csv paths; NAME:N is the first N)")
     k: list[int] = listed([5, 10, 25, 50], "passages read by FiD")
     limit: int | None = arg(None, "first N questions of each set")
     doc_index: str | None = arg(None, "document index (pre-filter; default: the default pipeline's)")

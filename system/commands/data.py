@@ -76,7 +76,7 @@ def add(sub) -> None:
                 description="Find passages containing an answer, rank them with BM25, write train/validation "
                             "reading-comprehension examples.")
     p.add_argument("--questions", nargs="+", default=["nq-dev", "tqa-dev"],
-                   help="question sets (names or JSONL paths; NAME:N is the first N)")
+                   help="question sets (names, JSONL or DPR .qa.csv paths; NAME:N is the first N)")
     corpus_arg(p)
     p.add_argument("--out", type=Path, default=None, help="output directory (default: CORPUS/supervision)")
     p.add_argument("--positives", type=positive_int, default=1,

@@ -261,7 +261,7 @@ def add(sub) -> None:
                                                             "pipeline's), or the dense encoder (default: the MiniLM)")
     search_args(p)
     p.add_argument("--questions", required=True,
-                   help="question set name (e.g. nq-test; tqa-test:3000 is its first 3,000) or JSONL path")
+                   help="question set name (e.g. nq-test; tqa-test:3000 is its first 3,000), or a JSONL or DPR .qa.csv path")
     p.add_argument("--k", type=positive_int, default=100, help="passages per question (default 100)")
     p.add_argument("--out", type=Path, required=True, help="output JSON file")
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")
