@@ -3,6 +3,11 @@
     start.faiss, end.faiss   MIPS indexes over start and end vectors (faiss `index_factory` string:
                              "Flat" exact; "IVF4096,SQ4" or "OPQ96,IVF4096,PQ96" compressed, trained on
                              a sample, filled in chunks; nprobe is set at search time)
+    start.codes.npy, ...     for an 8-bit IVF-PQ (the default): the .faiss file holds only what was
+    start.lists.npy, ...     trained (OPQ, coarse centroids, PQ codebooks), and the codes are stored in
+                             vector-id order with each vector's IVF list; the lists are rebuilt on
+                             opening. faiss would store an 8-byte id beside each 16-byte code, and an
+                             id here is only a position.
     meta.npz                 vector id -> passage row, token index, character start/end
 
 Search reads vectors back from the faiss indexes themselves (exact for Flat, decoded from the codes for
@@ -31,7 +36,7 @@ from odqa.retriever.phrase_dump import dump_shards, read_dump
 from odqa.retriever.phrase_filter import filter_dir, keep_mask
 
 log = logging.getLogger(__name__)
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3   # 3: IVF-PQ codes beside the .faiss files, not inside them (2 still opens)
 
 
 def default_factory(n_vectors: int, dim: int) -> str:
@@ -82,7 +87,7 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
                 index.train(sample)
             for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
                 index.add(merged[side][a:a + add_chunk].astype(np.float32))
-            faiss.write_index(index, str(tmp / f"{side}.faiss"))
+            _write_side(index, n_vec, tmp, side)
         with open(tmp / "meta.npz", "wb") as f:
             # Rows follow from the counts (vectors run in passage order); offsets fit 16 bits for passages
             # under 64k characters, tokens 8 bits under 256 tokens.
@@ -98,6 +103,15 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
     log.info("phrase index %s: %d vectors (%.1f per passage), %.0f bytes per passage", out_dir, n_vec,
              manifest["vectors_per_passage"], manifest["bytes_per_passage"])
     return manifest
+
+
+def _write_side(index: faiss.Index, n: int, directory: Path, side: str) -> None:
+    codes = IVFPQCodes.of(index, n)
+    if codes is not None:
+        np.save(directory / f"{side}.codes.npy", codes.codes)
+        np.save(directory / f"{side}.lists.npy", _narrow(codes.list_of))
+        index.reset()    # empties the lists; what was trained stays
+    faiss.write_index(index, str(directory / f"{side}.faiss"))
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:
@@ -124,22 +138,25 @@ class PhraseIndex:
         else:
             log.warning("%s has no checksums (built before they were recorded): rebuild it to have its files "
                         "checked on opening", self.dir)
+        n, dim = self.manifest["vectors"], self.manifest["dim"]
+        self._codes = {}
         for side in ("start", "end"):
             with loading(self.dir / f"{side}.faiss", "a faiss index"):
                 setattr(self, f"{side}_index", faiss.read_index(str(self.dir / f"{side}.faiss")))
+            if (self.dir / f"{side}.codes.npy").exists():
+                self._codes[side] = IVFPQCodes.load(getattr(self, f"{side}_index"), self.dir, side, n)
         with loading(self.dir / "meta.npz", "the phrase metadata"):
             self.meta = _read_meta(self.dir / "meta.npz")
-        n, dim = self.manifest["vectors"], self.manifest["dim"]
         columns = ("passage_row", "token", "char_start", "char_end")
         if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start_index.d != dim \
                 or self.end_index.d != dim or any(len(self.meta[k]) != n for k in columns):
             raise InputError(f"{self.dir}: corrupt phrase index (its files disagree with manifest.json)")
-        self._codes = {}
         for side, idx in (("start", self.start_index), ("end", self.end_index)):
             ivf = faiss.try_extract_index_ivf(idx)
             if ivf is not None:
                 ivf.nprobe = nprobe
-                self._codes[side] = IVFPQCodes.of(idx, n)
+                if side not in self._codes:     # an index of version 2, or not an 8-bit IVF-PQ
+                    self._codes[side] = IVFPQCodes.of(idx, n)
                 if self._codes[side] is None:
                     ivf.make_direct_map()  # vector id -> code, so hits can be read back
         self._cpu = {"start": self.start_index, "end": self.end_index}  # read-back stays on the CPU copy
@@ -178,10 +195,10 @@ class IVFPQCodes:
         self.rotation = rotation
         self._m = np.arange(codes.shape[1])
 
-    @classmethod
-    def of(cls, index: faiss.Index, n: int) -> "IVFPQCodes | None":
-        """The codes of `index` when it is an 8-bit IVF-PQ by residual, alone or behind one orthonormal
-        linear transform without bias (OPQ), else None."""
+    @staticmethod
+    def _parts(index: faiss.Index) -> "tuple[faiss.IndexIVFPQ, np.ndarray | None] | None":
+        """(the IVF-PQ, the rotation in front of it or None) when `index` is an 8-bit IVF-PQ by residual,
+        alone or behind one orthonormal linear transform without bias (OPQ), else None."""
         index = faiss.downcast_index(index)
         rotation = None
         if isinstance(index, faiss.IndexPreTransform):
@@ -197,18 +214,57 @@ class IVFPQCodes:
             index = faiss.downcast_index(index.index)
         if type(index) is not faiss.IndexIVFPQ or index.pq.nbits != 8 or not index.by_residual:
             return None
-        m, dsub = index.pq.M, index.pq.dsub
+        return index, rotation
+
+    @classmethod
+    def _of_parts(cls, ivfpq: faiss.IndexIVFPQ, rotation, codes: np.ndarray, list_of: np.ndarray) -> "IVFPQCodes":
+        centroids = ivfpq.quantizer.reconstruct_n(0, ivfpq.nlist)
+        pq_centroids = faiss.vector_to_array(ivfpq.pq.centroids).reshape(ivfpq.pq.M, 256, ivfpq.pq.dsub)
+        return cls(centroids, pq_centroids, codes, list_of, rotation)
+
+    @classmethod
+    def of(cls, index: faiss.Index, n: int) -> "IVFPQCodes | None":
+        """The codes of a filled `index` when it is an 8-bit IVF-PQ (`_parts`), else None."""
+        parts = cls._parts(index)
+        if parts is None:
+            return None
+        ivfpq, rotation = parts
+        m = ivfpq.pq.M
         codes, list_of = np.zeros((n, m), np.uint8), np.zeros(n, np.int32)
-        inv = index.invlists
-        for lst in range(index.nlist):
+        inv = ivfpq.invlists
+        for lst in range(ivfpq.nlist):
             size = inv.list_size(lst)
             if size:
                 ids = faiss.rev_swig_ptr(inv.get_ids(lst), size)
                 codes[ids] = faiss.rev_swig_ptr(inv.get_codes(lst), size * m).reshape(size, m)
                 list_of[ids] = lst
-        centroids = index.quantizer.reconstruct_n(0, index.nlist)
-        pq_centroids = faiss.vector_to_array(index.pq.centroids).reshape(m, 256, dsub)
-        return cls(centroids, pq_centroids, codes, list_of, rotation)
+        return cls._of_parts(ivfpq, rotation, codes, list_of)
+
+    @classmethod
+    def load(cls, index: faiss.Index, directory: Path, side: str, n: int) -> "IVFPQCodes":
+        """SIDE.codes.npy and SIDE.lists.npy of `build_index`, put back into `index`'s empty lists in id
+        order, as `index.add` had put them."""
+        parts = cls._parts(index)
+        files = [directory / f"{side}.codes.npy", directory / f"{side}.lists.npy"]
+        if parts is None or index.ntotal:
+            raise InputError(f"{files[0]} belongs to an empty 8-bit IVF-PQ index, and {side}.faiss is not one")
+        ivfpq, rotation = parts
+        with loading(files[0], "the index's codes"):
+            codes = np.load(files[0], allow_pickle=False)
+        with loading(files[1], "the index's lists"):
+            list_of = np.load(files[1], allow_pickle=False).astype(np.int64)
+        if codes.shape != (n, ivfpq.pq.M) or codes.dtype != np.uint8 or list_of.shape != (n,) \
+                or (n and not 0 <= list_of.min() <= list_of.max() < ivfpq.nlist):
+            raise InputError(f"{directory}: corrupt phrase index ({side}'s codes or lists disagree with "
+                             f"{side}.faiss and manifest.json)")
+        order = np.argsort(list_of, kind="stable")
+        bounds = np.searchsorted(list_of[order], np.arange(ivfpq.nlist + 1))
+        for lst in np.flatnonzero(np.diff(bounds)):
+            ids = order[bounds[lst]:bounds[lst + 1]]
+            block = np.ascontiguousarray(codes[ids])
+            ivfpq.invlists.add_entries(int(lst), len(ids), faiss.swig_ptr(ids), faiss.swig_ptr(block))
+        ivfpq.ntotal = index.ntotal = n
+        return cls._of_parts(ivfpq, rotation, codes, list_of.astype(np.int32))
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         parts = self.pq_centroids[self._m, self.codes[ids]]            # (n, M, dsub)
