@@ -80,6 +80,12 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
     with build_dir(out_dir, key) as (tmp, manifest):
         for side in ("start", "end"):
             index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+            ivf = faiss.try_extract_index_ivf(index)
+            ivf = faiss.downcast_index(ivf) if ivf is not None else None
+            if isinstance(ivf, faiss.IndexIVFPQ):
+                # faiss reorders each PQ codebook for Hamming-distance filtering unless told not to; search
+                # here never filters (polysemous_ht stays 0), and the reordering is a fifth of the training
+                ivf.do_polysemous_training = False
             if not index.is_trained:
                 rng = np.random.default_rng(seed)
                 sample = merged[side][rng.choice(n_vec, min(train_size, n_vec), replace=False)].astype(np.float32)
