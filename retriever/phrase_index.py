@@ -84,7 +84,7 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
             ivf = faiss.downcast_index(ivf) if ivf is not None else None
             if isinstance(ivf, faiss.IndexIVFPQ):
                 # faiss reorders each PQ codebook for Hamming-distance filtering unless told not to; search
-                # here never filters (polysemous_ht stays 0), and the reordering is a fifth of the training
+                # here never filters (polysemous_ht stays 0), and the reordering is a quarter of the training
                 ivf.do_polysemous_training = False
             if not index.is_trained:
                 rng = np.random.default_rng(seed)
