@@ -115,9 +115,11 @@ def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
     assert main(["ask", "how tall is mount everest", "--k", "2", "--decoding", "phrases", "--index", str(root / "index"),
                  "--model", str(root / "phrase"), "--reader", str(root / "t5"), "--corpus", str(system["corpus"])]) == 0
     assert "(FiD over 2 passages, chosen among their phrases)" in capsys.readouterr().out
-    assert main(["ask", "  ", "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader",
-                 str(root / "t5"), "--corpus", str(system["corpus"])]) == 2
-    assert "empty question" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:      # up front: the missing index is never opened
+        main(["ask", "  ", "--index", str(root / "no-such-index"), "--model", str(root / "phrase"), "--reader",
+              str(root / "t5"), "--corpus", str(system["corpus"])])
+    assert refused.value.code == 2
+    assert "argument question: empty question: '  '" in capsys.readouterr().err
 
 
 def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_path, capsys):

@@ -11,6 +11,13 @@ from pathlib import Path
 REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
 
 
+def question_text(text: str) -> str:
+    """An argparse type: a question with something in it, refused before any model is loaded."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"empty question: {text!r}")
+    return text
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1 (k, --limit, batch sizes), so 0 or -3 is refused
     up front rather than giving an empty or silent result."""

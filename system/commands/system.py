@@ -7,7 +7,15 @@ from pathlib import Path
 from odqa.common.device import pick_device
 from odqa.reader.args import READ_DECODING
 from odqa.system.args import RunArgs
-from odqa.system.commands.args import add_dataclass_args, add_flag, command, corpus_arg, dataclass_from_args, positive_int
+from odqa.system.commands.args import (
+    add_dataclass_args,
+    add_flag,
+    command,
+    corpus_arg,
+    dataclass_from_args,
+    positive_int,
+    question_text,
+)
 from odqa.system.commands.retrieval import phrase_index_args, phrase_searcher
 
 
@@ -146,7 +154,7 @@ def add(sub) -> None:
 
     p = command(sub, "ask", cmd_ask,
                 help="answer one question: the extractive and the generated answer, and the passages")
-    p.add_argument("question")
+    p.add_argument("question", type=question_text)
     p.add_argument("--k", type=positive_int, default=10, help="passages retrieved and read (default 10)")
     system_args(p)
 
