@@ -685,14 +685,27 @@ class Demo:
         return self.summary()
 
     def record(self) -> None:
-        """Make what is built so far the default pipeline, for `odqa ask`, `serve`, `run` and `retrieve`."""
+        """Make what is built so far the default pipeline, for `odqa ask`, `serve`, `run` and `retrieve`.
+        A model and its index are recorded together, once the index is built from that model: between a
+        new phrase model and its index (the next stage, or a run stopped there) searches keep the pair
+        recorded before, where the new model beside the old index would refuse to search."""
+        from odqa.retriever.doc_encoder import doc_encoder_hash
+        from odqa.retriever.phrase_model import phrase_encoder_hash
         built = {"corpus": self.corpus, "supervision": self.p["supervision"], "phrase_model": self.phrase_model(),
                  "phrase_index": self.p["phrase-index"],
                  "doc_model": self.doc_model(), "doc_index": self.p["doc-index"], "reader": self.p["reader"] / "best",
                  "reranker": self.reranker()}
+        built = {k: v for k, v in built.items() if v and Path(v).exists()}
+        for model, index, encoder_hash in (("phrase_model", "phrase_index", phrase_encoder_hash),
+                                           ("doc_model", "doc_index", doc_encoder_hash)):
+            manifest = Path(built[index]) / "manifest.json" if index in built else None
+            if not (model in built and manifest and manifest.is_file()
+                    and read_json(manifest).get("encoder_hash") == encoder_hash(built[model])):
+                built.pop(model, None)
+                built.pop(index, None)
         # A demo without the reranker stage takes its own earlier reranker out of the pipeline (it was
         # trained on the passages of models it may have replaced); one trained by hand stays.
-        record_pipeline({k: v for k, v in built.items() if v and Path(v).exists()}, by=f"odqa demo -> {self.out}",
+        record_pipeline(built, by=f"odqa demo -> {self.out}",
                         forget={} if self.cfg.reranker else {"reranker": self.p["reranker"] / "best"})
 
     def _done(self, s: Stage, key: dict) -> bool:

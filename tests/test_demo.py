@@ -365,6 +365,37 @@ def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_ru
     assert "not a phrase index" in capsys.readouterr().err
 
 
+def test_a_model_is_recorded_with_the_index_built_from_it_never_beside_another(world, first_run, tmp_path):
+    """A second demo whose phrase stage is done and whose index stage is not (a full preset run after
+    the demo, say) leaves the recorded pair as it was: its new model beside the old index would make
+    every search refuse to start. The pair moves once the index is built from the model."""
+    from odqa.common.defaults import default_pipeline
+    from odqa.retriever.phrase_model import phrase_encoder_hash
+    out = world["root"] / "out"
+    run_demo(out, cfg=world["cfg"])   # every stage reused; records the pipeline
+    before = default_pipeline()
+    second = Demo(world["cfg"], tmp_path / "second")
+    model = second.phrase_checkpoint()
+    shutil.copytree(out / model.relative_to(second.out), model)
+    with open(model / "phrase_heads.pt", "ab") as heads:   # another training run's phrase side
+        heads.write(b"\0")
+    assert phrase_encoder_hash(model) != phrase_encoder_hash(before["phrase_model"])
+    second.record()                                         # no index yet
+    after = default_pipeline()
+    assert (after["phrase_model"], after["phrase_index"]) == (before["phrase_model"], before["phrase_index"])
+    shutil.copytree(out / "phrase-index", second.p["phrase-index"])
+    second.record()                                         # an index, but built from the first demo's model
+    assert default_pipeline()["phrase_model"] == before["phrase_model"]
+    shutil.rmtree(model)
+    shutil.copytree(out / model.relative_to(second.out), model)
+    second.record()                                         # the model the index was built from: the pair moves
+    after = default_pipeline()
+    assert (after["phrase_model"], after["phrase_index"]) == (model.resolve(), second.p["phrase-index"].resolve())
+    assert after["doc_index"] == before["doc_index"] and after["reader"] == before["reader"]
+    run_demo(out, cfg=world["cfg"])   # the first demo's pipeline again, for the tests after this one
+    assert default_pipeline()["phrase_index"] == before["phrase_index"]
+
+
 def test_training_commands_read_the_demos_supervision_until_odqa_supervise_writes_its_own(world, first_run, tmp_path):
     from odqa.common.defaults import default_supervision
     from odqa.common.paths import default_corpus
