@@ -35,8 +35,14 @@ def system_args(p: argparse.ArgumentParser) -> None:
 
 
 def pipeline(args):
+    from transformers.utils import logging as hf_logging
+
     from odqa.common.defaults import fill_defaults
     from odqa.system.pipeline import Pipeline, ReaderSettings
+    # transformers draws a "Loading weights" bar for each of the pipeline's checkpoints (four for one
+    # `odqa ask`), each over in milliseconds, right above the answer. Its own bars only: a download
+    # from the hub keeps its bar.
+    hf_logging.set_tqdm_hook(lambda factory, bar_args, bar_kwargs: factory(*bar_args, **{**bar_kwargs, "disable": True}))
     fill_defaults(args, reader=True)
     return Pipeline.load(phrase_searcher(args), args.reader,
                          ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams,
