@@ -688,7 +688,9 @@ class Demo:
         """Make what is built so far the default pipeline, for `odqa ask`, `serve`, `run` and `retrieve`.
         A model and its index are recorded together, once the index is built from that model: between a
         new phrase model and its index (the next stage, or a run stopped there) searches keep the pair
-        recorded before, where the new model beside the old index would refuse to search."""
+        recorded before, where the new model beside the old index would refuse to search. (A rerun into
+        the same directory retrains the model in the recorded pair's own place: there is no old pair to
+        keep, and the search names the mismatch until the index stage has run.)"""
         from odqa.retriever.doc_encoder import doc_encoder_hash
         from odqa.retriever.phrase_model import phrase_encoder_hash
         built = {"corpus": self.corpus, "supervision": self.p["supervision"], "phrase_model": self.phrase_model(),

@@ -39,7 +39,7 @@ def pipeline(args):
 
     from odqa.common.defaults import fill_defaults
     from odqa.system.pipeline import Pipeline, ReaderSettings
-    # transformers draws a "Loading weights" bar for each of the pipeline's checkpoints (four for one
+    # transformers draws a "Loading weights" bar for each of the pipeline's checkpoints (six for one
     # `odqa ask`), each over in milliseconds, right above the answer. Its own bars only: a download
     # from the hub keeps its bar.
     hf_logging.set_tqdm_hook(lambda factory, bar_args, bar_kwargs: factory(*bar_args, **{**bar_kwargs, "disable": True}))
