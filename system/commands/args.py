@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
@@ -106,10 +107,12 @@ def dataclass_from_args(cls, args):
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
-def command(parent, name: str, func, **kwargs) -> argparse.ArgumentParser:
-    """A subcommand's parser, with the handler it runs."""
+def command(parent, name: str, func, loads_checkpoints: bool | Callable[[argparse.Namespace], bool] = False,
+            **kwargs) -> argparse.ArgumentParser:
+    """A subcommand's parser, with the handler it runs. `loads_checkpoints`: whether the command loads
+    model checkpoints (or, given its parsed flags, whether it will), so that the CLI quiets their loading."""
     p = parent.add_parser(name, **kwargs)
-    p.set_defaults(func=func)
+    p.set_defaults(func=func, loads_checkpoints=loads_checkpoints)
     return p
 
 

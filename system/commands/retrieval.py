@@ -250,7 +250,9 @@ def add(sub) -> None:
     from odqa.common.paths import default_corpus, default_encoder
     sup = default_supervision()
 
-    p = command(sub, "retrieve", cmd_retrieve, help="retrieve passages for a question set into a DPR-format file",
+    p = command(sub, "retrieve", cmd_retrieve,
+                loads_checkpoints=lambda args: args.retriever != "bm25",
+                help="retrieve passages for a question set into a DPR-format file",
                 description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
     p.add_argument("--retriever", choices=["bm25", "dense", "phrase"], default="bm25",
                    help="bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
@@ -271,7 +273,7 @@ def add(sub) -> None:
     prefilter_args(p)
     corpus_arg(p)
 
-    p = command(sub, "train-teacher", cmd_train_teacher,
+    p = command(sub, "train-teacher", cmd_train_teacher, loads_checkpoints=True,
                 help="train a cross-encoder span reader for `train-phrase --teacher` to distil from",
                 description="Question and passage read together by a BERT-family encoder with a SQuAD span "
                             "head, on the phrase model's supervision and tokens; validated by gold-passage EM.")
@@ -279,7 +281,8 @@ def add(sub) -> None:
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "encoder": str(default_encoder())})
 
-    p = command(sub, "train-phrase", cmd_train_phrase, help="train the dense phrase and question encoders",
+    p = command(sub, "train-phrase", cmd_train_phrase,
+                loads_checkpoints=True, help="train the dense phrase and question encoders",
                 description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "
                             "head; AdamW with warm-up and decay, clipping; through accelerate (`accelerate "
                             "launch -m odqa.system.cli train-phrase ...` for several processes or DeepSpeed).")
@@ -287,7 +290,7 @@ def add(sub) -> None:
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "encoder": str(default_encoder()), "corpus": str(default_corpus())})
 
-    p = command(sub, "dump-phrases", cmd_dump_phrases,
+    p = command(sub, "dump-phrases", cmd_dump_phrases, loads_checkpoints=True,
                 help="encode every passage's phrase start/end vectors (sharded, resumable)",
                 description="Start/end vectors of the tokens whose filter logit passes --threshold, float16, "
                             "in chunk files with their metadata. Re-running resumes an interrupted shard.")
@@ -330,12 +333,13 @@ def add(sub) -> None:
     p.add_argument("--out", type=Path, default=None, help="filter directory (default: DUMP/filter)")
     corpus_arg(p)
 
-    p = command(sub, "train-query", cmd_train_query, help="query-side fine-tuning against a fixed phrase index",
+    p = command(sub, "train-query", cmd_train_query,
+                loads_checkpoints=True, help="query-side fine-tuning against a fixed phrase index",
                 description="Maximise the retrieval probability of the top phrases that match an answer "
                             "(--label phrase), lie in an answer passage (passage) or document (document).")
     add_dataclass_args(p, QueryTrainArgs, {"corpus": str(default_corpus())})
 
-    p = command(sub, "train-doc", cmd_train_doc,
+    p = command(sub, "train-doc", cmd_train_doc, loads_checkpoints=True,
                 help="train the document retriever (DHR) that pre-filters phrase search",
                 description="A question/document dual encoder over title + table of contents + abstract, "
                             "in-batch and hard negatives; resumable; validation document Top-k each epoch.")
@@ -343,7 +347,7 @@ def add(sub) -> None:
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "corpus": str(default_corpus()), "encoder": str(default_encoder())})
 
-    p = command(sub, "train-reranker", cmd_train_reranker,
+    p = command(sub, "train-reranker", cmd_train_reranker, loads_checkpoints=True,
                 help="train the cross-encoder that reranks the search's top passages",
                 description="A BERT-family cross-encoder (monoBERT) over question + passage, trained with one "
                             "answer-bearing passage against --negatives retrieved ones per question (a retrieval "
@@ -351,14 +355,14 @@ def add(sub) -> None:
                             "search's score tuned on validation.")
     add_dataclass_args(p, RerankerTrainArgs, {"encoder": str(default_encoder())})
 
-    p = command(sub, "build-doc-index", cmd_build_doc_index,
+    p = command(sub, "build-doc-index", cmd_build_doc_index, loads_checkpoints=True,
                 help="encode every document summary into a faiss document index")
     p.add_argument("--model", type=Path, required=True, help="document encoder checkpoint (train-doc OUT/best)")
     p.add_argument("--out", type=Path, required=True, help="index directory")
     p.add_argument("--factory", default="Flat", help="faiss index_factory string (default Flat)")
     corpus_arg(p)
 
-    p = command(sub, "tune-lambda", cmd_tune_lambda,
+    p = command(sub, "tune-lambda", cmd_tune_lambda, loads_checkpoints=True,
                 help="grid-search the rerank weights of the document and BM25 scores on validation",
                 description="lambda in 0, 0.1, ..., 2 and the BM25 weight mu in --bm25-grid maximising "
                             "validation Top-k of pre-filtered phrase retrieval reranked by z(passage) + lambda "

@@ -35,14 +35,8 @@ def system_args(p: argparse.ArgumentParser) -> None:
 
 
 def pipeline(args):
-    from transformers.utils import logging as hf_logging
-
     from odqa.common.defaults import fill_defaults
     from odqa.system.pipeline import Pipeline, ReaderSettings
-    # transformers draws a "Loading weights" bar for each of the pipeline's checkpoints (six for one
-    # `odqa ask`), each over in milliseconds, right above the answer. Its own bars only: a download
-    # from the hub keeps its bar.
-    hf_logging.set_tqdm_hook(lambda factory, bar_args, bar_kwargs: factory(*bar_args, **{**bar_kwargs, "disable": True}))
     fill_defaults(args, reader=True)
     return Pipeline.load(phrase_searcher(args), args.reader,
                          ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams,
@@ -130,7 +124,8 @@ def cmd_serve(args) -> None:
 
 
 def add(sub) -> None:
-    p = command(sub, "demo", cmd_demo, help="run the whole system on the default data: train, index, evaluate, answer",
+    p = command(sub, "demo", cmd_demo,
+                loads_checkpoints=True, help="run the whole system on the default data: train, index, evaluate, answer",
                 description="Fetch the data, build the corpus, train the phrase, document and FiD models on "
                             "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
                             "the report and three answers. A rerun reuses every finished stage.")
@@ -152,19 +147,19 @@ def add(sub) -> None:
                    help="added to every seed of the chain, to measure how far another draw moves the results; use "
                         "with --out, or it replaces the preset's default run (default 0: the guides' runs)")
 
-    p = command(sub, "run", cmd_run,
+    p = command(sub, "run", cmd_run, loads_checkpoints=True,
                 help="evaluate the system: extractive vs generated EM per question set and k, with plots",
                 description="Phrase retrieval (with the document pre-filter if given), FiD at each k, a report "
                             "table, per-question JSONL and PNG plots in OUT; a rerun reuses what is done.")
     add_dataclass_args(p, RunArgs)
 
-    p = command(sub, "ask", cmd_ask,
+    p = command(sub, "ask", cmd_ask, loads_checkpoints=True,
                 help="answer one question: the extractive and the generated answer, and the passages")
     p.add_argument("question", type=question_text)
     p.add_argument("--k", type=positive_int, default=10, help="passages retrieved and read (default 10)")
     system_args(p)
 
-    p = command(sub, "serve", cmd_serve,
+    p = command(sub, "serve", cmd_serve, loads_checkpoints=True,
                 help="serve answers over HTTP (POST /answer, GET /health, /metrics, docs at /docs)",
                 description="FastAPI service; concurrent requests are batched for the question encoders and FiD.")
     system_args(p)
