@@ -258,9 +258,11 @@ class IVFPQCodes:
         with loading(files[0], "the index's codes"):
             codes = np.load(files[0], allow_pickle=False)
         with loading(files[1], "the index's lists"):
-            list_of = np.load(files[1], allow_pickle=False).astype(np.int64)
+            # kept in the narrow type it is stored in (uint8 or uint16 below 65,536 lists): a vector's
+            # list costs 1 or 2 bytes in memory, not 8, at hundreds of millions of vectors
+            list_of = np.load(files[1], allow_pickle=False)
         if codes.shape != (n, ivfpq.pq.M) or codes.dtype != np.uint8 or list_of.shape != (n,) \
-                or (n and not 0 <= list_of.min() <= list_of.max() < ivfpq.nlist):
+                or list_of.dtype.kind not in "ui" or (n and not 0 <= list_of.min() <= list_of.max() < ivfpq.nlist):
             raise InputError(f"{directory}: corrupt phrase index ({side}'s codes or lists disagree with "
                              f"{side}.faiss and manifest.json)")
         order = np.argsort(list_of, kind="stable")
@@ -270,7 +272,7 @@ class IVFPQCodes:
             block = np.ascontiguousarray(codes[ids])
             ivfpq.invlists.add_entries(int(lst), len(ids), faiss.swig_ptr(ids), faiss.swig_ptr(block))
         ivfpq.ntotal = index.ntotal = n
-        return cls._of_parts(ivfpq, rotation, codes, list_of.astype(np.int32))
+        return cls._of_parts(ivfpq, rotation, codes, list_of)
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         parts = self.pq_centroids[self._m, self.codes[ids]]            # (n, M, dsub)
