@@ -296,7 +296,8 @@ def _read_meta(path: Path) -> dict[str, np.ndarray]:
         meta = {k: z[k] for k in z.files}
     if "passage_row" not in meta:   # version 2 stores counts only
         count = meta["passage_count"].astype(np.int64)
-        meta["passage_row"] = np.repeat(np.arange(len(count)), count)
+        # int32 rows: 4 bytes a vector fewer than numpy's default at hundreds of millions of vectors
+        meta["passage_row"] = np.repeat(np.arange(len(count), dtype=np.int32 if len(count) < 2**31 else np.int64), count)
     for k in ("token", "char_start", "char_end"):
         meta[k] = meta[k].astype(np.int32)   # narrow unsigned types would wrap in the window arithmetic
     meta["in_title"] = meta["in_title"].astype(bool) if "in_title" in meta else np.zeros(len(meta["token"]), bool)
