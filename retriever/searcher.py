@@ -118,7 +118,9 @@ class Searcher:
         L = self.index.max_span_len
         self.max_answer_tokens = min(max_answer_tokens or L, L)
         if phrase_encoder_hash(model_dir) != self.index.manifest["encoder_hash"]:
-            raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}")
+            raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}: search with the "
+                             f"model it was built from, or rebuild it from this one (`odqa dump-phrases`, then "
+                             f"`odqa build-index`; a demo run does so in its index stage)")
         if corpus_info(corpus_dir)["fingerprint"] != self.index.manifest["fingerprint"]:
             raise InputError(f"{index_dir} was built from another version of the corpus {corpus_dir}")
         self.device = pick_device(device)
