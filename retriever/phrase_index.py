@@ -5,9 +5,10 @@
                              a sample, filled in chunks; nprobe is set at search time)
     start.codes.npy, ...     for an 8-bit IVF-PQ (the default): the .faiss file holds only what was
     start.lists.npy, ...     trained (OPQ, coarse centroids, PQ codebooks), and the codes are stored in
-                             vector-id order with each vector's IVF list; the lists are rebuilt on
-                             opening. faiss would store an 8-byte id beside each 16-byte code, and an
-                             id here is only a position.
+                             vector-id order with each vector's IVF list; the lists are rebuilt at
+                             the first search over the whole index (a pre-filtered search never needs
+                             them). faiss would store an 8-byte id beside each 16-byte code, and an id
+                             here is only a position.
     meta.npz                 vector id -> passage row, token index, character start/end
 
 Search reads vectors back from the faiss indexes themselves (exact for Flat, decoded from the codes for
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from pathlib import Path
 
 import faiss
@@ -145,19 +147,20 @@ class PhraseIndex:
             log.warning("%s has no checksums (built before they were recorded): rebuild it to have its files "
                         "checked on opening", self.dir)
         n, dim = self.manifest["vectors"], self.manifest["dim"]
-        self._codes = {}
+        self._faiss, self._codes, self._unfilled = {}, {}, set()
         for side in ("start", "end"):
             with loading(self.dir / f"{side}.faiss", "a faiss index"):
-                setattr(self, f"{side}_index", faiss.read_index(str(self.dir / f"{side}.faiss")))
+                self._faiss[side] = faiss.read_index(str(self.dir / f"{side}.faiss"))
             if (self.dir / f"{side}.codes.npy").exists():
-                self._codes[side] = IVFPQCodes.load(getattr(self, f"{side}_index"), self.dir, side, n)
+                self._codes[side] = IVFPQCodes.load(self._faiss[side], self.dir, side, n)
+                self._unfilled.add(side)
         with loading(self.dir / "meta.npz", "the phrase metadata"):
             self.meta = _read_meta(self.dir / "meta.npz")
         columns = ("passage_row", "token", "char_start", "char_end")
-        if (self.start_index.ntotal, self.end_index.ntotal) != (n, n) or self.start_index.d != dim \
-                or self.end_index.d != dim or any(len(self.meta[k]) != n for k in columns):
+        if any(idx.ntotal != (0 if side in self._unfilled else n) or idx.d != dim for side, idx in self._faiss.items()) \
+                or any(len(self.meta[k]) != n for k in columns):
             raise InputError(f"{self.dir}: corrupt phrase index (its files disagree with manifest.json)")
-        for side, idx in (("start", self.start_index), ("end", self.end_index)):
+        for side, idx in self._faiss.items():
             ivf = faiss.try_extract_index_ivf(idx)
             if ivf is not None:
                 ivf.nprobe = nprobe
@@ -165,12 +168,29 @@ class PhraseIndex:
                     self._codes[side] = IVFPQCodes.of(idx, n)
                 if self._codes[side] is None:
                     ivf.make_direct_map()  # vector id -> code, so hits can be read back
-        self._cpu = {"start": self.start_index, "end": self.end_index}  # read-back stays on the CPU copy
-        if gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
-            res = faiss.StandardGpuResources()
-            self.start_index = faiss.index_cpu_to_gpu(res, 0, self.start_index)
-            self.end_index = faiss.index_cpu_to_gpu(res, 0, self.end_index)
+        self._gpu = gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0)
+        self._searchable: dict[str, faiss.Index] = {}
+        self._searchable_lock = threading.Lock()
         self.max_span_len = self.manifest["max_span_len"]
+
+    def search(self, side: str, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids) of faiss's MIPS over one side's whole index, (n, k) each. An index stored as
+        codes (version 3) gets its inverted lists filled here, at the first such search, and goes to
+        the GPU then where there is one: a search behind the document pre-filter scores the codes by
+        id (`scores`) and never needs the lists, which would hold a second copy of every code, each
+        with an 8-byte id."""
+        with self._searchable_lock:
+            if side not in self._searchable:
+                idx = self._faiss[side]
+                if side in self._unfilled:
+                    self._codes[side].fill(idx)
+                    self._unfilled.discard(side)
+                if self._gpu:
+                    if not hasattr(self, "_gpu_resources"):
+                        self._gpu_resources = faiss.StandardGpuResources()
+                    idx = faiss.index_cpu_to_gpu(self._gpu_resources, 0, idx)   # read-back stays on the CPU copy
+                self._searchable[side] = idx
+        return self._searchable[side].search(q, k)
 
     def vectors(self, side: str, ids) -> np.ndarray:
         """Vectors as the index holds them: exact for Flat, decoded from the codes for SQ/PQ, so scores and
@@ -179,7 +199,7 @@ class PhraseIndex:
         if not len(ids):
             return np.zeros((0, self.manifest["dim"]), np.float32)
         codes = self._codes.get(side)
-        return codes.vectors(ids) if codes is not None else self._cpu[side].reconstruct_batch(ids)
+        return codes.vectors(ids) if codes is not None else self._faiss[side].reconstruct_batch(ids)
 
     def scores(self, side: str, ids, q: np.ndarray) -> np.ndarray:
         """q . vector for each id, as `vectors(ids) @ q` but, for IVF-PQ, from the codes through lookup
@@ -248,8 +268,8 @@ class IVFPQCodes:
 
     @classmethod
     def load(cls, index: faiss.Index, directory: Path, side: str, n: int) -> "IVFPQCodes":
-        """SIDE.codes.npy and SIDE.lists.npy of `build_index`, put back into `index`'s empty lists in id
-        order, as `index.add` had put them."""
+        """SIDE.codes.npy and SIDE.lists.npy of `build_index`, for `index`, the trained but empty 8-bit
+        IVF-PQ they were taken from (`fill` puts them back into its lists)."""
         parts = cls._parts(index)
         files = [directory / f"{side}.codes.npy", directory / f"{side}.lists.npy"]
         if parts is None or index.ntotal:
@@ -265,14 +285,19 @@ class IVFPQCodes:
                 or list_of.dtype.kind not in "ui" or (n and not 0 <= list_of.min() <= list_of.max() < ivfpq.nlist):
             raise InputError(f"{directory}: corrupt phrase index ({side}'s codes or lists disagree with "
                              f"{side}.faiss and manifest.json)")
-        order = np.argsort(list_of, kind="stable")
-        bounds = np.searchsorted(list_of[order], np.arange(ivfpq.nlist + 1))
+        return cls._of_parts(ivfpq, rotation, codes, list_of)
+
+    def fill(self, index: faiss.Index) -> None:
+        """Put the codes into `index`'s empty inverted lists in id order, as `index.add` had put them,
+        so that faiss's own search can scan them."""
+        ivfpq, _ = self._parts(index)
+        order = np.argsort(self.list_of, kind="stable")
+        bounds = np.searchsorted(self.list_of[order], np.arange(ivfpq.nlist + 1))
         for lst in np.flatnonzero(np.diff(bounds)):
             ids = order[bounds[lst]:bounds[lst + 1]]
-            block = np.ascontiguousarray(codes[ids])
+            block = np.ascontiguousarray(self.codes[ids])
             ivfpq.invlists.add_entries(int(lst), len(ids), faiss.swig_ptr(ids), faiss.swig_ptr(block))
-        ivfpq.ntotal = index.ntotal = n
-        return cls._of_parts(ivfpq, rotation, codes, list_of)
+        ivfpq.ntotal = index.ntotal = len(self.codes)
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         parts = self.pq_centroids[self._m, self.codes[ids]]            # (n, M, dsub)

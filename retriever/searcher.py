@@ -180,8 +180,8 @@ class Searcher:
         k = min(k, ix.manifest["vectors"])
         q_start = np.ascontiguousarray(q_start, dtype=np.float32)
         q_end = np.ascontiguousarray(q_end, dtype=np.float32)
-        _, start_hits = ix.start_index.search(q_start, k)
-        _, end_hits = ix.end_index.search(q_end, k)
+        _, start_hits = ix.search("start", q_start, k)
+        _, end_hits = ix.search("end", q_end, k)
         return [self._phrases_of(q_start[i], q_end[i], start_hits[i], end_hits[i]) for i in range(len(q_start))]
 
     def phrases_in_documents(self, q_start: np.ndarray, q_end: np.ndarray, doc_rows: np.ndarray) -> list[Phrases]:

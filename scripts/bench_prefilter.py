@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 
 import faiss
@@ -27,16 +28,18 @@ from odqa.retriever.searcher import Searcher
 def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim: int, rng) -> Searcher:
     n_vec = n_passages * vecs_per_passage
     index = PhraseIndex.__new__(PhraseIndex)
-    index.start_index, index.end_index = faiss.IndexFlatIP(dim), faiss.IndexFlatIP(dim)
-    for side in (index.start_index, index.end_index):
+    index._faiss = {"start": faiss.IndexFlatIP(dim), "end": faiss.IndexFlatIP(dim)}
+    for side in index._faiss.values():
         for a in range(0, n_vec, 1_000_000):
             side.add(rng.standard_normal((min(1_000_000, n_vec - a), dim), dtype=np.float32))
-    index._cpu, index._codes = {"start": index.start_index, "end": index.end_index}, {}
+    index._codes, index._unfilled, index._gpu = {}, set(), False
+    index._searchable, index._searchable_lock = dict(index._faiss), threading.Lock()
     index.max_span_len = 20
     index.manifest = {"vectors": n_vec, "dim": dim, "max_span_len": 20}
     index.meta = {"passage_row": np.repeat(np.arange(n_passages), vecs_per_passage),
                   "token": np.tile(np.arange(vecs_per_passage), n_passages),
-                  "char_start": np.zeros(n_vec, np.int64), "char_end": np.zeros(n_vec, np.int64)}
+                  "char_start": np.zeros(n_vec, np.int64), "char_end": np.zeros(n_vec, np.int64),
+                  "in_title": np.zeros(n_vec, bool)}
     searcher = Searcher.__new__(Searcher)
     searcher.index, searcher.max_answer_tokens = index, 20
     n_docs = n_passages // per_doc

@@ -211,6 +211,26 @@ def test_prefiltered_search_is_exact_inside_the_chosen_documents(world, doc_mode
         assert [score for _, score in got] == sorted((score for _, score in got), reverse=True)
 
 
+def test_faiss_lists_are_filled_only_for_a_search_of_the_whole_index(world, doc_model):
+    """An IVF-PQ index opens with faiss's lists empty: the pre-filtered search scores the codes by id
+    and never fills them; the first whole-index search does, and finds what the codes score."""
+    index = world["root"] / "index-IVF4,PQ4"
+    if not index.exists():
+        build_index(world["root"] / "dump", index, world["corpus"], factory="IVF4,PQ4")
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    searcher = Searcher(index, world["root"] / "phrase", world["corpus"], prefilter=docs, nprobe=4, top_docs=3)
+    ix, n = searcher.index, searcher.index.manifest["vectors"]
+    assert searcher.search(world["questions"], k=3)[0]["passages"]
+    assert ix._faiss["start"].ntotal == 0 and ix._faiss["end"].ntotal == 0
+    q = np.random.default_rng(0).standard_normal((2, ix.manifest["dim"])).astype(np.float32)
+    scores, ids = ix.search("start", q, 5)     # every list probed: exact over the codes
+    assert ix._faiss["start"].ntotal == n and ix._faiss["end"].ntotal == 0
+    every = ix.scores("start", np.arange(n), q[0])
+    assert sorted(ids[0]) == sorted(np.argsort(-every)[:5])
+    np.testing.assert_allclose(scores[0], every[ids[0]], rtol=1e-4, atol=1e-4)
+    assert ix.search("start", q, 5)[1].tolist() == ids.tolist()     # filled once
+
+
 def test_question_vectors_come_back_in_the_questions_order(world, doc_model):
     """Both question encoders batch questions by length; each vector is still its own question's."""
     questions = ["where was alice born, in which city of them all", "who", "where was bob born", "where"]

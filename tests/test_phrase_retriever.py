@@ -815,6 +815,8 @@ def test_an_ivf_pq_index_is_stored_without_its_ids(tmp_path, factory):
     opened = faiss.read_index(str(tmp_path / "start.faiss"))
     assert opened.ntotal == 0
     codes = IVFPQCodes.load(opened, tmp_path, "start", len(x))
+    assert opened.ntotal == 0                   # scoring by id needs no lists
+    codes.fill(opened)
     faiss.extract_index_ivf(opened).nprobe = 2
     got = opened.search(q, 50)
     np.testing.assert_array_equal(got[1], want[1])

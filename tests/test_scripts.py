@@ -93,3 +93,19 @@ def test_overlap_em_splits_each_files_right_answers_by_part(tmp_path, capsys, mo
     (tmp_path / "short.jsonl").write_text(json.dumps({"id": "a", "question": "q", "answers": ["x"], "em": 1}) + "\n")
     monkeypatch.setattr("sys.argv", argv[:-2] + [str(tmp_path / "short.jsonl")])
     assert overlap.main() == 2 and "short: no answer for 3" in capsys.readouterr().err
+
+
+def test_bench_prefilter_searches_its_synthetic_index_both_ways(monkeypatch, capsys):
+    import numpy as np
+    bench = _script("bench_prefilter")
+    rng = np.random.default_rng(0)
+    s = bench.synthetic_searcher(400, 10, 16, 32, rng)
+    qs, qe = (rng.standard_normal((3, 32), dtype=np.float32) for _ in range(2))
+    every = s.phrases_in_documents(qs, qe, np.tile(np.arange(40), (3, 1)))     # every document: exact
+    hits = s.search_phrases(qs, qe, 20)
+    for exact, found in zip(every, hits):
+        assert len(exact) == 400 * 16 and found.score[0] <= exact.score[0] + 1e-4
+    monkeypatch.setattr("sys.argv", ["bench_prefilter", "--passages", "400", "--top-docs", "5", "--k", "10",
+                                     "--batch", "4", "--repeats", "1", "--dim", "32", "--doc-dim", "16"])
+    assert bench.main() == 0
+    assert "| 400 | 40 | 6,400 |" in capsys.readouterr().out
