@@ -145,21 +145,31 @@ def dump_shards(dump_dir: str | os.PathLike) -> tuple[list[Path], dict]:
     return shards, summaries[0]
 
 
-def read_dump(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
-    """Every shard's chunks merged, passages in corpus order and tokens in order within a passage (so a
-    passage's vectors are one contiguous range), and the dump's summary."""
+def dump_chunks(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike) -> tuple[list[Path], dict]:
+    """The chunk files of a complete dump of `corpus_dir`, each holding whole passages, grouped by passage
+    row with tokens in order; and the dump's summary."""
     shards, summary = dump_shards(dump_dir)
     if summary["fingerprint"] != corpus_info(corpus_dir)["fingerprint"]:
         raise InputError(f"{dump_dir} was dumped from another version of {corpus_dir}")
-    chunks = [c for s in shards for c in sorted(s.glob("chunk-*.npz"))]
+    return [c for s in shards for c in sorted(s.glob("chunk-*.npz"))], summary
+
+
+def read_chunk(path: Path, fields=DUMP_FIELDS) -> dict[str, np.ndarray]:
+    """Some fields of one dump chunk (an npz reads only the arrays asked for)."""
+    with np.load(path) as z:
+        # a dump made before title phrases has no in_title: text tokens only
+        return {k: z[k] if k != "in_title" or k in z.files else np.zeros(len(z["token"]), bool) for k in fields}
+
+
+def read_dump(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+    """Every shard's chunks merged, passages in corpus order and tokens in order within a passage (so a
+    passage's vectors are one contiguous range), and the dump's summary. All in memory: for a dump of a
+    small corpus, or of its training passages (`build_index` reads a dump a chunk at a time)."""
+    chunks, summary = dump_chunks(dump_dir, corpus_dir)
     arrays = {k: [] for k in DUMP_FIELDS}
     for c in tqdm(chunks, desc="read dump", disable=None):
-        z = np.load(c)
-        for k in arrays:
-            if k == "in_title" and k not in z.files:   # a dump made before title phrases: text tokens only
-                arrays[k].append(np.zeros(len(z["token"]), bool))
-            else:
-                arrays[k].append(z[k])
+        for k, v in read_chunk(c).items():
+            arrays[k].append(v)
     merged = {k: np.concatenate(v) for k, v in arrays.items()}
     order = np.lexsort((merged["token"], merged["passage_row"]))
     return {k: v[order] for k, v in merged.items()}, summary

@@ -165,14 +165,9 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     return info
 
 
-def keep_mask(arrays: dict, keep: float, path: str | os.PathLike, encoder_hash: str) -> tuple[np.ndarray, float]:
-    """Which of the dump's vectors a share `keep` in (0, 1] keeps, and the score threshold that does it;
-    the filter at `path` must have been fitted on this encoder's dump."""
-    if keep == 1:
-        return np.ones(len(arrays["start"]), bool), float("-inf")
+def fitted_filter(path: str | os.PathLike, encoder_hash: str) -> PhraseFilter:
+    """The filter at `path`, refused unless it was fitted on the dump of this phrase encoder."""
     model, info = load_filter(path)
     if info["encoder_hash"] != encoder_hash:
         raise InputError(f"{path} was fitted on another phrase encoder's dump")
-    scores = model.score(arrays["start"], arrays["end"])
-    threshold = float(np.quantile(scores, 1 - keep))
-    return scores >= threshold, threshold
+    return model

@@ -34,8 +34,8 @@ from tqdm import tqdm
 from odqa.common.artifact import build_dir
 from odqa.common.corpus import corpus_info
 from odqa.common.io import InputError, check_checksums, loading, read_json
-from odqa.retriever.phrase_dump import dump_shards, read_dump
-from odqa.retriever.phrase_filter import filter_dir, keep_mask
+from odqa.retriever.phrase_dump import dump_chunks, dump_shards, read_chunk
+from odqa.retriever.phrase_filter import filter_dir, fitted_filter
 
 log = logging.getLogger(__name__)
 MANIFEST_VERSION = 3   # 3: IVF-PQ codes beside the .faiss files, not inside them (2 still opens)
@@ -59,7 +59,13 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
                 factory: str | None = "Flat", keep: float = 1.0, filter_path: str | os.PathLike | None = None,
                 train_size: int = 200_000, add_chunk: int = 100_000, seed: int = 0) -> dict:
     """`keep` < 1 indexes only that share of the dump's tokens, those the phrase filter
-    (`odqa train-filter`, by default DUMP/filter) scores highest; `factory` None: `default_factory`."""
+    (`odqa train-filter`, by default DUMP/filter) scores highest; `factory` None: `default_factory`.
+
+    The dump is read a chunk at a time (21M passages dump to terabytes): once for the filter's scores
+    and where each kept vector goes, once for the quantisers' training sample, once to fill the index.
+    Memory holds the index, the metadata and one score a dumped token, not the dump. An IVF index is
+    filled chunk by chunk under each vector's id; any other (Flat, HNSW) is filled in id order from
+    the kept vectors gathered first."""
     dump_dir, out_dir = Path(dump_dir), Path(out_dir)
     _, summary = dump_shards(dump_dir)
     if not 0 < keep <= 1:
@@ -69,39 +75,51 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
             faiss.index_factory(summary["dim"], factory, faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as e:
             raise InputError(f"--factory {factory!r}: faiss cannot make this index ({str(e).strip().splitlines()[-1]})") from None
-    merged, first = read_dump(dump_dir, corpus_dir)
-    mask, threshold = keep_mask(merged, keep, filter_path or filter_dir(dump_dir), first["encoder_hash"])
-    merged = {k: v[mask] for k, v in merged.items()}
-    n_vec, dim = merged["start"].shape
+    chunks, first = dump_chunks(dump_dir, corpus_dir)
+    n_pass, dim = corpus_info(corpus_dir)["passages"], first["dim"]
+    kept, threshold = _kept_tokens(chunks, keep, filter_path or filter_dir(dump_dir), first["encoder_hash"])
+    ids, meta, counts = _placed(chunks, kept, n_pass)
+    n_vec = len(meta["token"])
     factory = factory or default_factory(n_vec, dim)
-    n_pass = corpus_info(corpus_dir)["passages"]
-    counts = np.bincount(merged["passage_row"], minlength=n_pass)
 
     key = {"corpus": first["fingerprint"], "encoder_hash": first["encoder_hash"], "factory": factory, "keep": keep,
            "filter_threshold": threshold, "train_size": train_size, "seed": seed}
     with build_dir(out_dir, key) as (tmp, manifest):
-        for side in ("start", "end"):
-            index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+        indexes = {side: faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT) for side in ("start", "end")}
+        for index in indexes.values():
             ivf = faiss.try_extract_index_ivf(index)
-            ivf = faiss.downcast_index(ivf) if ivf is not None else None
-            if isinstance(ivf, faiss.IndexIVFPQ):
+            if isinstance(faiss.downcast_index(ivf) if ivf is not None else None, faiss.IndexIVFPQ):
                 # faiss reorders each PQ codebook for Hamming-distance filtering unless told not to; search
                 # here never filters (polysemous_ht stays 0), and the reordering is a quarter of the training
-                ivf.do_polysemous_training = False
-            if not index.is_trained:
-                rng = np.random.default_rng(seed)
-                sample = merged[side][rng.choice(n_vec, min(train_size, n_vec), replace=False)].astype(np.float32)
-                log.info("training %s index (%s) on %d vectors", side, factory, len(sample))
-                index.train(sample)
-            for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
-                index.add(merged[side][a:a + add_chunk].astype(np.float32))
+                faiss.downcast_index(ivf).do_polysemous_training = False
+        if not indexes["start"].is_trained:
+            pick = np.random.default_rng(seed).choice(n_vec, min(train_size, n_vec), replace=False)
+            sample = _gathered(chunks, kept, ids, pick, dim, "sample")
+            for side, index in indexes.items():
+                log.info("training %s index (%s) on %d vectors", side, factory, len(pick))
+                index.train(sample[side])
+            del sample
+        if all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
+            for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
+                vectors = read_chunk(c, ("start", "end"))
+                for side, index in indexes.items():
+                    x = vectors[side][kept[i]]
+                    for a in range(0, len(x), add_chunk):
+                        index.add_with_ids(x[a:a + add_chunk].astype(np.float32), ids[i][a:a + add_chunk])
+        else:
+            every = _gathered(chunks, kept, ids, np.arange(n_vec), dim, "gather", np.float16)
+            for side, index in indexes.items():
+                for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
+                    index.add(every[side][a:a + add_chunk].astype(np.float32))
+            del every
+        for side, index in indexes.items():
             _write_side(index, n_vec, tmp, side)
         with open(tmp / "meta.npz", "wb") as f:
             # Rows follow from the counts (vectors run in passage order); offsets fit 16 bits for passages
             # under 64k characters, tokens 8 bits under 256 tokens.
-            titles = {"in_title": merged["in_title"]} if merged["in_title"].any() else {}
-            np.savez_compressed(f, passage_count=counts.astype(np.int32), token=_narrow(merged["token"]),
-                                char_start=_narrow(merged["char_start"]), char_end=_narrow(merged["char_end"]), **titles)
+            titles = {"in_title": meta["in_title"]} if meta["in_title"].any() else {}
+            np.savez_compressed(f, passage_count=counts.astype(np.int32), token=_narrow(meta["token"]),
+                                char_start=_narrow(meta["char_start"]), char_end=_narrow(meta["char_end"]), **titles)
         sizes = {p.name: p.stat().st_size for p in tmp.iterdir()}
         manifest.update(version=MANIFEST_VERSION, encoder_hash=first["encoder_hash"], factory=factory, keep=keep,
                         filter_threshold=threshold, vectors=int(n_vec), passages=int(n_pass), dim=int(dim),
@@ -111,6 +129,65 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
     log.info("phrase index %s: %d vectors (%.1f per passage), %.0f bytes per passage", out_dir, n_vec,
              manifest["vectors_per_passage"], manifest["bytes_per_passage"])
     return manifest
+
+
+def _kept_tokens(chunks: list[Path], keep: float, filter_path, encoder_hash: str) -> tuple[list[np.ndarray], float]:
+    """Each chunk's mask of the tokens that a share `keep` of the whole dump keeps, those the filter
+    scores highest, and the score threshold that does it."""
+    if keep == 1:
+        return [np.ones(len(read_chunk(c, ("token",))["token"]), bool) for c in chunks], float("-inf")
+    model = fitted_filter(filter_path, encoder_hash)
+    scores = []
+    for c in tqdm(chunks, desc="filter scores", disable=None):
+        vectors = read_chunk(c, ("start", "end"))
+        scores.append(model.score(vectors["start"], vectors["end"]))
+    threshold = float(np.quantile(np.concatenate(scores), 1 - keep))
+    return [s >= threshold for s in scores], threshold
+
+
+def _placed(chunks: list[Path], kept: list[np.ndarray], n_pass: int
+            ) -> tuple[list[np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Each chunk's kept tokens' vector ids (passages in corpus order, tokens in order within one, as
+    search needs them), the metadata in id order, and the kept tokens a passage."""
+    fields = ("passage_row", "token", "char_start", "char_end", "in_title")
+    parts = [{k: v[mask] for k, v in read_chunk(c, fields).items()} for c, mask in zip(chunks, kept)]
+    owner = np.full(n_pass, -1, np.int32)
+    for i, (c, part) in enumerate(zip(chunks, parts)):
+        rows = part["passage_row"]
+        ordered = np.all((np.diff(rows) > 0) | ((np.diff(rows) == 0) & (np.diff(part["token"]) > 0)))
+        passages = np.unique(rows)
+        if not ordered or (owner[passages] >= 0).any():
+            raise InputError(f"{c}: not a chunk of `odqa dump-phrases` (its passages must be whole, grouped, "
+                             "in token order, and in no other chunk)")
+        owner[passages] = i
+    counts = np.bincount(np.concatenate([p["passage_row"] for p in parts]) if parts else np.zeros(0, np.int64),
+                         minlength=n_pass)
+    first_id = np.concatenate([[0], np.cumsum(counts)])
+    ids = [first_id[p["passage_row"]] + np.arange(len(p["passage_row"])) - np.searchsorted(p["passage_row"], p["passage_row"])
+           for p in parts]
+    n_vec = int(counts.sum())
+    meta = {k: np.empty(n_vec, parts[0][k].dtype if parts else np.int32) for k in fields if k != "passage_row"}
+    for part, at in zip(parts, ids):
+        for k in meta:
+            meta[k][at] = part[k]
+    return ids, meta, counts
+
+
+def _gathered(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], want: np.ndarray, dim: int,
+              desc: str, dtype=np.float32) -> dict[str, np.ndarray]:
+    """The start and end vectors of the ids `want`, in that order."""
+    out = {side: np.empty((len(want), dim), dtype) for side in ("start", "end")}
+    order = np.argsort(want, kind="stable")
+    sorted_want = want[order]
+    for i, c in enumerate(tqdm(chunks, desc=desc, disable=None)):
+        at = np.searchsorted(sorted_want, ids[i])
+        hit = at < len(want)
+        hit[hit] = sorted_want[at[hit]] == ids[i][hit]
+        if hit.any():
+            vectors = read_chunk(c, ("start", "end"))
+            for side in out:
+                out[side][order[at[hit]]] = vectors[side][kept[i]][hit]
+    return out
 
 
 def _write_side(index: faiss.Index, n: int, directory: Path, side: str) -> None:

@@ -26,7 +26,7 @@ from odqa.common.io import InputError
 from odqa.common.metrics.answers import is_echo
 from odqa.retriever import phrase_dump
 from odqa.retriever.phrase_dump import dump_phrases
-from odqa.retriever.phrase_index import build_index
+from odqa.retriever.phrase_index import PhraseIndex, build_index
 from odqa.retriever.phrase_model import LMS, DensePhraseModel, PhraseModelConfig
 from odqa.retriever.phrase_train import PhraseTrainArgs, train
 from odqa.retriever.query_train import QueryTrainArgs, train_query
@@ -760,6 +760,45 @@ def test_the_phrase_filter_keeps_answer_tokens_and_build_index_keeps_its_share(w
         build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.2, filter_path=tmp_path / "none")
     with pytest.raises(InputError, match="--keep"):
         build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.0)
+
+
+def test_build_index_reads_the_dump_a_chunk_at_a_time_and_builds_the_same_index_however_it_is_chunked(
+        world, index, tmp_path):
+    """The dump's chunks rewritten one passage each, in reverse order: the same share kept over the whole
+    dump, the same vector ids (passages in corpus order), vectors and metadata, for an index filled in id
+    order (Flat) and one filled a chunk at a time (IVF). A chunk out of token order is refused."""
+    from odqa.retriever.phrase_filter import train_filter
+    root = world["root"]
+    train_filter(root / "dump", root / "sup" / "train.jsonl", root / "sup" / "validation.jsonl", world["corpus"],
+                 epochs=20, out=tmp_path / "filter")
+    src = next((root / "dump").glob("shard-*"))
+    split = tmp_path / "dump" / src.name
+    split.mkdir(parents=True)
+    for name in ("settings.json", "done.json"):
+        shutil.copy(src / name, split / name)
+    n = 0
+    for c in sorted(src.glob("chunk-*.npz")):
+        z = dict(np.load(c))
+        for row in np.unique(z["passage_row"])[::-1]:
+            np.savez(split / f"chunk-{n:05d}.npz", **{k: v[z["passage_row"] == row] for k, v in z.items()})
+            n += 1
+    assert n > len(list(src.glob("chunk-*.npz")))
+    for factory in ("Flat", "IVF2,SQ8"):
+        built = [build_index(dump, tmp_path / f"{name}-{factory}", world["corpus"], factory=factory, keep=0.5,
+                             filter_path=tmp_path / "filter") for name, dump in (("a", root / "dump"), ("b", tmp_path / "dump"))]
+        assert built[0]["filter_threshold"] == built[1]["filter_threshold"]
+        every = json.loads((index / "manifest.json").read_text())["vectors"]
+        assert built[0]["vectors"] == built[1]["vectors"] == pytest.approx(0.5 * every, abs=2)
+        a, b = (np.load(tmp_path / f"{name}-{factory}" / "meta.npz") for name in "ab")
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+        ix = [PhraseIndex(tmp_path / f"{name}-{factory}") for name in "ab"]
+        ids = np.arange(built[0]["vectors"])
+        for side in ("start", "end"):
+            assert np.array_equal(ix[0].vectors(side, ids), ix[1].vectors(side, ids))
+    z = dict(np.load(split / "chunk-00000.npz"))
+    np.savez(split / "chunk-00000.npz", **{k: v[::-1] for k, v in z.items()})
+    with pytest.raises(InputError, match="chunk-00000.npz: not a chunk of `odqa dump-phrases`"):
+        build_index(tmp_path / "dump", tmp_path / "bad", world["corpus"])
 
 
 @pytest.mark.parametrize("factory", ["default", "IVF16,PQ8"])
