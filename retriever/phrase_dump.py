@@ -161,14 +161,20 @@ def read_chunk(path: Path, fields=DUMP_FIELDS) -> dict[str, np.ndarray]:
         return {k: z[k] if k != "in_title" or k in z.files else np.zeros(len(z["token"]), bool) for k in fields}
 
 
-def read_dump(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+def read_dump(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike, rows: np.ndarray | None = None
+              ) -> tuple[dict[str, np.ndarray], dict]:
     """Every shard's chunks merged, passages in corpus order and tokens in order within a passage (so a
-    passage's vectors are one contiguous range), and the dump's summary. All in memory: for a dump of a
-    small corpus, or of its training passages (`build_index` reads a dump a chunk at a time)."""
+    passage's vectors are one contiguous range), and the dump's summary; only the passages `rows` when
+    given. All in memory: for a small corpus's dump, or for some of its passages (`build_index` reads a
+    dump a chunk at a time)."""
     chunks, summary = dump_chunks(dump_dir, corpus_dir)
     arrays = {k: [] for k in DUMP_FIELDS}
     for c in tqdm(chunks, desc="read dump", disable=None):
-        for k, v in read_chunk(c).items():
+        chunk = read_chunk(c)
+        if rows is not None:
+            mine = np.isin(chunk["passage_row"], rows)
+            chunk = {k: v[mine] for k, v in chunk.items()}
+        for k, v in chunk.items():
             arrays[k].append(v)
     merged = {k: np.concatenate(v) for k, v in arrays.items()}
     order = np.lexsort((merged["token"], merged["passage_row"]))

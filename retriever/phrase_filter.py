@@ -30,7 +30,7 @@ from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, atomic_path, read_json, write_json
 from odqa.common.metrics.has_answer import answer_spans
 from odqa.retriever.phrase_data import passage_title
-from odqa.retriever.phrase_dump import read_dump
+from odqa.retriever.phrase_dump import dump_chunks, read_chunk, read_dump
 from odqa.retriever.phrase_train import load_examples
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,17 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
                  corpus_dir: str | os.PathLike, hidden: int = 256, epochs: int = 8, batch_size: int = 4096,
                  lr: float = 1e-3, seed: int = 0, out: str | os.PathLike | None = None) -> dict:
     out = Path(out) if out else filter_dir(dump_dir)
-    arrays, summary = read_dump(dump_dir, corpus_dir)
+    train_examples, val_examples = load_examples(str(train_file)), load_examples(str(validation_file))
+    # Only the supervision passages' tokens are read whole: a large corpus's dump does not fit in memory.
+    store = PassageStore(corpus_dir)
+    row_of = {p["id"]: i for i, p in enumerate(store)}
+    store.close()
+    arrays, summary = read_dump(dump_dir, corpus_dir, rows=np.array(sorted(
+        {row_of[ex["passage_id"]] for ex in train_examples + val_examples if ex.get("passage_id") in row_of})))
     start, end = arrays["start"], arrays["end"]
     title_path = summary.get("title_path", False)   # dumps made before it was recorded: the title alone
-    train_ids, train_y, _ = answer_labels(arrays, load_examples(str(train_file)), corpus_dir, title_path)
-    _, _, val_spans = answer_labels(arrays, load_examples(str(validation_file)), corpus_dir, title_path)
+    train_ids, train_y, _ = answer_labels(arrays, train_examples, corpus_dir, title_path)
+    _, _, val_spans = answer_labels(arrays, val_examples, corpus_dir, title_path)
     if not train_y.any():
         raise InputError(f"{train_file}: no answer occurrence falls on the dump's token boundaries")
     torch.manual_seed(seed)
@@ -148,10 +154,11 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
             bar.set_postfix(loss=f"{loss.item():.4f}")
     bar.close()
     model.eval()
+    every = np.concatenate(chunk_scores(model, dump_chunks(dump_dir, corpus_dir)[0]))   # shares of the whole dump
     scores = model.score(start, end)
     table = []
     for share in SHARES:
-        threshold = float(np.quantile(scores, 1 - share)) if share < 1 else float("-inf")
+        threshold = float(np.quantile(every, 1 - share)) if share < 1 else float("-inf")
         table.append({"keep": share, "threshold": threshold,
                       "answer_recall": answer_recall(scores >= threshold, val_spans)})
     info = {"dim": model.dim, "hidden": hidden, "encoder_hash": summary["encoder_hash"],
@@ -163,6 +170,15 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
         torch.save(model.state_dict(), tmp / "filter.pt")
         write_json(tmp / "filter.json", info)
     return info
+
+
+def chunk_scores(model: PhraseFilter, chunks: list[Path]) -> list[np.ndarray]:
+    """The filter's score of every token of a dump, a chunk at a time."""
+    out = []
+    for c in tqdm(chunks, desc="filter scores", disable=None):
+        vectors = read_chunk(c, ("start", "end"))
+        out.append(model.score(vectors["start"], vectors["end"]))
+    return out
 
 
 def fitted_filter(path: str | os.PathLike, encoder_hash: str) -> PhraseFilter:

@@ -35,7 +35,7 @@ from odqa.common.artifact import build_dir
 from odqa.common.corpus import corpus_info
 from odqa.common.io import InputError, check_checksums, loading, read_json
 from odqa.retriever.phrase_dump import dump_chunks, dump_shards, read_chunk
-from odqa.retriever.phrase_filter import filter_dir, fitted_filter
+from odqa.retriever.phrase_filter import chunk_scores, filter_dir, fitted_filter
 
 log = logging.getLogger(__name__)
 MANIFEST_VERSION = 3   # 3: IVF-PQ codes beside the .faiss files, not inside them (2 still opens)
@@ -136,11 +136,7 @@ def _kept_tokens(chunks: list[Path], keep: float, filter_path, encoder_hash: str
     scores highest, and the score threshold that does it."""
     if keep == 1:
         return [np.ones(len(read_chunk(c, ("token",))["token"]), bool) for c in chunks], float("-inf")
-    model = fitted_filter(filter_path, encoder_hash)
-    scores = []
-    for c in tqdm(chunks, desc="filter scores", disable=None):
-        vectors = read_chunk(c, ("start", "end"))
-        scores.append(model.score(vectors["start"], vectors["end"]))
+    scores = chunk_scores(fitted_filter(filter_path, encoder_hash), chunks)
     threshold = float(np.quantile(np.concatenate(scores), 1 - keep))
     return [s >= threshold for s in scores], threshold
 

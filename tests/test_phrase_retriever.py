@@ -767,10 +767,18 @@ def test_build_index_reads_the_dump_a_chunk_at_a_time_and_builds_the_same_index_
     """The dump's chunks rewritten one passage each, in reverse order: the same share kept over the whole
     dump, the same vector ids (passages in corpus order), vectors and metadata, for an index filled in id
     order (Flat) and one filled a chunk at a time (IVF). A chunk out of token order is refused."""
-    from odqa.retriever.phrase_filter import train_filter
+    from odqa.retriever.phrase_dump import read_dump
+    from odqa.retriever.phrase_filter import load_filter, train_filter
     root = world["root"]
-    train_filter(root / "dump", root / "sup" / "train.jsonl", root / "sup" / "validation.jsonl", world["corpus"],
-                 epochs=20, out=tmp_path / "filter")
+    # train-filter reads only its supervision passages whole (three here); its shares are still of
+    # every dumped token
+    few = tmp_path / "few.jsonl"
+    few.write_text("\n".join((root / "sup" / "train.jsonl").read_text().split("\n")[:3]) + "\n")
+    info = train_filter(root / "dump", few, few, world["corpus"], epochs=20, out=tmp_path / "filter")
+    every, _ = read_dump(root / "dump", world["corpus"])
+    scores = load_filter(tmp_path / "filter")[0].score(every["start"], every["end"])
+    assert {row["keep"]: row["threshold"] for row in info["calibration"]}[0.5] == pytest.approx(
+        float(np.quantile(scores, 0.5)), abs=1e-5)
     src = next((root / "dump").glob("shard-*"))
     split = tmp_path / "dump" / src.name
     split.mkdir(parents=True)
