@@ -244,6 +244,7 @@ class PhraseIndex:
         self._gpu = gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0)
         self._searchable: dict[str, faiss.Index] = {}
         self._searchable_lock = threading.Lock()
+        self._gpu_resources = None
         self.max_span_len = self.manifest["max_span_len"]
 
     def search(self, side: str, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +260,7 @@ class PhraseIndex:
                     self._codes[side].fill(idx)
                     self._unfilled.discard(side)
                 if self._gpu:
-                    if not hasattr(self, "_gpu_resources"):
+                    if self._gpu_resources is None:
                         self._gpu_resources = faiss.StandardGpuResources()
                     idx = faiss.index_cpu_to_gpu(self._gpu_resources, 0, idx)   # read-back stays on the CPU copy
                 self._searchable[side] = idx

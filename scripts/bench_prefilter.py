@@ -33,7 +33,7 @@ def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim
         for a in range(0, n_vec, 1_000_000):
             side.add(rng.standard_normal((min(1_000_000, n_vec - a), dim), dtype=np.float32))
     index._codes, index._unfilled, index._gpu = {}, set(), False
-    index._searchable, index._searchable_lock = dict(index._faiss), threading.Lock()
+    index._searchable, index._searchable_lock, index._gpu_resources = dict(index._faiss), threading.Lock(), None
     index.max_span_len = 20
     index.manifest = {"vectors": n_vec, "dim": dim, "max_span_len": 20}
     index.meta = {"passage_row": np.repeat(np.arange(n_passages), vecs_per_passage),
