@@ -72,16 +72,23 @@ def load_filter(path: str | os.PathLike) -> tuple[PhraseFilter, dict]:
     return model.eval(), info
 
 
-def answer_labels(arrays: dict, examples: list[dict], corpus_dir, title_path: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray, list]:
-    """Vector ids of the examples' passages, (N, 2) start/end labels, and for each example the list of
-    its answer occurrences as (start id, end id) pairs that the dump can represent. `title_path`: the
-    phrase model read "title, section, ..." as the title segment, so title answers are found there."""
+def passage_places(corpus_dir) -> tuple[dict[str, int], dict[str, list]]:
+    """Each passage id's row and section path (one pass over the corpus's passages)."""
     store = PassageStore(corpus_dir)
     row_of, section_of = {}, {}
     for i, p in enumerate(store):
         row_of[p["id"]], section_of[p["id"]] = i, p.get("section", [])
     store.close()
+    return row_of, section_of
+
+
+def answer_labels(arrays: dict, examples: list[dict], corpus_dir, title_path: bool = False, places=None
+                  ) -> tuple[np.ndarray, np.ndarray, list]:
+    """Vector ids of the examples' passages, (N, 2) start/end labels, and for each example the list of
+    its answer occurrences as (start id, end id) pairs that the dump can represent. `title_path`: the
+    phrase model read "title, section, ..." as the title segment, so title answers are found there.
+    `places`: `passage_places(corpus_dir)`, when the caller has it already."""
+    row_of, section_of = places or passage_places(corpus_dir)
     rows = arrays["passage_row"]
     first = np.searchsorted(rows, np.arange(len(row_of)))
     last = np.searchsorted(rows, np.arange(len(row_of)), side="right")
@@ -122,15 +129,13 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     out = Path(out) if out else filter_dir(dump_dir)
     train_examples, val_examples = load_examples(str(train_file)), load_examples(str(validation_file))
     # Only the supervision passages' tokens are read whole: a large corpus's dump does not fit in memory.
-    store = PassageStore(corpus_dir)
-    row_of = {p["id"]: i for i, p in enumerate(store)}
-    store.close()
+    places = passage_places(corpus_dir)
     arrays, summary = read_dump(dump_dir, corpus_dir, rows=np.array(sorted(
-        {row_of[ex["passage_id"]] for ex in train_examples + val_examples if ex.get("passage_id") in row_of})))
+        {places[0][ex["passage_id"]] for ex in train_examples + val_examples if ex.get("passage_id") in places[0]})))
     start, end = arrays["start"], arrays["end"]
     title_path = summary.get("title_path", False)   # dumps made before it was recorded: the title alone
-    train_ids, train_y, _ = answer_labels(arrays, train_examples, corpus_dir, title_path)
-    _, _, val_spans = answer_labels(arrays, val_examples, corpus_dir, title_path)
+    train_ids, train_y, _ = answer_labels(arrays, train_examples, corpus_dir, title_path, places)
+    _, _, val_spans = answer_labels(arrays, val_examples, corpus_dir, title_path, places)
     if not train_y.any():
         raise InputError(f"{train_file}: no answer occurrence falls on the dump's token boundaries")
     torch.manual_seed(seed)
