@@ -27,14 +27,16 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
 
-from odqa.common.io import InputError, atomic_path, read_json, read_jsonl, require_file, text_lines, write_json
+from odqa.common.io import InputError, atomic_path, parse_json, read_json, read_jsonl, require_file, text_lines, write_json
 from odqa.common.splitter import split_passages
 
 log = logging.getLogger(__name__)
@@ -233,8 +235,7 @@ class PassageStore:
                 offsets.append(pos)
                 pos += len(line)
         arr = np.asarray(offsets, dtype=np.int64)
-        with atomic_path(cache) as tmp, open(tmp, "wb") as f:
-            np.save(f, arr)
+        _cache(cache, lambda f: np.save(f, arr))
         return arr
 
     def __len__(self) -> int:
@@ -253,25 +254,97 @@ class PassageStore:
         self._file.close()
 
 
+def _cache(path: Path, write) -> None:
+    """Keep a look-up table beside the corpus for the next opening; a corpus directory this process
+    cannot write to (a shared, read-only copy) is read without one."""
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            write(f)
+    except OSError as e:
+        log.warning("%s not cached (%s): the next opening reads the file again", path, e)
+
+
+def _stat(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+class JsonLines(Sequence):
+    """A JSONL file's objects by row, each read from its byte offset when asked for. Reads are positional
+    (pread), so processes forked with it open (DataLoader workers) do not move each other's place."""
+
+    def __init__(self, path: Path, offsets: np.ndarray):
+        self.path, self.offsets, self.size = path, offsets, path.stat().st_size
+        self._fd = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, row):
+        if isinstance(row, slice):
+            return [self[i] for i in range(*row.indices(len(self)))]
+        row = range(len(self))[row]
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        start = int(self.offsets[row])
+        end = int(self.offsets[row + 1]) if row + 1 < len(self) else self.size
+        return json.loads(os.pread(self._fd, end - start, start))
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+    def __iter__(self) -> Iterator[dict]:
+        for _, obj in read_jsonl(self.path):
+            yield obj
+
+
 class DocumentTable:
-    """documents.jsonl in memory, with each document's passage rows: a document's passages are
-    consecutive in passages.jsonl, so document d holds rows first[d] .. first[d] + count[d] - 1."""
+    """documents.jsonl by row, with each document's passage rows: a document's passages are consecutive
+    in passages.jsonl, so document d holds rows first[d] .. first[d] + count[d] - 1. Only each document's
+    byte offset, id and passage count are held (`docs[d]` reads the rest), cached beside the file: DPR's
+    3.2M documents held whole would cost about 5 GB (1.6 KB a document here)."""
 
     def __init__(self, corpus_dir: str | os.PathLike):
         self.dir = Path(corpus_dir)
         info = corpus_info(self.dir)
         path = require_file(self.dir / "documents.jsonl", "documents file")
-        self.docs = [d for _, d in read_jsonl(path)]
-        self.row_of = {d["id"]: i for i, d in enumerate(self.docs)}
-        self.count = np.array([d["n_passages"] for d in self.docs], dtype=np.int64)
+        offsets, self.count, self.ids = self._index(path, info["fingerprint"])
+        self.docs = JsonLines(path, offsets)
         if int(self.count.sum()) != info["passages"]:
             raise InputError(f"{path}: its documents hold {int(self.count.sum())} passages but corpus.json "
                              f"says {info['passages']}")
         self.first = np.concatenate([[0], np.cumsum(self.count)[:-1]]).astype(np.int64)
-        self.doc_of_passage = np.repeat(np.arange(len(self.docs), dtype=np.int64), self.count)
+        self.doc_of_passage = np.repeat(np.arange(len(self.ids), dtype=np.int64), self.count)
+
+    def _index(self, path: Path, fingerprint: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cache = self.dir / f"documents.index.{fingerprint}.npz"
+        if cache.exists():
+            with np.load(cache) as z:
+                if z["stat"].tolist() == _stat(path):   # else the file was changed after the build
+                    return z["offsets"], z["count"], z["ids"]
+        offsets, count, ids, pos = [], [], [], 0
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    doc = parse_json(line.decode("utf-8", errors="replace"), f"{path}:{lineno}")
+                    if not isinstance(doc, dict) or "id" not in doc or not isinstance(doc.get("n_passages"), int):
+                        raise InputError(f"{path}:{lineno}: a document needs an id and n_passages")
+                    offsets.append(pos)
+                    count.append(doc["n_passages"])
+                    ids.append(str(doc["id"]))
+                pos += len(line)
+        arrays = (np.asarray(offsets, np.int64), np.asarray(count, np.int64), np.asarray(ids, dtype=str))
+        _cache(cache, lambda f: np.savez(f, offsets=arrays[0], count=arrays[1], ids=arrays[2],
+                                         stat=np.asarray(_stat(path), np.int64)))
+        return arrays
+
+    @cached_property
+    def row_of(self) -> dict[str, int]:
+        return {doc_id: i for i, doc_id in enumerate(self.ids.tolist())}
 
     def __len__(self) -> int:
-        return len(self.docs)
+        return len(self.ids)
 
     def passage_rows(self, doc_row: int) -> range:
         return range(int(self.first[doc_row]), int(self.first[doc_row] + self.count[doc_row]))

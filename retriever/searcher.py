@@ -443,7 +443,7 @@ class Searcher:
                 result["passages"].append({"id": p["id"], "row": row, "title": p["title"], "text": p["text"],
                                            "score": score, **x, "phrase": phrase})
         else:
-            result["documents"] = [{"id": self.table.docs[d]["id"], "score": score, **x, "phrase": phrase}
+            result["documents"] = [{"id": str(self.table.ids[d]), "score": score, **x, "phrase": phrase}
                                    for d, phrase, score, x in zip(keys.tolist(), shown(best.tolist()), scores.tolist(), extra)]
         return result
 

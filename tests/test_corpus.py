@@ -2,7 +2,7 @@
 import pytest
 from tiny_data import write_jsonl
 
-from odqa.common.corpus import PassageStore, build_corpus, corpus_info, read_source
+from odqa.common.corpus import DocumentTable, PassageStore, build_corpus, corpus_info, read_source
 from odqa.common.io import InputError, atomic_path, read_jsonl
 
 
@@ -97,6 +97,45 @@ def test_passage_store_random_access(tiny_corpus):
     # The offsets are cached next to the corpus and reused.
     assert list(tiny_corpus.glob("passages.offsets.*.npy"))
     assert PassageStore(tiny_corpus)[2] == passages[2]
+
+
+def test_document_table_reads_documents_by_offset_and_names_a_bad_line(tiny_corpus, tmp_path):
+    import os
+    import shutil
+    docs = load(tiny_corpus / "documents.jsonl")
+    table = DocumentTable(tiny_corpus)
+    assert len(table) == len(docs) and list(table.ids) == [d["id"] for d in docs]
+    assert [table.docs[i] for i in (3, 0, -1)] == [docs[3], docs[0], docs[-1]] and table.docs[1:3] == docs[1:3]
+    assert list(table.docs) == docs and table.row_of["roentgen"] == 2
+    assert list(table.passage_rows(0)) == [0, 1, 2] and table.doc_of_passage.tolist() == [0, 0, 0, 1, 2, 3]
+    assert list(tiny_corpus.glob("documents.index.*.npz"))           # cached beside the corpus
+    assert DocumentTable(tiny_corpus).docs[2] == docs[2]
+    if os.fork() == 0:                                               # a forked reader moves no shared place
+        os._exit(0 if [table.docs[i] for i in (2, 1)] == [docs[2], docs[1]] else 1)
+    assert [table.docs[i] for i in (0, 3)] == [docs[0], docs[3]] and os.wait()[1] == 0
+    copy = tmp_path / "c"
+    shutil.copytree(tiny_corpus, copy)
+    lines = (copy / "documents.jsonl").read_text().split("\n")
+    (copy / "documents.jsonl").write_text("\n".join(lines[:2] + ["", lines[2][:-1]] + lines[3:]))
+    with pytest.raises(InputError, match=r"documents.jsonl:4: not valid JSON"):   # the changed file, not the cache
+        DocumentTable(copy)
+
+
+def test_a_corpus_that_cannot_be_written_to_is_read_without_its_caches(tiny_corpus, tmp_path, monkeypatch):
+    import shutil
+
+    from odqa.common import corpus
+    copy = tmp_path / "shared"
+    shutil.copytree(tiny_corpus, copy)
+    for cache in [*copy.glob("*.npy"), *copy.glob("*.npz")]:
+        cache.unlink()
+
+    def read_only(path):
+        raise PermissionError(f"read-only: {path}")
+    monkeypatch.setattr(corpus, "atomic_path", read_only)
+    assert DocumentTable(copy).docs[1] == load(copy / "documents.jsonl")[1]
+    assert PassageStore(copy)[4] == load(copy / "passages.jsonl")[4]
+    assert not list(copy.glob("*.np?"))
 
 
 def test_atomic_path_replaces_a_directory_and_cleans_up_on_error(tmp_path):
