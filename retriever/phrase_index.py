@@ -159,8 +159,10 @@ def _placed(chunks: list[Path], kept: list[np.ndarray], n_pass: int
     counts = np.bincount(np.concatenate([p["passage_row"] for p in parts]) if parts else np.zeros(0, np.int64),
                          minlength=n_pass)
     first_id = np.concatenate([[0], np.cumsum(counts)])
-    ids = [first_id[p["passage_row"]] + np.arange(len(p["passage_row"])) - np.searchsorted(p["passage_row"], p["passage_row"])
-           for p in parts]
+    ids = []
+    for part in parts:
+        rows = part["passage_row"]
+        ids.append(first_id[rows] + np.arange(len(rows)) - np.searchsorted(rows, rows))   # its place in its passage
     n_vec = int(counts.sum())
     meta = {k: np.empty(n_vec, parts[0][k].dtype if parts else np.int32) for k in fields if k != "passage_row"}
     for part, at in zip(parts, ids):
