@@ -241,6 +241,9 @@ class PhraseIndex:
                 ivf.nprobe = nprobe
                 if side not in self._codes:     # an index of version 2, or not an 8-bit IVF-PQ
                     self._codes[side] = IVFPQCodes.of(idx, n)
+                    if self._codes[side] is not None:   # held once, as version 3 holds them: lists on demand
+                        idx.reset()
+                        self._unfilled.add(side)
                 if self._codes[side] is None:
                     ivf.make_direct_map()  # vector id -> code, so hits can be read back
         self._gpu = gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0)

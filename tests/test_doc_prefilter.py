@@ -231,6 +231,40 @@ def test_faiss_lists_are_filled_only_for_a_search_of_the_whole_index(world, doc_
     assert ix.search("start", q, 5)[1].tolist() == ids.tolist()     # filled once
 
 
+def test_an_index_of_version_2_holds_its_codes_once_too(world, tmp_path):
+    """An IVF-PQ written before version 3 (the codes inside the .faiss files, with their ids) opens with
+    its lists emptied, as version 3 opens, and searches as the version 3 index does."""
+    import json
+    import shutil
+
+    import faiss
+
+    from odqa.retriever.phrase_index import IVFPQCodes, PhraseIndex
+    index = world["root"] / "index-IVF4,PQ4"
+    if not index.exists():
+        build_index(world["root"] / "dump", index, world["corpus"], factory="IVF4,PQ4")
+    old = tmp_path / "v2"
+    shutil.copytree(index, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    for side in ("start", "end"):
+        filled = faiss.read_index(str(old / f"{side}.faiss"))
+        IVFPQCodes.load(filled, old, side, manifest["vectors"]).fill(filled)
+        faiss.write_index(filled, str(old / f"{side}.faiss"))
+        (old / f"{side}.codes.npy").unlink()
+        (old / f"{side}.lists.npy").unlink()
+    manifest["version"] = 2
+    del manifest["files"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    v2, v3 = PhraseIndex(old, nprobe=2), PhraseIndex(index, nprobe=2)
+    assert v2._faiss["start"].ntotal == v2._faiss["end"].ntotal == 0
+    q = np.random.default_rng(1).standard_normal((3, manifest["dim"])).astype(np.float32)
+    ids = np.arange(manifest["vectors"])
+    for side in ("start", "end"):
+        np.testing.assert_array_equal(v2.scores(side, ids, q[0]), v3.scores(side, ids, q[0]))
+        np.testing.assert_array_equal(v2.search(side, q, 7)[1], v3.search(side, q, 7)[1])
+    assert v2._faiss["start"].ntotal == manifest["vectors"]
+
+
 def test_question_vectors_come_back_in_the_questions_order(world, doc_model):
     """Both question encoders batch questions by length; each vector is still its own question's."""
     questions = ["where was alice born, in which city of them all", "who", "where was bob born", "where"]
