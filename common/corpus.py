@@ -290,6 +290,9 @@ class JsonLines(Sequence):
         end = int(self.offsets[row + 1]) if row + 1 < len(self) else self.size
         return json.loads(os.pread(self._fd, end - start, start))
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fd": None}   # a process it is sent to (spawned workers) opens its own
+
     def __del__(self):
         if getattr(self, "_fd", None) is not None:
             os.close(self._fd)

@@ -101,6 +101,7 @@ def test_passage_store_random_access(tiny_corpus):
 
 def test_document_table_reads_documents_by_offset_and_names_a_bad_line(tiny_corpus, tmp_path):
     import os
+    import pickle
     import shutil
     docs = load(tiny_corpus / "documents.jsonl")
     table = DocumentTable(tiny_corpus)
@@ -113,6 +114,8 @@ def test_document_table_reads_documents_by_offset_and_names_a_bad_line(tiny_corp
     if os.fork() == 0:                                               # a forked reader moves no shared place
         os._exit(0 if [table.docs[i] for i in (2, 1)] == [docs[2], docs[1]] else 1)
     assert [table.docs[i] for i in (0, 3)] == [docs[0], docs[3]] and os.wait()[1] == 0
+    sent = pickle.loads(pickle.dumps(table))                         # as to a spawned worker: its own file
+    assert sent.docs._fd is None and sent.docs[1] == docs[1] and sent.docs._fd != table.docs._fd
     copy = tmp_path / "c"
     shutil.copytree(tiny_corpus, copy)
     lines = (copy / "documents.jsonl").read_text().split("\n")
