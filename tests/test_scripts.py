@@ -109,3 +109,14 @@ def test_bench_prefilter_searches_its_synthetic_index_both_ways(monkeypatch, cap
                                      "--batch", "4", "--repeats", "1", "--dim", "32", "--doc-dim", "16"])
     assert bench.main() == 0
     assert "| 400 | 40 | 6,400 |" in capsys.readouterr().out
+
+
+def test_bench_build_memory_writes_a_dump_that_build_index_reads(tmp_path):
+    from odqa.retriever.phrase_dump import read_dump
+    from odqa.retriever.phrase_index import build_index
+    bench = _script("bench_build_memory")
+    dump, corpus, dump_bytes = bench.synthetic_dump(tmp_path, 300, 5, 8, chunk_passages=64)
+    arrays, summary = read_dump(dump, corpus)
+    assert len(arrays["token"]) == 1500 and dump_bytes > 1500 * 8 * 2 * 2
+    m = build_index(dump, tmp_path / "index", corpus, factory="Flat", keep=0.2)
+    assert m["vectors"] == pytest.approx(300, abs=2) and m["passages"] == 300
