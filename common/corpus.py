@@ -212,48 +212,6 @@ def corpus_info(corpus_dir: str | os.PathLike) -> dict:
     return read_json(path)
 
 
-class PassageStore:
-    """Passages of a built corpus by row number, read lazily: only the byte offset of each line is
-    held (8 bytes a passage), so 21M passages cost ~170 MB rather than their text."""
-
-    def __init__(self, corpus_dir: str | os.PathLike):
-        self.dir = Path(corpus_dir)
-        self.info = corpus_info(self.dir)
-        self.path = require_file(self.dir / "passages.jsonl", "passages file")
-        self.offsets = self._offsets()
-        if len(self.offsets) != self.info["passages"]:
-            raise InputError(f"{self.path} has {len(self.offsets)} lines but corpus.json says {self.info['passages']}")
-        self._file = open(self.path, "rb")
-
-    def _offsets(self) -> np.ndarray:
-        cache = self.dir / f"passages.offsets.{self.info['fingerprint']}.npy"
-        if cache.exists():
-            return np.load(cache)
-        offsets, pos = [], 0
-        with open(self.path, "rb") as f:
-            for line in f:
-                offsets.append(pos)
-                pos += len(line)
-        arr = np.asarray(offsets, dtype=np.int64)
-        _cache(cache, lambda f: np.save(f, arr))
-        return arr
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def __getitem__(self, row: int) -> dict:
-        self._file.seek(int(self.offsets[row]))
-        return json.loads(self._file.readline())
-
-    def __iter__(self) -> Iterator[dict]:
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                yield json.loads(line)
-
-    def close(self) -> None:
-        self._file.close()
-
-
 def _cache(path: Path, write) -> None:
     """Keep a look-up table beside the corpus for the next opening; a corpus directory this process
     cannot write to (a shared, read-only copy) is read without one."""
@@ -290,16 +248,61 @@ class JsonLines(Sequence):
         end = int(self.offsets[row + 1]) if row + 1 < len(self) else self.size
         return json.loads(os.pread(self._fd, end - start, start))
 
+    def close(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fd": None}   # a process it is sent to (spawned workers) opens its own
 
     def __del__(self):
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
+        self.close()
 
     def __iter__(self) -> Iterator[dict]:
         for _, obj in read_jsonl(self.path):
             yield obj
+
+
+class PassageStore:
+    """Passages of a built corpus by row number, read lazily: only the byte offset of each line is
+    held (8 bytes a passage), so 21M passages cost ~170 MB rather than their text."""
+
+    def __init__(self, corpus_dir: str | os.PathLike):
+        self.dir = Path(corpus_dir)
+        self.info = corpus_info(self.dir)
+        self.path = require_file(self.dir / "passages.jsonl", "passages file")
+        self.offsets = self._offsets()
+        if len(self.offsets) != self.info["passages"]:
+            raise InputError(f"{self.path} has {len(self.offsets)} lines but corpus.json says {self.info['passages']}")
+        self._lines = JsonLines(self.path, self.offsets)
+
+    def _offsets(self) -> np.ndarray:
+        cache = self.dir / f"passages.offsets.{self.info['fingerprint']}.npy"
+        if cache.exists():
+            return np.load(cache)
+        offsets, pos = [], 0
+        with open(self.path, "rb") as f:
+            for line in f:
+                offsets.append(pos)
+                pos += len(line)
+        arr = np.asarray(offsets, dtype=np.int64)
+        _cache(cache, lambda f: np.save(f, arr))
+        return arr
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, row: int) -> dict:
+        return self._lines[row]
+
+    def __iter__(self) -> Iterator[dict]:
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                yield json.loads(line)
+
+    def close(self) -> None:
+        self._lines.close()
 
 
 class DocumentTable:

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from odqa.common.artifact import build_dir
 from odqa.common.corpus import corpus_info
 from odqa.common.io import InputError, check_checksums, loading, read_json
-from odqa.retriever.phrase_dump import dump_chunks, dump_shards, read_chunk
+from odqa.retriever.phrase_dump import dump_chunks, read_chunk
 from odqa.retriever.phrase_filter import chunk_scores, filter_dir, fitted_filter
 
 log = logging.getLogger(__name__)
@@ -67,16 +67,15 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
     filled chunk by chunk under each vector's id; any other (Flat, HNSW) is filled in id order from
     the kept vectors gathered first."""
     dump_dir, out_dir = Path(dump_dir), Path(out_dir)
-    _, summary = dump_shards(dump_dir)
+    chunks, first = dump_chunks(dump_dir, corpus_dir)
+    n_pass, dim = corpus_info(corpus_dir)["passages"], first["dim"]
     if not 0 < keep <= 1:
         raise InputError(f"--keep is a share of tokens in (0, 1], not {keep}")
     if factory is not None:   # a bad factory string is refused before the dump is read, not after
         try:
-            faiss.index_factory(summary["dim"], factory, faiss.METRIC_INNER_PRODUCT)
+            faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as e:
             raise InputError(f"--factory {factory!r}: faiss cannot make this index ({str(e).strip().splitlines()[-1]})") from None
-    chunks, first = dump_chunks(dump_dir, corpus_dir)
-    n_pass, dim = corpus_info(corpus_dir)["passages"], first["dim"]
     kept, threshold = _kept_tokens(chunks, keep, filter_path or filter_dir(dump_dir), first["encoder_hash"])
     ids, meta, counts = _placed(chunks, kept, n_pass)
     n_vec = len(meta["token"])
