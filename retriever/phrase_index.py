@@ -393,15 +393,16 @@ class IVFPQCodes:
 
 
 def _read_meta(path: Path) -> dict[str, np.ndarray]:
-    """meta.npz as search uses it: passage_row, passage_count, token, char_start, char_end, in_title (whether a
-    vector is a title token's; stored only by an index with title phrases)."""
+    """meta.npz as search uses it: passage_row, passage_count, token, char_start, char_end (unsigned, as narrow
+    as stored), in_title (whether a vector is a title token's; stored only by an index with title phrases)."""
     with np.load(path) as z:
         meta = {k: z[k] for k in z.files}
     if "passage_row" not in meta:   # version 2 stores counts only
         count = meta["passage_count"].astype(np.int64)
         # int32 rows: 4 bytes a vector fewer than numpy's default at hundreds of millions of vectors
         meta["passage_row"] = np.repeat(np.arange(len(count), dtype=np.int32 if len(count) < 2**31 else np.int64), count)
-    for k in ("token", "char_start", "char_end"):
-        meta[k] = meta[k].astype(np.int32)   # narrow unsigned types would wrap in the window arithmetic
+    # token, char_start and char_end stay in the narrow unsigned types they are stored in (1 and 2 bytes
+    # here, not 4: 7 bytes of a vector's 51 in memory); a caller widens what it gathers before any
+    # subtraction, which would wrap in them
     meta["in_title"] = meta["in_title"].astype(bool) if "in_title" in meta else np.zeros(len(meta["token"]), bool)
     return meta

@@ -200,7 +200,7 @@ class Searcher:
         meta, L = self.index.meta, self.max_answer_tokens
         start, end = self.index.scores("start", ids, qs), self.index.scores("end", ids, qe)
         self._check_scores(start, end)
-        rows, tokens, title = meta["passage_row"][ids], meta["token"][ids], meta["in_title"][ids]
+        rows, tokens, title = meta["passage_row"][ids], meta["token"][ids].astype(np.int32), meta["in_title"][ids]
         n = len(ids)
         at = np.arange(n)
         fwd = np.minimum(at[:, None] + np.arange(L), n - 1)   # positions in ids, a passage's consecutive
@@ -210,22 +210,25 @@ class Searcher:
         score = start + end[best]
         order = np.argsort(-score, kind="stable")
         ps, pe = ids[order], ids[best[order]]
-        return Phrases(score[order], ps, pe, rows[order], meta["char_start"][ps], meta["char_end"][pe],
-                       meta["in_title"][ps])
+        return Phrases(score[order], ps, pe, rows[order], *_offsets(meta, ps, pe), meta["in_title"][ps])
 
     def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> Phrases:
         meta, L, n_vec = self.index.meta, self.max_answer_tokens, self.index.manifest["vectors"]
-        rows, tokens, title = meta["passage_row"], meta["token"], meta["in_title"]
+        rows, title = meta["passage_row"], meta["in_title"]
+
+        def tokens(ids):   # stored unsigned: widened before any subtraction
+            return meta["token"][ids].astype(np.int32)
+
         start_hits, end_hits = start_hits[start_hits >= 0], end_hits[end_hits >= 0]
         offsets = np.arange(L)
         # Vector ids run in (passage, token) order, so the L ids after a start hit hold every kept token
         # within L tokens of it in the same passage (and the L ids before an end hit likewise).
         fwd = np.minimum(start_hits[:, None] + offsets, n_vec - 1)
-        fwd_ok = (rows[fwd] == rows[start_hits][:, None]) & (tokens[fwd] - tokens[start_hits][:, None] < L) \
-            & (tokens[fwd] >= tokens[start_hits][:, None]) & (title[fwd] == title[start_hits][:, None])
+        gap = tokens(fwd) - tokens(start_hits)[:, None]
+        fwd_ok = (rows[fwd] == rows[start_hits][:, None]) & (gap < L) & (gap >= 0) & (title[fwd] == title[start_hits][:, None])
         bwd = np.maximum(end_hits[:, None] - offsets, 0)
-        bwd_ok = (rows[bwd] == rows[end_hits][:, None]) & (tokens[end_hits][:, None] - tokens[bwd] < L) \
-            & (tokens[bwd] <= tokens[end_hits][:, None]) & (title[bwd] == title[end_hits][:, None])
+        gap = tokens(end_hits)[:, None] - tokens(bwd)
+        bwd_ok = (rows[bwd] == rows[end_hits][:, None]) & (gap < L) & (gap >= 0) & (title[bwd] == title[end_hits][:, None])
         start_ids = np.unique(np.concatenate([start_hits, bwd.ravel()]))
         end_ids = np.unique(np.concatenate([end_hits, fwd.ravel()]))
         start_scores = self.index.scores("start", start_ids, qs)   # each needed vector scored once
@@ -255,7 +258,7 @@ class Searcher:
         _, first = np.unique((ps * n_vec + pe)[order], return_index=True)   # duplicates: keep the best
         keep = order[np.sort(first)]
         ps, pe = ps[keep], pe[keep]
-        return Phrases(sc[keep], ps, pe, rows[ps], meta["char_start"][ps], meta["char_end"][pe], title[ps])
+        return Phrases(sc[keep], ps, pe, rows[ps], *_offsets(meta, ps, pe), title[ps])
 
     def _check_scores(self, start: np.ndarray, end: np.ndarray) -> None:
         if np.isnan(start).any() or np.isnan(end).any():
@@ -376,7 +379,8 @@ class Searcher:
         for row, passage, (a, b) in zip(rows, passages, ranges):
             s, e = start[offset:offset + b - a], end[offset:offset + b - a]
             offset += b - a
-            gap = meta["token"][a:b][None, :] - meta["token"][a:b][:, None]
+            tokens = meta["token"][a:b].astype(np.int32)
+            gap = tokens[None, :] - tokens[:, None]
             title = meta["in_title"][a:b]
             ok = (gap >= 0) & (gap < L) & (title[None, :] == title[:, None])
             span = np.where(ok, s[:, None] + e[None, :], -np.inf)
@@ -461,6 +465,12 @@ class Searcher:
 def _id_ranges(starts, ends) -> np.ndarray:
     """The vector ids starts[i] .. ends[i] - 1 of each i, in order (a passage's or a document's vectors)."""
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts, ends)] or [np.zeros(0, np.int64)])
+
+
+def _offsets(meta: dict, ps: np.ndarray, pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The character start of each phrase's start vector and end of its end vector, widened from their
+    stored unsigned type so that arithmetic on them cannot wrap."""
+    return meta["char_start"][ps].astype(np.int32), meta["char_end"][pe].astype(np.int32)
 
 
 def can_answer(text: str, start: int, end: int, question: str) -> bool:

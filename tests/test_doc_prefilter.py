@@ -195,7 +195,7 @@ def test_prefiltered_search_is_exact_inside_the_chosen_documents(world, doc_mode
                         top_docs=3, lam=0.0, max_answer_tokens=4, answer_filter=False)
     chosen, _ = docs.search(world["questions"], 3)
     q_start, q_end = searcher.encode(world["questions"])
-    tokens = searcher.index.meta["token"]
+    tokens = searcher.index.meta["token"].astype(np.int32)
     for qi, result in enumerate(searcher.search(world["questions"], k=100, unit="passage")):
         want = {}
         for d in chosen[qi]:

@@ -201,7 +201,7 @@ def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
     full = Searcher(index, world["model"], world["corpus"])
     assert full.max_answer_tokens == 20
     assert Searcher(index, world["model"], world["corpus"], max_answer_tokens=50).max_answer_tokens == 20
-    tokens = full.index.meta["token"]
+    tokens = full.index.meta["token"].astype(np.int32)
     for cap in (1, 3):
         searcher = Searcher(index, world["model"], world["corpus"], max_answer_tokens=cap)
         q_start, q_end = searcher.encode(["where was bob born"])
@@ -213,6 +213,27 @@ def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
             assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
     with pytest.raises(InputError, match="max_answer_tokens"):
         Searcher(index, world["model"], world["corpus"], max_answer_tokens=0)
+
+
+def test_token_offsets_stay_narrow_and_every_span_reads_forwards(world, index):
+    """The index holds its token and character offsets unsigned, as narrow as stored (a quarter or half
+    of int32's bytes), and the spans read from them still run forwards within the cap."""
+    searcher = Searcher(index, world["model"], world["corpus"], max_answer_tokens=4)
+    meta = searcher.index.meta
+    assert all(meta[k].dtype.kind == "u" and meta[k].dtype.itemsize < 4 for k in ("token", "char_start", "char_end"))
+    rows = list(range(len(searcher.store)))
+    passages = [searcher.store[r] for r in rows]
+    tokens = meta["token"].astype(np.int64)
+    for name in NAMES[:4]:
+        question = f"where was {name} born"
+        q_start, q_end = searcher.encode([question])
+        found = searcher._best_spans(rows, passages, q_start[0], q_end[0], question)
+        assert any(found)
+        for row, phrase in zip(rows, found):
+            if phrase is None:
+                continue
+            assert 0 <= tokens[phrase.end_vec] - tokens[phrase.start_vec] < 4
+            assert phrase.char_start < phrase.char_end
 
 
 def test_the_answer_is_the_phrase_string_the_top_passages_vote_for():
