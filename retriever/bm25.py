@@ -103,5 +103,28 @@ class BM25Index:
         return rows, scores
 
     def scores(self, question: str) -> np.ndarray:
-        """The BM25 score of every passage for one question."""
-        return self.model.get_scores(self.tokenize([question])[0])
+        """The BM25 score of every passage for one question (zeros for a question of stop words only)."""
+        tokens = self.tokenize([question])[0]
+        if not tokens:   # bm25s's get_scores indexes the first token
+            return np.zeros(self.num_passages, np.dtype(self.model.dtype))
+        return self.model.get_scores(tokens)
+
+    def scores_of(self, question: str, rows) -> np.ndarray:
+        """`scores(question)[rows]`, equal to the bit, without scoring every passage: each query term's
+        postings (the index's CSC column, passage rows ascending) are searched for the rows. A rerank
+        needs a few hundred rows' scores; over 21M passages a whole score vector is 84 MB a question."""
+        rows = np.asarray(rows, dtype=np.int64)
+        index = self.model.scores
+        data, indices, indptr = index["data"], index["indices"], index["indptr"]
+        out = np.zeros(len(rows), np.dtype(self.model.dtype))
+        terms = self.model.get_tokens_ids(self.tokenize([question])[0])
+        # term by term, in the question's order, as bm25s adds them (float32 sums in another order differ)
+        for term in terms:
+            postings = indices[indptr[term]:indptr[term + 1]]
+            if len(postings):
+                at = np.minimum(np.searchsorted(postings, rows), len(postings) - 1)
+                hit = postings[at] == rows
+                out[hit] += data[indptr[term] + at[hit]]
+        if self.model.nonoccurrence_array is not None:   # BM25L and BM25+ score absent terms too
+            out += self.model.nonoccurrence_array[np.asarray(terms, dtype=np.int64)].sum()
+        return out

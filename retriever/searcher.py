@@ -429,7 +429,7 @@ class Searcher:
             docs = self.table.doc_of_passage[keys] if unit == "passage" else keys
             c = Candidates(scores, doc_z_of(*doc_info, docs))
             if self.bm25_weight:
-                c.bm25_z = standardise(self.bm25.scores(query[0])[phrases.row[best]])
+                c.bm25_z = standardise(self.bm25.scores_of(query[0], phrases.row[best]))
             if self.reranks:
                 order, final = rerank_order(c, self.lam, self.bm25_weight), combined(c, self.lam, self.bm25_weight)
                 keys, best, scores = keys[order], best[order], final[order]

@@ -41,7 +41,7 @@ def candidates_from_results(results: list[dict], questions, bm25=None) -> list[C
     out = []
     for r, q in zip(results, questions):
         ps = r["passages"]
-        bm25_z = None if bm25 is None else standardise(bm25.scores(q.question)[[p["row"] for p in ps]])
+        bm25_z = None if bm25 is None else standardise(bm25.scores_of(q.question, [p["row"] for p in ps]))
         out.append(Candidates(np.array([p["passage_score"] for p in ps]), np.array([p["doc_z"] for p in ps]),
                               np.array([has_answer(p["text"], q.answers, q.regex) for p in ps], dtype=bool),
                               bm25_z))

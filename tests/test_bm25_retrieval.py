@@ -39,6 +39,23 @@ def test_index_is_saved_reused_and_rebuilt_when_stale(tiny_corpus, tiny_docs, tm
     assert BM25Index.open(tiny_corpus).num_passages == 4                  # rebuilt for the new corpus
 
 
+@pytest.mark.parametrize("method", ["lucene", "bm25+"])
+def test_scores_of_some_rows_equal_every_passages_scores_to_the_bit(tiny_corpus, method):
+    """The rerank's BM25 term reads only its candidates' scores; they are the whole vector's, for
+    repeated terms, unknown terms, repeated and absent rows, and a question of stop words only (all
+    zero, where bm25s's get_scores fails on an empty token list). BM25+ also scores absent terms."""
+    import numpy as np
+    index = BM25Index.open(tiny_corpus, BM25Params(method=method))
+    rows = np.array([3, 0, 0, 2, 1, 3])
+    for question in ("who discovered x-rays", "beatles beatles liverpool band", "zzyzx", "the of a", "to be or not to be"):
+        every = index.scores(question)
+        assert every.shape == (index.num_passages,) and every.dtype == np.float32
+        got = index.scores_of(question, rows)
+        assert got.dtype == every.dtype and got.tobytes() == every[rows].tobytes(), question
+        assert index.scores_of(question, []).shape == (0,)
+    assert not index.scores("the of a").any() and index.scores("beatles").any()
+
+
 def test_retrieval_file_round_trip_and_metrics(tiny_corpus, tiny_questions, tmp_path):
     index = BM25Index.open(tiny_corpus)
     entries = retrieve(index, PassageStore(tiny_corpus), load_questions(tiny_questions), k=100)

@@ -327,6 +327,9 @@ def test_rerank_adds_the_passages_standardised_bm25_score(world, doc_model, tmp_
         assert [x["bm25_z"] for x in r["passages"]] == pytest.approx(c.bm25_z[order].tolist())
         moved += order.tolist() != np.argsort(-combined(c, lam), kind="stable")[:4].tolist()
     assert moved  # the BM25 term changed some question's ranking
+    # A question of stop words only has no BM25 score: the term adds nothing, and nothing fails.
+    alone = make(lam=lam, bm25_weight=mu).search(["to be or not to be"], k=4, unit="passage")[0]["passages"]
+    assert alone and all(x["bm25_z"] == 0 for x in alone)
     # A weight that dwarfs the other terms ranks the pool by BM25 alone.
     for q, r in zip(world["questions"], make(lam=lam, bm25_weight=1e6).search(world["questions"], k=4)):
         scores = bm25.scores(q)[[x["row"] for x in r["passages"]]]
