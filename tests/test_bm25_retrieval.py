@@ -56,6 +56,29 @@ def test_scores_of_some_rows_equal_every_passages_scores_to_the_bit(tiny_corpus,
     assert not index.scores("the of a").any() and index.scores("beatles").any()
 
 
+def test_the_index_built_a_chunk_at_a_time_from_term_ids_scores_as_bm25s_over_tokens():
+    """`from_texts` keeps only int32 term ids, a chunk of texts at a time; bm25s indexing the token
+    strings of all the texts at once (what the build did before) gives the same scores to the bit."""
+    import bm25s
+    import numpy as np
+
+    from odqa.retriever.bm25 import TermIds
+    texts = [f"{d['title']} {' '.join(p for sec in d['sections'] for p in sec['paragraphs'])}" for d in TINY_DOCS] \
+        + ["the of a", "Röntgen röntgen x-rays rays", "The Beatles were an English rock band from Liverpool."]
+    index = BM25Index.from_texts(iter(texts), show_progress=False, chunk=2)
+    whole = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+    whole.index(index.tokenize(texts), show_progress=False)
+    assert index.num_passages == len(texts)
+    for question in ("who discovered x-rays", "beatles band liverpool", "röntgen", "the of a", "unknownword"):
+        tokens = index.tokenize([question])[0]
+        want = whole.get_scores(tokens) if tokens else np.zeros(len(texts), np.float32)
+        assert index.scores(question).tobytes() == want.tobytes(), question
+    ids = TermIds(np.array([4, 5, 6, 7], np.int32), np.array([0, 3, 3, 4]))
+    assert list(ids) == [[4, 5, 6], [], [7]] and len(ids) == 3 and ids[2] == [7]
+    with pytest.raises(InputError, match="no words"):
+        BM25Index.from_texts(["the of a", "to be"], show_progress=False)
+
+
 def test_retrieval_file_round_trip_and_metrics(tiny_corpus, tiny_questions, tmp_path):
     index = BM25Index.open(tiny_corpus)
     entries = retrieve(index, PassageStore(tiny_corpus), load_questions(tiny_questions), k=100)

@@ -3,6 +3,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from odqa.common.io import InputError
@@ -120,3 +121,12 @@ def test_bench_build_memory_writes_a_dump_that_build_index_reads(tmp_path):
     assert len(arrays["token"]) == 1500 and dump_bytes > 1500 * 8 * 2 * 2
     m = build_index(dump, tmp_path / "index", corpus, factory="Flat", keep=0.2)
     assert m["vectors"] == pytest.approx(300, abs=2) and m["passages"] == 300
+
+
+def test_bench_bm25_builds_both_ways_and_checks_the_rerank_scores(tmp_path):
+    bench = _script("bench_bm25")
+    vocabulary = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"])
+    corpus = bench.synthetic_corpus(tmp_path, 300, 20, vocabulary)
+    assert bench.peak_mb("old", corpus) > 0 and bench.peak_mb("new", corpus) > 0
+    whole, rows = bench.rerank_ms(corpus, vocabulary, 10, 50)   # exits if the two ways' scores differ
+    assert whole > 0 and rows > 0
