@@ -4,72 +4,148 @@ Scanning every passage per question is |Q| x |P| tokenisations; instead each pas
 once and an inverted index over DPR tokens gives the few passages holding all of an answer's tokens,
 which are then checked for the contiguous sequence.
 
-A regex answer (CuratedTREC) is searched once in all passages joined by newlines, and each passage a
-match touches is then checked on its own with `re`, as DPR does. That equals a per-passage search: a
-match that crosses a join and hides a match in the next passage touches that passage too, and
-MULTILINE makes ^ and $ behave at the joins as at a passage's ends.
+The index holds each passage's tokens as int32 ids into one vocabulary, and each token's passages
+(CSR): 530 bytes a passage on the data pack's corpus, plus the vocabulary, and a peak of 3.5 KB a
+passage against 22 KB for a token list and dictionary a passage (scripts/bench_answer_index.py). At
+DPR's 21M passages that is about 11 GB of arrays, where the lists would take hundreds. The texts are
+not kept.
 
-Everything is in memory: meant for corpora up to a few million passages.
+A regex answer (CuratedTREC) is searched in all passages joined by newlines, built at the first regex
+answer by reading the texts again, and each passage a match touches is then checked on its own with
+`re`, as DPR does. That equals a per-passage search: a match that crosses a join and hides a match in
+the next passage touches that passage too, and MULTILINE makes ^ and $ behave at the joins as at a
+passage's ends.
 """
 from __future__ import annotations
 
+import os
 import unicodedata
-from collections import defaultdict
-from typing import Iterable, Sequence
+from functools import cached_property
+from typing import Collection, Iterator, Sequence
 
 import numpy as np
-import regex
 from tqdm import tqdm
 
+from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.metrics.answers import compile_answer_regex
-from odqa.common.metrics.has_answer import TokenizedText, answer_words
+from odqa.common.metrics.has_answer import answer_words, dpr_tokenize
+
+
+class CorpusTexts:
+    """A built corpus's passage texts in row order, read from passages.jsonl each time it is iterated."""
+
+    def __init__(self, corpus_dir: str | os.PathLike):
+        self.dir = corpus_dir
+        self._n = corpus_info(corpus_dir)["passages"]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[str]:
+        store = PassageStore(self.dir)
+        try:
+            for p in store:
+                yield p["text"]
+        finally:
+            store.close()
 
 
 class AnswerIndex:
-    def __init__(self, texts: Iterable[str], total: int | None = None):
-        self._tokens: list[TokenizedText] = []
-        nfd_texts: list[str] = []
-        postings: dict[str, list[int]] = defaultdict(list)
-        for row, text in enumerate(tqdm(texts, total=total, desc="answer index", unit=" passages",
+    def __init__(self, texts: Collection[str], chunk_tokens: int = 100_000):
+        """`texts`: a collection, read once here and once more at the first regex answer (a list, or
+        `CorpusTexts(corpus_dir)` for a corpus on disk), not a one-pass iterator."""
+        if iter(texts) is texts:
+            raise TypeError("AnswerIndex reads its texts twice: give it a collection (a list, or "
+                            "CorpusTexts(corpus_dir)), not an iterator")
+        self._texts = texts
+        self._vocab: dict[str, int] = {}
+        tokens, lengths, pairs = [], [], []
+        ids: list[int] = []
+        first_row = 0
+        for row, text in enumerate(tqdm(texts, total=len(texts), desc="answer index", unit=" passages",
                                         mininterval=2, disable=None)):
-            tokens = TokenizedText(text)
-            self._tokens.append(tokens)
-            nfd_texts.append(unicodedata.normalize("NFD", text))
-            for w in tokens.positions:
-                postings[w].append(row)
-        self._postings = {w: np.asarray(rows, dtype=np.int64) for w, rows in postings.items()}
-        self._nfd_texts = nfd_texts
-        self._joined = "\n".join(nfd_texts)
-        self._starts = np.cumsum([0] + [len(t) + 1 for t in nfd_texts[:-1]]) if nfd_texts else np.zeros(0, np.int64)
+            words = [self._vocab.setdefault(w, len(self._vocab)) for w, _, _ in dpr_tokenize(text)]
+            ids.extend(words)
+            lengths.append(len(words))
+            if len(ids) >= chunk_tokens:
+                tokens.append(self._flush(ids, lengths[first_row:], first_row, pairs))
+                ids, first_row = [], row + 1
+        tokens.append(self._flush(ids, lengths[first_row:], first_row, pairs))
+        self._tokens = np.concatenate(tokens)
+        self._bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        # Each token's passages, ascending: the (passage, token) pairs come in passage order, and a
+        # stable sort by token keeps that order within a token.
+        pair_rows = np.concatenate([p[0] for p in pairs])
+        pair_words = np.concatenate([p[1] for p in pairs])
+        order = np.argsort(pair_words, kind="stable")
+        self._post_rows = pair_rows[order]
+        self._post_bounds = np.concatenate([[0], np.cumsum(np.bincount(pair_words, minlength=len(self._vocab)))])
+
+    @staticmethod
+    def _flush(ids: list[int], lengths: list[int], first_row: int, pairs: list) -> np.ndarray:
+        """The chunk's tokens as int32, and its distinct (passage, token) pairs appended to `pairs`."""
+        chunk = np.asarray(ids, dtype=np.int32)
+        rows = np.repeat(np.arange(first_row, first_row + len(lengths), dtype=np.int64), lengths)
+        distinct = np.unique((rows << 32) | chunk.astype(np.int64))   # sorted by passage, then token
+        pairs.append(((distinct >> 32).astype(np.int32), (distinct & 0xFFFFFFFF).astype(np.int32)))
+        return chunk
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        return len(self._bounds) - 1
+
+    def _rows_of(self, word: int) -> np.ndarray:
+        return self._post_rows[self._post_bounds[word]:self._post_bounds[word + 1]]
+
+    def _occurs(self, row: int, answer: np.ndarray) -> bool:
+        """Whether the token ids `answer` occur contiguously in passage `row`."""
+        seq = self._tokens[self._bounds[row]:self._bounds[row + 1]]
+        if len(seq) < len(answer):
+            return False
+        at = np.flatnonzero(seq[:len(seq) - len(answer) + 1] == answer[0])
+        for j in range(1, len(answer)):
+            at = at[seq[at + j] == answer[j]]
+        return len(at) > 0
 
     def _rows_with_tokens(self, answer: str) -> list[int]:
-        ans = answer_words(answer)
-        if not ans:
+        ans = [self._vocab.get(w) for w in answer_words(answer)]
+        if not ans or None in ans:
             return []
-        lists = sorted((self._postings.get(w, np.empty(0, np.int64)) for w in set(ans)), key=len)
+        lists = sorted((self._rows_of(w) for w in set(ans)), key=len)
         rows = lists[0]
         for other in lists[1:]:
             if not len(rows):
                 break
             rows = np.intersect1d(rows, other, assume_unique=True)
-        return [row for row in rows.tolist() if self._tokens[row].find(ans)]
+        if len(ans) == 1:   # a one-token answer occurs wherever its token does
+            return rows.tolist()
+        answer_ids = np.asarray(ans, dtype=np.int32)
+        return [row for row in rows.tolist() if self._occurs(row, answer_ids)]
+
+    @cached_property
+    def _joined(self) -> tuple[str, np.ndarray]:
+        """Every passage's NFD text joined by newlines, and where each starts (bounds, one more)."""
+        nfd = [unicodedata.normalize("NFD", t) for t in tqdm(self._texts, total=len(self), desc="answer index (regex)",
+                                                               unit=" passages", mininterval=2, disable=None)]
+        if len(nfd) != len(self):
+            raise ValueError(f"AnswerIndex: its texts held {len(self)} passages, and now {len(nfd)}")
+        starts = np.cumsum([0] + [len(t) + 1 for t in nfd])
+        return "\n".join(nfd), starts
 
     def _rows_matching(self, pattern: str) -> set[int]:
         try:
+            # `re`, as the per-passage check: the `regex` module scans twice as fast but draws word
+            # boundaries elsewhere (it counts U+200D, the zero-width joiner, as a word character), so
+            # it missed passages that `re` matches ("509\u200d-\u200d27 BC" for \b2[78]\b)
             exact = compile_answer_regex(pattern)
-            # The `regex` module scans the 100x larger joined text about twice as fast as `re` here.
-            fast = regex.compile(pattern, flags=regex.IGNORECASE | regex.UNICODE | regex.MULTILINE | regex.V0)
-        except (ValueError, regex.error):
+        except ValueError:
             return set()
+        joined, starts = self._joined
         candidates: set[int] = set()
-        for m in fast.finditer(self._joined):
-            first = int(np.searchsorted(self._starts, m.start(), side="right")) - 1
-            last = int(np.searchsorted(self._starts, max(m.end() - 1, m.start()), side="right")) - 1
+        for m in exact.finditer(joined):
+            first = int(np.searchsorted(starts, m.start(), side="right")) - 1
+            last = int(np.searchsorted(starts, max(m.end() - 1, m.start()), side="right")) - 1
             candidates.update(range(first, last + 1))
-        return {r for r in candidates if exact.search(self._nfd_texts[r])}
+        return {r for r in candidates if exact.search(joined[starts[r]:starts[r + 1] - 1])}
 
     def find(self, answers: Sequence[str], regex: bool = False) -> list[int]:
         """Rows of the passages whose text contains any answer, ascending."""

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from odqa.common.answer_index import AnswerIndex
+from odqa.common.answer_index import AnswerIndex, CorpusTexts
 from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.io import atomic_path, write_json
 from odqa.common.metrics.has_answer import answer_spans
@@ -37,7 +37,7 @@ def supervise(question_sets: Sequence[str], corpus_dir: str | os.PathLike, out_d
               positives_per_question: int = 1, validation_percent: float = 10.0) -> dict:
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     store = PassageStore(corpus_dir)
-    answers_index = AnswerIndex((p["text"] for p in store), total=len(store))
+    answers_index = AnswerIndex(CorpusTexts(corpus_dir))
     bm25 = BM25Index.open(corpus_dir)
     stats = {"corpus": str(corpus_dir), "fingerprint": corpus_info(corpus_dir)["fingerprint"],
              "positives_per_question": positives_per_question, "validation_percent": validation_percent,

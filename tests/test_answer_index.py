@@ -1,6 +1,9 @@
 import random
 
-from odqa.common.answer_index import AnswerIndex
+import pytest
+
+from odqa.common.answer_index import AnswerIndex, CorpusTexts
+from odqa.common.corpus import PassageStore
 from odqa.common.metrics.has_answer import has_answer
 
 TEXTS = [
@@ -35,11 +38,40 @@ def test_regex_find_equals_brute_force_including_matches_across_joins():
         assert index.find(answers, regex=True) == brute_force(answers, regex=True), answers
 
 
-def test_find_on_random_corpus():
+@pytest.mark.parametrize("chunk_tokens", [100_000, 7, 1])
+def test_find_on_random_corpus(chunk_tokens):
+    """Built a chunk of tokens at a time (the chunks' bounds fall inside passages, or after each token),
+    the index finds what has_answer finds, repeated words included ("beta beta beta" in "beta beta")."""
     rng = random.Random(0)
     vocab = "alpha beta gamma delta epsilon zeta eta theta".split()
-    texts = [" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 30))) for _ in range(200)]
+    texts = [" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 30))) for _ in range(200)] + ["beta beta"]
+    index = AnswerIndex(texts, chunk_tokens=chunk_tokens)
+    assert len(index) == len(texts)
+    answers = [" ".join(rng.choice(vocab) for _ in range(rng.randint(1, 3))) for _ in range(50)]
+    for answer in answers + ["beta beta beta", "beta beta", "omega", "beta omega"]:
+        assert index.find([answer]) == [i for i, t in enumerate(texts) if has_answer(t, [answer])], answer
+
+
+def test_regex_scan_agrees_with_re_at_a_zero_width_joiner():
+    """The joined-text scan uses `re`, as the per-passage check does: the `regex` module does not
+    see a word boundary between U+200D and a digit, and missed this passage."""
+    texts = ["the Roman Republic (509\u200d\u2013\u200d27\xa0BC), and", "in 127 BC", "27 BC"]
+    assert AnswerIndex(texts).find([r"\b2[78]\b"], regex=True) == [0, 2] == brute_force_in(texts, [r"\b2[78]\b"])
+
+
+def brute_force_in(texts, patterns):
+    return [i for i, t in enumerate(texts) if has_answer(t, patterns, True)]
+
+
+def test_a_corpus_on_disk_is_read_again_only_for_a_regex_answer(tiny_corpus):
+    texts = CorpusTexts(tiny_corpus)
+    store = PassageStore(tiny_corpus)
+    want = [p["text"] for p in store]
+    store.close()
+    assert len(texts) == len(want) and list(texts) == want == list(texts)   # a fresh read each time
     index = AnswerIndex(texts)
-    for _ in range(50):
-        answer = " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 3)))
-        assert index.find([answer]) == [i for i, t in enumerate(texts) if has_answer(t, [answer])]
+    assert index.find(["1901"]) == [i for i, t in enumerate(want) if has_answer(t, ["1901"])] != []
+    assert "_joined" not in index.__dict__          # token answers never hold the texts
+    assert index.find([r"nobel\s+prize"], regex=True) == brute_force_in(want, [r"nobel\s+prize"]) != []
+    with pytest.raises(TypeError, match="not an iterator"):
+        AnswerIndex(iter(want))

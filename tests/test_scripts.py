@@ -130,3 +130,9 @@ def test_bench_bm25_builds_both_ways_and_checks_the_rerank_scores(tmp_path):
     assert bench.peak_mb("old", corpus) > 0 and bench.peak_mb("new", corpus) > 0
     whole, rows = bench.rerank_ms(corpus, vocabulary, 10, 50)   # exits if the two ways' scores differ
     assert whole > 0 and rows > 0
+
+
+def test_bench_answer_index_finds_the_same_passages_both_ways(tiny_corpus, tiny_questions):
+    bench = _script("bench_answer_index")
+    old, new = (bench.measure(mode, str(tiny_corpus), [str(tiny_questions)]) for mode in ("old", "new"))
+    assert old["found"] == new["found"] and any(old["found"]) and min(old["peak_mb"], new["peak_mb"]) >= 0
