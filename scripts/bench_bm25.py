@@ -34,13 +34,13 @@ def rss_kb():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))
 import bm25s
 from odqa.common.corpus import PassageStore
-from odqa.retriever.bm25 import BM25Index
+from odqa.retriever.bm25 import BM25Index, BM25Params
 base = rss_kb()
 mode, corpus = sys.argv[1:3]
 if mode == "old":
     store = PassageStore(corpus)
     texts = [f"{p['title']} {p['text']}" for p in store]
-    index = BM25Index(bm25s.BM25(k1=1.5, b=0.75, method="lucene"), BM25Index.build.__defaults__[0], "")
+    index = BM25Index(bm25s.BM25(k1=1.5, b=0.75, method="lucene"), BM25Params(), "")
     index.model.index(index.tokenize(texts), show_progress=False)
 else:
     BM25Index.build(corpus)
