@@ -72,12 +72,14 @@ def load_filter(path: str | os.PathLike) -> tuple[PhraseFilter, dict]:
     return model.eval(), info
 
 
-def passage_places(corpus_dir) -> tuple[dict[str, int], dict[str, list]]:
-    """Each passage id's row and section path (one pass over the corpus's passages)."""
+def passage_places(corpus_dir, ids: set[str] | None = None) -> tuple[dict[str, int], dict[str, list]]:
+    """Each passage id's row and section path, or with `ids` only those passages' (one pass over the
+    corpus's passages; every passage's would be gigabytes of dictionaries at 21M passages)."""
     store = PassageStore(corpus_dir)
     row_of, section_of = {}, {}
     for i, p in enumerate(store):
-        row_of[p["id"]], section_of[p["id"]] = i, p.get("section", [])
+        if ids is None or p["id"] in ids:
+            row_of[p["id"]], section_of[p["id"]] = i, p.get("section", [])
     store.close()
     return row_of, section_of
 
@@ -87,17 +89,15 @@ def answer_labels(arrays: dict, examples: list[dict], corpus_dir, title_path: bo
     """Vector ids of the examples' passages, (N, 2) start/end labels, and for each example the list of
     its answer occurrences as (start id, end id) pairs that the dump can represent. `title_path`: the
     phrase model read "title, section, ..." as the title segment, so title answers are found there.
-    `places`: `passage_places(corpus_dir)`, when the caller has it already."""
-    row_of, section_of = places or passage_places(corpus_dir)
+    `places`: `passage_places(corpus_dir)` of (at least) the examples' passages, when the caller has it."""
+    row_of, section_of = places or passage_places(corpus_dir, {ex.get("passage_id") for ex in examples})
     rows = arrays["passage_row"]
-    first = np.searchsorted(rows, np.arange(len(row_of)))
-    last = np.searchsorted(rows, np.arange(len(row_of)), side="right")
     ids, labels, spans = [], [], []
     for ex in examples:
         row = row_of.get(ex.get("passage_id"))
         if row is None:
             raise InputError(f"supervision passage {ex.get('passage_id')!r} is not in the corpus {corpus_dir}")
-        vid = np.arange(first[row], last[row])
+        vid = np.arange(np.searchsorted(rows, row), np.searchsorted(rows, row, side="right"))
         cs, ce, in_title = arrays["char_start"][vid], arrays["char_end"][vid], arrays["in_title"][vid]
         lab = np.zeros((len(vid), 2), np.float32)
         own = []
@@ -129,7 +129,7 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     out = Path(out) if out else filter_dir(dump_dir)
     train_examples, val_examples = load_examples(str(train_file)), load_examples(str(validation_file))
     # Only the supervision passages' tokens are read whole: a large corpus's dump does not fit in memory.
-    places = passage_places(corpus_dir)
+    places = passage_places(corpus_dir, {ex.get("passage_id") for ex in train_examples + val_examples})
     arrays, summary = read_dump(dump_dir, corpus_dir, rows=np.array(sorted(
         {places[0][ex["passage_id"]] for ex in train_examples + val_examples if ex.get("passage_id") in places[0]})))
     start, end = arrays["start"], arrays["end"]
