@@ -105,7 +105,9 @@ class BM25Index:
         return index
 
     @classmethod
-    def load(cls, corpus_dir: str | os.PathLike) -> "BM25Index":
+    def load(cls, corpus_dir: str | os.PathLike, mmap: bool = False) -> "BM25Index":
+        """`mmap`: the score matrix stays on disk, paged in as read: for `scores_of`, which reads a few
+        postings of a question's terms (DPR's 21M passages' matrix is some 11 GB)."""
         corpus_dir = Path(corpus_dir)
         index_dir = corpus_dir / "bm25"
         manifest = read_manifest(index_dir)
@@ -117,14 +119,14 @@ class BM25Index:
             raise InputError(f"{index_dir} was built for another version of the corpus "
                              f"({manifest['key']['corpus']} != {fingerprint}): rebuild it")
         with loading(index_dir, "the BM25 index"):
-            model = bm25s.BM25.load(str(index_dir), show_progress=False)
+            model = bm25s.BM25.load(str(index_dir), mmap=mmap, show_progress=False)
         return cls(model, BM25Params(**manifest["key"]["params"]), fingerprint)
 
     @classmethod
-    def open(cls, corpus_dir: str | os.PathLike, params: BM25Params = BM25Params()) -> "BM25Index":
-        """The saved index if it matches the corpus and the parameters, else a freshly built one."""
+    def open(cls, corpus_dir: str | os.PathLike, params: BM25Params = BM25Params(), mmap: bool = False) -> "BM25Index":
+        """The saved index if it matches the corpus and the parameters (`load`), else a freshly built one."""
         if current_manifest(Path(corpus_dir) / "bm25", cls.key(corpus_info(corpus_dir)["fingerprint"], params)):
-            return cls.load(corpus_dir)
+            return cls.load(corpus_dir, mmap)
         return cls.build(corpus_dir, params)
 
     @property

@@ -152,7 +152,7 @@ class Searcher:
             self.bm25_weight = bm25_weight if bm25_weight is not None else (prefilter.tuned_bm25_weight or 0.0)
             if self.bm25_weight:
                 from odqa.retriever.bm25 import BM25Index
-                self.bm25 = BM25Index.open(corpus_dir)
+                self.bm25 = BM25Index.open(corpus_dir, mmap=True)   # the rerank reads its candidates' scores only
             # Document d's vectors are ids doc_vec_start[d] .. doc_vec_end[d] - 1.
             table = prefilter.table
             self.doc_vec_start = self.passage_vec[table.first]

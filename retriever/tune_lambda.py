@@ -67,7 +67,7 @@ def tune_searcher_lambda(searcher, questions, metric_k: int = 20, limit: int | N
     bm25 = None
     if any(bm25_grid):
         from odqa.retriever.bm25 import BM25Index
-        bm25 = searcher.bm25 or BM25Index.open(searcher.corpus_dir)
+        bm25 = searcher.bm25 or BM25Index.open(searcher.corpus_dir, mmap=True)
     result = tune_lambda(candidates_from_results(results, questions, bm25), k=metric_k, bm25_grid=bm25_grid)
     result.update(top_docs=searcher.top_docs, phrase_index=str(searcher.index.dir), **(info or {}))
     searcher.prefilter.save_lambda(result)

@@ -342,6 +342,7 @@ def test_rerank_adds_the_passages_standardised_bm25_score(world, doc_model, tmp_
     write_json(index_dir / "lambda.json", {"lambda": lam, "bm25_weight": mu})
     searcher = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=tuned, top_docs=3)
     assert (searcher.lam, searcher.bm25_weight) == (lam, mu)
+    assert isinstance(searcher.bm25.model.scores["data"], np.memmap)   # read from disk as the rerank asks
     assert searcher.search(world["questions"], k=4, unit="passage") == reranked
     with pytest.raises(InputError, match="pre-filter"):
         Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], bm25_weight=mu)
