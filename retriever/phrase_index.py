@@ -353,12 +353,14 @@ class IVFPQCodes:
         if parts is None or index.ntotal:
             raise InputError(f"{files[0]} belongs to an empty 8-bit IVF-PQ index, and {side}.faiss is not one")
         ivfpq, rotation = parts
+        # Memory-mapped: a search behind the pre-filter reads the codes of its documents' vectors only,
+        # which the OS pages in and keeps in its cache, shared by every process that opens the index.
         with loading(files[0], "the index's codes"):
-            codes = np.load(files[0], allow_pickle=False)
+            codes = np.load(files[0], allow_pickle=False, mmap_mode="r")
         with loading(files[1], "the index's lists"):
             # kept in the narrow type it is stored in (uint8 or uint16 below 65,536 lists): a vector's
-            # list costs 1 or 2 bytes in memory, not 8, at hundreds of millions of vectors
-            list_of = np.load(files[1], allow_pickle=False)
+            # list costs 1 or 2 bytes, not 8, at hundreds of millions of vectors
+            list_of = np.load(files[1], allow_pickle=False, mmap_mode="r")
         if codes.shape != (n, ivfpq.pq.M) or codes.dtype != np.uint8 or list_of.shape != (n,) \
                 or list_of.dtype.kind not in "ui" or (n and not 0 <= list_of.min() <= list_of.max() < ivfpq.nlist):
             raise InputError(f"{directory}: corrupt phrase index ({side}'s codes or lists disagree with "

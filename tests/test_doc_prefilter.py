@@ -212,8 +212,9 @@ def test_prefiltered_search_is_exact_inside_the_chosen_documents(world, doc_mode
 
 
 def test_faiss_lists_are_filled_only_for_a_search_of_the_whole_index(world, doc_model):
-    """An IVF-PQ index opens with faiss's lists empty: the pre-filtered search scores the codes by id
-    and never fills them; the first whole-index search does, and finds what the codes score."""
+    """An IVF-PQ index opens with faiss's lists empty and its codes memory-mapped: the pre-filtered search
+    scores the codes by id and never fills them; the first whole-index search does, and finds what the
+    codes score."""
     index = world["root"] / "index-IVF4,PQ4"
     if not index.exists():
         build_index(world["root"] / "dump", index, world["corpus"], factory="IVF4,PQ4")
@@ -222,6 +223,7 @@ def test_faiss_lists_are_filled_only_for_a_search_of_the_whole_index(world, doc_
     ix, n = searcher.index, searcher.index.manifest["vectors"]
     assert searcher.search(world["questions"], k=3)[0]["passages"]
     assert ix._faiss["start"].ntotal == 0 and ix._faiss["end"].ntotal == 0
+    assert all(isinstance(c.codes, np.memmap) and isinstance(c.list_of, np.memmap) for c in ix._codes.values())
     q = np.random.default_rng(0).standard_normal((2, ix.manifest["dim"])).astype(np.float32)
     scores, ids = ix.search("start", q, 5)     # every list probed: exact over the codes
     assert ix._faiss["start"].ntotal == n and ix._faiss["end"].ntotal == 0
