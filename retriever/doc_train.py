@@ -80,7 +80,7 @@ def mine_negatives(examples: list[dict], ranked: np.ndarray, n: int) -> None:
 
 
 def abstract_ranking(table: DocumentTable, questions: list[str], depth: int) -> np.ndarray:
-    bm25 = BM25Index.from_texts([f"{d['title']} {d.get('abstract') or ''}" for d in table.docs], show_progress=False)
+    bm25 = BM25Index.from_texts((f"{d['title']} {d.get('abstract') or ''}" for d in table.docs), show_progress=False)
     rows, _ = bm25.search_passages(questions, depth)
     return rows
 
@@ -88,9 +88,10 @@ def abstract_ranking(table: DocumentTable, questions: list[str], depth: int) -> 
 def model_ranking(model: DocEncoder, tokenizer, table: DocumentTable, questions: list[str], depth: int,
                   rows: np.ndarray | None = None) -> np.ndarray:
     """Each question's top documents (table rows), among `rows` if given, else among all."""
+    docs = table.docs if rows is None else [table.docs[r] for r in rows]   # all: read as encoded, not held
     rows = np.arange(len(table)) if rows is None else rows
     index = faiss.IndexFlatIP(model.doc_lm.config.hidden_size)
-    index.add(encode_all_docs(model, tokenizer, [table.docs[r] for r in rows], desc="encode documents"))
+    index.add(encode_all_docs(model, tokenizer, docs, desc="encode documents"))
     _, found = index.search(encode_questions(model, tokenizer, questions), min(depth, len(rows)))
     return np.where(found >= 0, rows[found], -1)
 
