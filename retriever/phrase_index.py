@@ -406,5 +406,6 @@ def _read_meta(path: Path) -> dict[str, np.ndarray]:
     # token, char_start and char_end stay in the narrow unsigned types they are stored in (1 and 2 bytes
     # here, not 4: 7 bytes of a vector's 51 in memory); a caller widens what it gathers before any
     # subtraction, which would wrap in them
-    meta["in_title"] = meta["in_title"].astype(bool) if "in_title" in meta else np.zeros(len(meta["token"]), bool)
+    # without title phrases every vector is a text token's: one False seen n times, not n bytes
+    meta["in_title"] = meta["in_title"].astype(bool) if "in_title" in meta else np.broadcast_to(np.False_, len(meta["token"]))
     return meta

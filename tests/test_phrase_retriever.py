@@ -221,6 +221,7 @@ def test_token_offsets_stay_narrow_and_every_span_reads_forwards(world, index):
     searcher = Searcher(index, world["model"], world["corpus"], max_answer_tokens=4)
     meta = searcher.index.meta
     assert all(meta[k].dtype.kind == "u" and meta[k].dtype.itemsize < 4 for k in ("token", "char_start", "char_end"))
+    assert not meta["in_title"].any() and meta["in_title"].strides == (0,)   # no title phrases: one False, not n
     rows = list(range(len(searcher.store)))
     passages = [searcher.store[r] for r in rows]
     tokens = meta["token"].astype(np.int64)
