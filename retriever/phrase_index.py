@@ -5,10 +5,11 @@
                              a sample, filled in chunks; nprobe is set at search time)
     start.codes.npy, ...     for an 8-bit IVF-PQ (the default): the .faiss file holds only what was
     start.lists.npy, ...     trained (OPQ, coarse centroids, PQ codebooks), and the codes are stored in
-                             vector-id order with each vector's IVF list; the lists are rebuilt at
-                             the first search over the whole index (a pre-filtered search never needs
-                             them). faiss would store an 8-byte id beside each 16-byte code, and an id
-                             here is only a position.
+                             vector-id order with each vector's IVF list, encoded by faiss
+                             (`sa_encode`) and written straight to the file; faiss's lists are built
+                             at the first search over the whole index (a pre-filtered search never
+                             needs them). faiss would store an 8-byte id beside each 16-byte code, and
+                             an id here is only a position.
     meta.npz                 vector id -> passage row, token index, character start/end
 
 Search reads vectors back from the faiss indexes themselves (exact for Flat, decoded from the codes for
@@ -63,9 +64,10 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
 
     The dump is read a chunk at a time (21M passages dump to terabytes): once for the filter's scores
     and where each kept vector goes, once for the quantisers' training sample, once to fill the index.
-    Memory holds the index, the metadata and one score a dumped token, not the dump. An IVF index is
-    filled chunk by chunk under each vector's id; any other (Flat, HNSW) is filled in id order from
-    the kept vectors gathered first."""
+    Memory holds the metadata and one score a dumped token, not the dump. An 8-bit IVF-PQ (the default)
+    is encoded chunk by chunk into its codes file, written in place through a memory map, so neither
+    faiss's lists nor the codes are held; any other IVF index is filled chunk by chunk under each
+    vector's id; any other index (Flat, HNSW) is filled in id order from the kept vectors gathered first."""
     dump_dir, out_dir = Path(dump_dir), Path(out_dir)
     chunks, first = dump_chunks(dump_dir, corpus_dir)
     n_pass, dim = corpus_info(corpus_dir)["passages"], first["dim"]
@@ -98,21 +100,42 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
                 log.info("training %s index (%s) on %d vectors", side, factory, len(pick))
                 index.train(sample[side])
             del sample
-        if all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
+        if all(IVFPQCodes.encodes(index) for index in indexes.values()):
+            # The default: each vector's list and code straight into the codes files (`sa_encode` gives
+            # what `add` would store), never filling faiss's lists only to read the codes back out.
+            codes = {side: np.lib.format.open_memmap(tmp / f"{side}.codes.npy", mode="w+", dtype=np.uint8,
+                                                     shape=(n_vec, IVFPQCodes.code_size(index)))
+                     for side, index in indexes.items()}
+            nlist = faiss.extract_index_ivf(indexes["start"]).nlist
+            lists = {side: np.zeros(n_vec, _narrow(np.array([nlist - 1])).dtype) for side in indexes}
+            for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
+                vectors = read_chunk(c, ("start", "end"))
+                for side, index in indexes.items():
+                    x = vectors[side][kept[i]]
+                    for a in range(0, len(x), add_chunk):
+                        at = ids[i][a:a + add_chunk]
+                        lists[side][at], codes[side][at] = IVFPQCodes.encode(index, x[a:a + add_chunk].astype(np.float32))
+            for side, index in indexes.items():
+                codes[side].flush()
+                del codes[side]
+                np.save(tmp / f"{side}.lists.npy", _narrow(lists[side]))
+                faiss.write_index(index, str(tmp / f"{side}.faiss"))   # what was trained; its lists empty
+        elif all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
             for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
                 vectors = read_chunk(c, ("start", "end"))
                 for side, index in indexes.items():
                     x = vectors[side][kept[i]]
                     for a in range(0, len(x), add_chunk):
                         index.add_with_ids(x[a:a + add_chunk].astype(np.float32), ids[i][a:a + add_chunk])
+            for side, index in indexes.items():
+                faiss.write_index(index, str(tmp / f"{side}.faiss"))
         else:
             every = _gathered(chunks, kept, ids, np.arange(n_vec), dim, "gather", np.float16)
             for side, index in indexes.items():
                 for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
                     index.add(every[side][a:a + add_chunk].astype(np.float32))
+                faiss.write_index(index, str(tmp / f"{side}.faiss"))
             del every
-        for side, index in indexes.items():
-            _write_side(index, n_vec, tmp, side)
         with open(tmp / "meta.npz", "wb") as f:
             # Rows follow from the counts (vectors run in passage order); offsets fit 16 bits for passages
             # under 64k characters, tokens 8 bits under 256 tokens.
@@ -185,15 +208,6 @@ def _gathered(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray],
             for side in out:
                 out[side][order[at[hit]]] = vectors[side][kept[i]][hit]
     return out
-
-
-def _write_side(index: faiss.Index, n: int, directory: Path, side: str) -> None:
-    codes = IVFPQCodes.of(index, n)
-    if codes is not None:
-        np.save(directory / f"{side}.codes.npy", codes.codes)
-        np.save(directory / f"{side}.lists.npy", _narrow(codes.list_of))
-        index.reset()    # empties the lists; what was trained stays
-    faiss.write_index(index, str(directory / f"{side}.faiss"))
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:
@@ -319,6 +333,25 @@ class IVFPQCodes:
         if type(index) is not faiss.IndexIVFPQ or index.pq.nbits != 8 or not index.by_residual:
             return None
         return index, rotation
+
+    @classmethod
+    def encodes(cls, index: faiss.Index) -> bool:
+        """Whether `index` is an 8-bit IVF-PQ (`_parts`) whose vectors are stored as codes and lists."""
+        return cls._parts(index) is not None
+
+    @classmethod
+    def code_size(cls, index: faiss.Index) -> int:
+        return cls._parts(index)[0].pq.M
+
+    @staticmethod
+    def encode(index: faiss.Index, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each vector's IVF list and PQ code in a trained `index`, as `add` would store them: faiss's
+        `sa_encode` writes the list number (little-endian, in the fewest bytes that hold nlist) and then
+        the code."""
+        ivf = faiss.extract_index_ivf(index)
+        enc = index.sa_encode(x)
+        coarse = ivf.coarse_code_size()
+        return enc[:, :coarse].astype(np.int64) @ (256 ** np.arange(coarse, dtype=np.int64)), enc[:, coarse:]
 
     @classmethod
     def _of_parts(cls, ivfpq: faiss.IndexIVFPQ, rotation, codes: np.ndarray, list_of: np.ndarray) -> "IVFPQCodes":

@@ -858,13 +858,30 @@ def test_ivf_pq_scores_from_codes_equal_decoded_vectors(factory):
     assert IVFPQCodes.of(faiss.index_factory(48, "PCA16,IVF4,PQ4", faiss.METRIC_INNER_PRODUCT), 0) is None
 
 
-@pytest.mark.parametrize("factory", ["OPQ4,IVF8,PQ4np", "IVF8,PQ4np"])
-def test_an_ivf_pq_index_is_stored_without_its_ids(tmp_path, factory):
-    """The codes in id order and each vector's list, beside the trained but empty index: opened, it
-    searches exactly as the index that was filled, in fewer bytes (faiss stores an 8-byte id a code)."""
+def test_encoding_reads_a_list_number_of_two_bytes():
+    """Past 256 lists faiss writes a vector's list in two little-endian bytes before its code."""
     import faiss
 
-    from odqa.retriever.phrase_index import IVFPQCodes, _write_side
+    from odqa.retriever.phrase_index import IVFPQCodes
+    x = np.random.default_rng(0).standard_normal((8000, 8)).astype(np.float32)
+    index = faiss.index_factory(8, "IVF300,PQ2np", faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    lists, codes = IVFPQCodes.encode(index, x)
+    index.add(x)
+    filled = IVFPQCodes.of(index, len(x))
+    assert lists.max() > 255 and faiss.extract_index_ivf(index).coarse_code_size() == 2
+    np.testing.assert_array_equal(lists, filled.list_of)
+    np.testing.assert_array_equal(codes, filled.codes)
+
+
+@pytest.mark.parametrize("factory", ["OPQ4,IVF8,PQ4np", "IVF8,PQ4np"])
+def test_an_ivf_pq_index_is_stored_without_its_ids(tmp_path, factory):
+    """The codes in id order and each vector's list, encoded as `build_index` encodes them, beside the
+    trained but empty index: they are the codes `add` stores, and opened, the index searches exactly as
+    the index that was filled, in fewer bytes (faiss stores an 8-byte id a code)."""
+    import faiss
+
+    from odqa.retriever.phrase_index import IVFPQCodes
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3000, 16)).astype(np.float32)
     q = rng.standard_normal((20, 16)).astype(np.float32)
@@ -872,11 +889,20 @@ def test_an_ivf_pq_index_is_stored_without_its_ids(tmp_path, factory):
     if factory.startswith("OPQ"):    # a rough rotation is as good a test as a trained one, at a tenth of the time
         faiss.downcast_VectorTransform(faiss.downcast_index(index).chain.at(0)).niter = 3
     index.train(x)
+    empty = faiss.clone_index(index)
     index.add(x)
     faiss.extract_index_ivf(index).nprobe = 2
     want = index.search(q, 50)
     whole = len(faiss.serialize_index(index))
-    _write_side(index, len(x), tmp_path, "start")
+    assert IVFPQCodes.encodes(empty) and IVFPQCodes.code_size(empty) == 4
+    lists, codes = IVFPQCodes.encode(empty, x[:1000])
+    more_lists, more_codes = IVFPQCodes.encode(empty, x[1000:])
+    filled = IVFPQCodes.of(index, len(x))
+    np.testing.assert_array_equal(np.concatenate([codes, more_codes]), filled.codes)
+    np.testing.assert_array_equal(np.concatenate([lists, more_lists]), filled.list_of)
+    np.save(tmp_path / "start.codes.npy", filled.codes)
+    np.save(tmp_path / "start.lists.npy", filled.list_of.astype(np.uint8))
+    faiss.write_index(empty, str(tmp_path / "start.faiss"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["start.codes.npy", "start.faiss", "start.lists.npy"]
     stored = sum(p.stat().st_size for p in tmp_path.iterdir())
     assert stored < whole - 6 * len(x)          # 7 bytes a vector less, but for the .npy headers
