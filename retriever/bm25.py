@@ -148,8 +148,9 @@ class BM25Index:
 
     def scores_of(self, question: str, rows) -> np.ndarray:
         """`scores(question)[rows]`, equal to the bit, without scoring every passage: each query term's
-        postings (the index's CSC column, passage rows ascending) are searched for the rows. A rerank
-        needs a few hundred rows' scores; over 21M passages a whole score vector is 84 MB a question."""
+        postings (the index's CSC column, passage rows ascending: bm25s's default CSC builder sorts by
+        column, then row) are searched for the rows. A rerank needs a few hundred rows' scores; over
+        21M passages a whole score vector is 84 MB a question."""
         rows = np.asarray(rows, dtype=np.int64)
         index = self.model.scores
         data, indices, indptr = index["data"], index["indices"], index["indptr"]
