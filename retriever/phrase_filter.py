@@ -163,7 +163,7 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     scores = model.score(start, end)
     table = []
     for share in SHARES:
-        threshold = float(np.quantile(every, 1 - share)) if share < 1 else float("-inf")
+        threshold = float(np.quantile(every, 1 - share, overwrite_input=True)) if share < 1 else float("-inf")
         table.append({"keep": share, "threshold": threshold,
                       "answer_recall": answer_recall(scores >= threshold, val_spans)})
     info = {"dim": model.dim, "hidden": hidden, "encoder_hash": summary["encoder_hash"],

@@ -159,7 +159,8 @@ def _kept_tokens(chunks: list[Path], keep: float, filter_path, encoder_hash: str
     if keep == 1:
         return [np.ones(len(read_chunk(c, ("token",))["token"]), bool) for c in chunks], float("-inf")
     scores = chunk_scores(fitted_filter(filter_path, encoder_hash), chunks)
-    threshold = float(np.quantile(np.concatenate(scores), 1 - keep))
+    # partitioned in place: two floats a dumped token at the peak, not three (np.quantile copies its input)
+    threshold = float(np.quantile(np.concatenate(scores), 1 - keep, overwrite_input=True))
     return [s >= threshold for s in scores], threshold
 
 
