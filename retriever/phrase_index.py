@@ -107,7 +107,8 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
                                                      shape=(n_vec, IVFPQCodes.code_size(index)))
                      for side, index in indexes.items()}
             nlist = faiss.extract_index_ivf(indexes["start"]).nlist
-            lists = {side: np.zeros(n_vec, _narrow(np.array([nlist - 1])).dtype) for side in indexes}
+            list_type = _narrow(np.array([nlist - 1])).dtype     # the narrowest that holds every list number
+            lists = {side: np.zeros(n_vec, list_type) for side in indexes}
             for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
                 vectors = read_chunk(c, ("start", "end"))
                 for side, index in indexes.items():
@@ -442,8 +443,7 @@ def _read_meta(path: Path) -> dict[str, np.ndarray]:
         # int32 rows: 4 bytes a vector fewer than numpy's default at hundreds of millions of vectors
         meta["passage_row"] = np.repeat(np.arange(len(count), dtype=np.int32 if len(count) < 2**31 else np.int64), count)
     # token, char_start and char_end stay in the narrow unsigned types they are stored in (1 and 2 bytes
-    # here, not 4: 7 bytes of a vector's 51 in memory); a caller widens what it gathers before any
-    # subtraction, which would wrap in them
-    # without title phrases every vector is a text token's: one False seen n times, not n bytes
+    # here, not int32's 4); a caller widens what it gathers before any subtraction, which would wrap.
+    # Without title phrases every vector is a text token's: one False seen n times, not n bytes.
     meta["in_title"] = meta["in_title"].astype(bool) if "in_title" in meta else np.broadcast_to(np.False_, len(meta["token"]))
     return meta
