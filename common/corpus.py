@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -281,12 +282,12 @@ class PassageStore:
         cache = self.dir / f"passages.offsets.{self.info['fingerprint']}.npy"
         if cache.exists():
             return np.load(cache)
-        offsets, pos = [], 0
+        offsets, pos = array("q"), 0   # 8 bytes a passage as it grows; a list of ints takes 36
         with open(self.path, "rb") as f:
             for line in f:
                 offsets.append(pos)
                 pos += len(line)
-        arr = np.asarray(offsets, dtype=np.int64)
+        arr = np.frombuffer(offsets, dtype=np.int64).copy()
         _cache(cache, lambda f: np.save(f, arr))
         return arr
 
