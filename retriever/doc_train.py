@@ -153,8 +153,11 @@ def train_doc(args: DocTrainArgs) -> dict:
         model = DocEncoder(DocEncoderConfig(args.encoder, args.max_doc_tokens, args.max_question_tokens))
     tokenizer = load_tokenizer(args.encoder)
     table = DocumentTable(args.corpus)
+    # the rows of the supervision's passages only: every passage's would be gigabytes at 21M passages
+    wanted = {ex.get("passage_id") for path in (args.train_file, args.validation_file)
+              for _, ex in read_jsonl(path) if isinstance(ex, dict)}
     store = PassageStore(args.corpus)
-    row_of_passage = {p["id"]: i for i, p in enumerate(store)}
+    row_of_passage = {p["id"]: i for i, p in enumerate(store) if p["id"] in wanted}
     answers = AnswerIndex(CorpusTexts(args.corpus))
     store.close()
     train_ex = load_doc_examples(args.train_file, table, row_of_passage, answers, args.max_train_examples)
