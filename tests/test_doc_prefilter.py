@@ -1,6 +1,7 @@
 """DHR's document pre-filter on a tiny corpus of people, each a document of three sections:
 training the document encoder, the document index and its refusals, phrase search restricted to
 the top documents, the reranking formula and lambda tuning."""
+import json
 import random
 import shutil
 
@@ -84,6 +85,19 @@ def test_train_doc_learns_which_document_answers(doc_model):
     assert s["with_negatives"] == len(NAMES)  # every question got an abstract negative
     assert s["best_top20"] == 100.0
     assert s["validation"][-1]["Top-1"] >= 80.0, s["validation"][-1]  # chance is 10
+
+
+def test_train_doc_refuses_a_supervision_passage_missing_from_the_corpus(world, tmp_path):
+    """Only the supervision's passage ids are mapped to rows; one the corpus lacks is named."""
+    root = world["root"]
+    lines = (root / "sup" / "train.jsonl").read_text().splitlines()
+    bad = json.loads(lines[0])
+    bad["passage_id"] = "nowhere#7"
+    (tmp_path / "train.jsonl").write_text("\n".join(lines[1:] + [json.dumps(bad)]) + "\n")
+    with pytest.raises(InputError, match="'nowhere#7' is not in the corpus"):
+        train_doc(DocTrainArgs(train_file=str(tmp_path / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+                               corpus=str(world["corpus"]), out_dir=str(tmp_path / "out"), encoder=str(world["bert"]),
+                               epochs=1, batch_size=5, max_doc_tokens=64))
 
 
 def test_train_doc_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
