@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import faiss
@@ -109,25 +110,16 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
             nlist = faiss.extract_index_ivf(indexes["start"]).nlist
             list_type = _narrow(np.array([nlist - 1])).dtype     # the narrowest that holds every list number
             lists = {side: np.zeros(n_vec, list_type) for side in indexes}
-            for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
-                vectors = read_chunk(c, ("start", "end"))
-                for side, index in indexes.items():
-                    x = vectors[side][kept[i]]
-                    for a in range(0, len(x), add_chunk):
-                        at = ids[i][a:a + add_chunk]
-                        lists[side][at], codes[side][at] = IVFPQCodes.encode(index, x[a:a + add_chunk].astype(np.float32))
+            for side, x, at in _kept_batches(chunks, kept, ids, add_chunk):
+                lists[side][at], codes[side][at] = IVFPQCodes.encode(indexes[side], x)
             for side, index in indexes.items():
                 codes[side].flush()
                 del codes[side]
                 np.save(tmp / f"{side}.lists.npy", _narrow(lists[side]))
                 faiss.write_index(index, str(tmp / f"{side}.faiss"))   # what was trained; its lists empty
         elif all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
-            for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
-                vectors = read_chunk(c, ("start", "end"))
-                for side, index in indexes.items():
-                    x = vectors[side][kept[i]]
-                    for a in range(0, len(x), add_chunk):
-                        index.add_with_ids(x[a:a + add_chunk].astype(np.float32), ids[i][a:a + add_chunk].astype(np.int64))
+            for side, x, at in _kept_batches(chunks, kept, ids, add_chunk):
+                indexes[side].add_with_ids(x, at.astype(np.int64))
             for side, index in indexes.items():
                 faiss.write_index(index, str(tmp / f"{side}.faiss"))
         else:
@@ -197,6 +189,18 @@ def _placed(chunks: list[Path], kept: list[np.ndarray], n_pass: int
         for k in meta:
             meta[k][at] = part.pop(k)
     return ids, meta, counts
+
+
+def _kept_batches(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], size: int
+                  ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(side, float32 vectors, their ids) of every kept vector, a dump chunk and `size` vectors at a time,
+    the start side before the end side in each chunk."""
+    for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
+        vectors = read_chunk(c, ("start", "end"))
+        for side in ("start", "end"):
+            x = vectors[side][kept[i]]
+            for a in range(0, len(x), size):
+                yield side, x[a:a + size].astype(np.float32), ids[i][a:a + size]
 
 
 def _gathered(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], want: np.ndarray, dim: int,
