@@ -228,6 +228,19 @@ def _stat(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
+def _line_index(path: Path, cache: Path, build) -> dict[str, np.ndarray]:
+    """Look-up arrays of a corpus file (`build()`'s), cached beside it with the file's size and mtime. A
+    file changed after the cache was written (a passage edited by hand) is walked again rather than
+    read at stale byte offsets."""
+    if cache.exists():
+        with np.load(cache) as z:
+            if z["stat"].tolist() == _stat(path):
+                return {name: z[name] for name in z.files if name != "stat"}
+    arrays = build()
+    _cache(cache, lambda f: np.savez(f, stat=np.asarray(_stat(path), np.int64), **arrays))
+    return arrays
+
+
 class JsonLines(Sequence):
     """A JSONL file's objects by row, each read from its byte offset when asked for. Reads are positional
     (pread), so processes forked with it open (DataLoader workers) do not move each other's place."""
@@ -247,7 +260,8 @@ class JsonLines(Sequence):
             self._fd = os.open(self.path, os.O_RDONLY)
         start = int(self.offsets[row])
         end = int(self.offsets[row + 1]) if row + 1 < len(self) else self.size
-        return json.loads(os.pread(self._fd, end - start, start))
+        return parse_json(os.pread(self._fd, end - start, start).decode("utf-8", errors="replace"),
+                          f"{self.path}, row {row}")
 
     def close(self) -> None:
         if getattr(self, "_fd", None) is not None:
@@ -279,17 +293,15 @@ class PassageStore:
         self._lines = JsonLines(self.path, self.offsets)
 
     def _offsets(self) -> np.ndarray:
-        cache = self.dir / f"passages.offsets.{self.info['fingerprint']}.npy"
-        if cache.exists():
-            return np.load(cache)
-        offsets, pos = array("q"), 0   # 8 bytes a passage as it grows; a list of ints takes 36
-        with open(self.path, "rb") as f:
-            for line in f:
-                offsets.append(pos)
-                pos += len(line)
-        arr = np.frombuffer(offsets, dtype=np.int64).copy()
-        _cache(cache, lambda f: np.save(f, arr))
-        return arr
+        def walk() -> dict[str, np.ndarray]:
+            offsets, pos = array("q"), 0   # 8 bytes a passage as it grows; a list of ints takes 36
+            with open(self.path, "rb") as f:
+                for line in f:
+                    if line.strip():       # blank lines are skipped, as read_jsonl and DocumentTable skip them
+                        offsets.append(pos)
+                    pos += len(line)
+            return {"offsets": np.frombuffer(offsets, dtype=np.int64).copy()}
+        return _line_index(self.path, self.dir / f"passages.offsets.{self.info['fingerprint']}.npz", walk)["offsets"]
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -298,9 +310,7 @@ class PassageStore:
         return self._lines[row]
 
     def __iter__(self) -> Iterator[dict]:
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                yield json.loads(line)
+        return iter(self._lines)
 
     def close(self) -> None:
         self._lines.close()
@@ -325,11 +335,11 @@ class DocumentTable:
         self.doc_of_passage = np.repeat(np.arange(len(self.ids), dtype=np.int64), self.count)
 
     def _index(self, path: Path, fingerprint: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        cache = self.dir / f"documents.index.{fingerprint}.npz"
-        if cache.exists():
-            with np.load(cache) as z:
-                if z["stat"].tolist() == _stat(path):   # else the file was changed after the build
-                    return z["offsets"], z["count"], z["ids"]
+        z = _line_index(path, self.dir / f"documents.index.{fingerprint}.npz", lambda: self._walk(path))
+        return z["offsets"], z["count"], z["ids"]
+
+    @staticmethod
+    def _walk(path: Path) -> dict[str, np.ndarray]:
         offsets, count, ids, pos = [], [], [], 0
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
@@ -341,10 +351,8 @@ class DocumentTable:
                     count.append(doc["n_passages"])
                     ids.append(str(doc["id"]))
                 pos += len(line)
-        arrays = (np.asarray(offsets, np.int64), np.asarray(count, np.int64), np.asarray(ids, dtype=str))
-        _cache(cache, lambda f: np.savez(f, offsets=arrays[0], count=arrays[1], ids=arrays[2],
-                                         stat=np.asarray(_stat(path), np.int64)))
-        return arrays
+        return {"offsets": np.asarray(offsets, np.int64), "count": np.asarray(count, np.int64),
+                "ids": np.asarray(ids, dtype=str)}
 
     @cached_property
     def row_of(self) -> dict[str, int]:

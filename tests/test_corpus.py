@@ -1,4 +1,6 @@
 
+import json
+
 import pytest
 from tiny_data import write_jsonl
 
@@ -95,8 +97,24 @@ def test_passage_store_random_access(tiny_corpus):
     assert [store[i] for i in (5, 0, 3)] == [passages[5], passages[0], passages[3]]
     assert list(store) == passages
     # The offsets are cached next to the corpus and reused.
-    assert list(tiny_corpus.glob("passages.offsets.*.npy"))
+    assert list(tiny_corpus.glob("passages.offsets.*.npz"))
     assert PassageStore(tiny_corpus)[2] == passages[2]
+
+
+def test_passage_store_reads_an_edited_file_again_and_names_a_bad_line(tiny_corpus, tmp_path):
+    import shutil
+    copy = tmp_path / "c"
+    shutil.copytree(tiny_corpus, copy)
+    passages = load(copy / "passages.jsonl")
+    assert PassageStore(copy)[1] == passages[1]                       # the offsets are cached now
+    passages[0]["text"] = "A longer first passage, edited by hand. " + passages[0]["text"]
+    lines = [json.dumps(p) for p in passages]
+    (copy / "passages.jsonl").write_text("\n".join(lines[:2] + ["", ""] + lines[2:]) + "\n")
+    store = PassageStore(copy)                                         # not the stale offsets: every row moved
+    assert [store[i] for i in range(len(store))] == passages and list(store) == passages
+    (copy / "passages.jsonl").write_text("\n".join(lines[:3] + [lines[3][:-1]] + lines[4:]) + "\n")
+    with pytest.raises(InputError, match=r"passages.jsonl, row 3: not valid JSON"):
+        PassageStore(copy)[3]
 
 
 def test_document_table_reads_documents_by_offset_and_names_a_bad_line(tiny_corpus, tmp_path):
