@@ -157,7 +157,7 @@ def train_doc(args: DocTrainArgs) -> dict:
     wanted = {ex.get("passage_id") for path in (args.train_file, args.validation_file)
               for _, ex in read_jsonl(path) if isinstance(ex, dict)}
     store = PassageStore(args.corpus)
-    row_of_passage = {p["id"]: i for i, p in enumerate(store) if p["id"] in wanted}
+    row_of_passage = store.rows_of(wanted)
     answers = AnswerIndex(CorpusTexts(args.corpus))
     store.close()
     train_ex = load_doc_examples(args.train_file, table, row_of_passage, answers, args.max_train_examples)

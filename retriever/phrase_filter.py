@@ -72,14 +72,11 @@ def load_filter(path: str | os.PathLike) -> tuple[PhraseFilter, dict]:
     return model.eval(), info
 
 
-def passage_places(corpus_dir, ids: set[str] | None = None) -> tuple[dict[str, int], dict[str, list]]:
-    """Each passage id's row and section path, or with `ids` only those passages' (one pass over the
-    corpus's passages; every passage's would be gigabytes of dictionaries at 21M passages)."""
+def passage_places(corpus_dir, ids: set[str]) -> tuple[dict[str, int], dict[str, list]]:
+    """The row and section path of each of the passages `ids` the corpus has."""
     store = PassageStore(corpus_dir)
-    row_of, section_of = {}, {}
-    for i, p in enumerate(store):
-        if ids is None or p["id"] in ids:
-            row_of[p["id"]], section_of[p["id"]] = i, p.get("section", [])
+    row_of = store.rows_of(ids)
+    section_of = {pid: store[row].get("section", []) for pid, row in row_of.items()}
     store.close()
     return row_of, section_of
 
@@ -89,7 +86,7 @@ def answer_labels(arrays: dict, examples: list[dict], corpus_dir, title_path: bo
     """Vector ids of the examples' passages, (N, 2) start/end labels, and for each example the list of
     its answer occurrences as (start id, end id) pairs that the dump can represent. `title_path`: the
     phrase model read "title, section, ..." as the title segment, so title answers are found there.
-    `places`: `passage_places(corpus_dir)` of (at least) the examples' passages, when the caller has it."""
+    `places`: `passage_places` of (at least) the examples' passages, when the caller has it."""
     row_of, section_of = places or passage_places(corpus_dir, {ex.get("passage_id") for ex in examples})
     rows = arrays["passage_row"]
     ids, labels, spans = [], [], []

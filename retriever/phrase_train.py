@@ -284,7 +284,7 @@ def with_passage_context(examples: list[dict], args: PhraseTrainArgs, corpus_dir
     up to --in-doc-count other passages of its document or section, drawn per (seed, question)."""
     store = PassageStore(corpus_dir)
     table = DocumentTable(corpus_dir)
-    row_of = {p["id"]: i for i, p in enumerate(store)}
+    row_of = store.rows_of(ex.get("passage_id") for ex in examples)
     for ex in examples:
         row = row_of.get(ex.get("passage_id"))
         if row is None:

@@ -96,6 +96,8 @@ def test_passage_store_random_access(tiny_corpus):
     assert len(store) == len(passages)
     assert [store[i] for i in (5, 0, 3)] == [passages[5], passages[0], passages[3]]
     assert list(store) == passages
+    assert store.rows_of([passages[4]["id"], "no such passage", passages[1]["id"]]) == \
+        {passages[1]["id"]: 1, passages[4]["id"]: 4}
     # The offsets are cached next to the corpus and reused.
     assert list(tiny_corpus.glob("passages.offsets.*.npz"))
     assert PassageStore(tiny_corpus)[2] == passages[2]
