@@ -175,7 +175,7 @@ def _placed(chunks: list[Path], kept: list[np.ndarray], n_pass: int
             raise InputError(f"{c}: not a chunk of `odqa dump-phrases` (its passages must be whole, grouped, "
                              "in token order, and in no other chunk)")
         owner[passages], counts[passages] = i, n
-        parts.append({"passage_row": rows.astype(np.int32 if n_pass < 2**31 else np.int64), "in_title": raw["in_title"],
+        parts.append({"passage_row": rows.astype(_position_type(n_pass)), "in_title": raw["in_title"],
                       **{k: _narrow(raw[k]) for k in ("token", "char_start", "char_end")}})
     first_id = np.concatenate([[0], np.cumsum(counts)])
     n_vec = int(counts.sum())
@@ -183,7 +183,7 @@ def _placed(chunks: list[Path], kept: list[np.ndarray], n_pass: int
     for part in parts:
         rows = part.pop("passage_row")   # its place in its passage, after the passages before it
         at = first_id[rows] + np.arange(len(rows)) - np.searchsorted(rows, rows)
-        ids.append(at.astype(np.int32 if n_vec < 2**31 else np.int64))
+        ids.append(at.astype(_position_type(n_vec)))
     meta = {k: np.empty(n_vec, np.result_type(*(p[k].dtype for p in parts)) if parts else np.int32) for k in fields[1:]}
     for part, at in zip(parts, ids):
         for k in meta:
@@ -218,6 +218,11 @@ def _gathered(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray],
             for side in out:
                 out[side][order[at[hit]]] = vectors[side][kept[i]][hit]
     return out
+
+
+def _position_type(n: int) -> type:
+    """int32 for positions below n where it holds them all: 4 bytes a vector fewer than int64."""
+    return np.int32 if n < 2**31 else np.int64
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:
@@ -445,7 +450,7 @@ def _read_meta(path: Path) -> dict[str, np.ndarray]:
     if "passage_row" not in meta:   # version 2 stores counts only
         count = meta["passage_count"].astype(np.int64)
         # int32 rows: 4 bytes a vector fewer than numpy's default at hundreds of millions of vectors
-        meta["passage_row"] = np.repeat(np.arange(len(count), dtype=np.int32 if len(count) < 2**31 else np.int64), count)
+        meta["passage_row"] = np.repeat(np.arange(len(count), dtype=_position_type(len(count))), count)
     # token, char_start and char_end stay in the narrow unsigned types they are stored in (1 and 2 bytes
     # here, not int32's 4); a caller widens what it gathers before any subtraction, which would wrap.
     # Without title phrases every vector is a text token's: one False seen n times, not n bytes.
