@@ -34,6 +34,8 @@ def read_results(path: str | os.PathLike) -> list[dict]:
     data = read_json(path)
     if not isinstance(data, list):
         raise InputError(f"{path}: expected a JSON list of questions with ctxs")
+    if not data:    # every metric over it would be a 0.0 that measures nothing
+        raise InputError(f"{path}: holds no questions")
     for i, entry in enumerate(data):
         if not isinstance(entry, dict) or "question" not in entry or not isinstance(entry.get("ctxs"), list):
             raise InputError(f"{path}: entry {i} needs \"question\" and a \"ctxs\" list")

@@ -88,7 +88,8 @@ def test_retrieval_file_round_trip_and_metrics(tiny_corpus, tiny_questions, tmp_
     assert read_results(path) == entries
     assert path.read_text() == json.dumps(entries, ensure_ascii=False) + "\n"   # one JSON array, as json.dump writes it
     write_results(path, [])
-    assert read_results(path) == []
+    with pytest.raises(InputError, match="holds no questions"):    # not a table of 0.0s
+        read_results(path)
     answerable = answerable_flags(entries, tiny_corpus)
     assert answerable == [True, True, True, True, False]
     metrics = evaluate_results(entries, answerable, ks=(1, 5))
