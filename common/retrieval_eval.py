@@ -53,7 +53,8 @@ def evaluate_results(entries: Sequence[dict], answerable: Sequence[bool] | None 
             kept = [x for x, k in zip(em, keep) if k]
             out[name]["EM"] = 100.0 * sum(kept) / max(len(kept), 1)
             read = [x for x, h, k in zip(em, hits, keep) if k and h[:1] == [True]]
-            out[name]["EM (Top-1 hit)"] = 100.0 * sum(read) / max(len(read), 1)
+            if read:    # else left out (the table shows "-"): no first passage held an answer to read
+                out[name]["EM (Top-1 hit)"] = 100.0 * sum(read) / len(read)
     return out
 
 

@@ -6,7 +6,7 @@ from tiny_data import TINY_DOCS, write_jsonl
 from odqa.common.corpus import PassageStore, build_corpus
 from odqa.common.io import InputError
 from odqa.common.questions import load_questions
-from odqa.common.retrieval_eval import answerable_flags, evaluate_results
+from odqa.common.retrieval_eval import answerable_flags, evaluate_results, format_table
 from odqa.common.retrieval_file import read_results, write_results
 from odqa.retriever.bm25 import BM25Index, BM25Params
 from odqa.retriever.retrieve import retrieve
@@ -109,6 +109,9 @@ def test_the_extractive_answer_is_scored_over_all_and_over_a_right_first_passage
     assert metrics["answerable"]["EM"] == pytest.approx(100 / 3) and metrics["answerable"]["EM (Top-1 hit)"] == 50.0
     no_prediction = evaluate_results([{k: v for k, v in entries[0].items() if k != "prediction"}], ks=(1,))["all"]
     assert "EM" not in no_prediction and "EM (Top-1 hit)" not in no_prediction
+    no_first_hit = evaluate_results([entry("rome", False, True)], ks=(1,))
+    assert no_first_hit["all"]["EM"] == 100.0 and "EM (Top-1 hit)" not in no_first_hit["all"]
+    assert format_table({"run": metrics, "no hit": no_first_hit}).splitlines()[-1].endswith("| 100.0 | - |")
 
 
 def test_read_results_rejects_a_file_of_another_shape(tmp_path):
