@@ -113,6 +113,10 @@ def test_what_is_not_a_reranker_checkpoint_is_refused(trained, tmp_path):
     with pytest.raises(InputError, match="2 outputs, not 1"):
         CrossEncoder.from_pretrained(tmp_path / "two")
     (trained["root"] / "bad.json").write_text("[]")
+    with pytest.raises(InputError, match="bad.json: holds no questions"):
+        train_reranker(RerankerTrainArgs(train_file=str(trained["root"] / "bad.json"), validation_file=str(trained["val"]),
+                                         out_dir=str(tmp_path / "x"), encoder=str(trained["root"] / "bert")))
+    (trained["root"] / "bad.json").write_text('[{"question": "q", "answers": ["a"], "ctxs": []}]')   # no group
     with pytest.raises(InputError, match="fewer than one batch"):
         train_reranker(RerankerTrainArgs(train_file=str(trained["root"] / "bad.json"), validation_file=str(trained["val"]),
                                          out_dir=str(tmp_path / "x"), encoder=str(trained["root"] / "bert")))
