@@ -112,14 +112,12 @@ def test_what_is_not_a_reranker_checkpoint_is_refused(trained, tmp_path):
     CrossEncoder(two, one.tokenizer, one.config).save_pretrained(tmp_path / "two")
     with pytest.raises(InputError, match="2 outputs, not 1"):
         CrossEncoder.from_pretrained(tmp_path / "two")
-    (trained["root"] / "bad.json").write_text("[]")
-    with pytest.raises(InputError, match="bad.json: holds no questions"):
-        train_reranker(RerankerTrainArgs(train_file=str(trained["root"] / "bad.json"), validation_file=str(trained["val"]),
-                                         out_dir=str(tmp_path / "x"), encoder=str(trained["root"] / "bert")))
-    (trained["root"] / "bad.json").write_text('[{"question": "q", "answers": ["a"], "ctxs": []}]')   # no group
-    with pytest.raises(InputError, match="fewer than one batch"):
-        train_reranker(RerankerTrainArgs(train_file=str(trained["root"] / "bad.json"), validation_file=str(trained["val"]),
-                                         out_dir=str(tmp_path / "x"), encoder=str(trained["root"] / "bert")))
+    for content, error in (("[]", "bad.json: holds no questions"),
+                           ('[{"question": "q", "answers": ["a"], "ctxs": []}]', "fewer than one batch")):   # no group
+        (trained["root"] / "bad.json").write_text(content)
+        with pytest.raises(InputError, match=error):
+            train_reranker(RerankerTrainArgs(train_file=str(trained["root"] / "bad.json"), validation_file=str(trained["val"]),
+                                             out_dir=str(tmp_path / "x"), encoder=str(trained["root"] / "bert")))
 
 
 def test_groups_keep_questions_with_both_kinds_in_their_top_passages(tmp_path):
