@@ -90,6 +90,8 @@ class QueryTrainArgs(OptimArgs):
     questions: str = arg("nq-dev", "training question set")
     label: str = arg("phrase", "phrase, passage or document: what makes a retrieved phrase a positive")
     top_k: int = arg(100, "phrases retrieved per question")
+    passage_weight: float = arg(0.0, "weight of a second term whose positives are the phrases of passages that hold an "
+                                     "answer (the 'Too' paper's passage loss), added to --label's term; 0: off")
     max_answer_tokens: int | None = arg(None, "longest phrase retrieved, in tokens (default: the index's L)")
     doc_index: str | None = arg(None, "a document index (`odqa build-doc-index`): retrieve each question's phrases "
                                       "behind this pre-filter, as the pipeline searches")

@@ -13,6 +13,7 @@ An epoch's candidates are kept in OUT/candidates/, so a resumed run trains on th
 """
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import shutil
@@ -75,9 +76,13 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
     for i, (q, phrases) in enumerate(zip(questions, retrieved)):
         phrases = phrases[:args.top_k]
         pos = positives(searcher, phrases, q, args.label, doc_cache)
-        if pos.any():
+        extra = {}
+        if args.passage_weight:
+            extra["passage_positive"] = (pos if args.label == "passage" else
+                                         positives(searcher, phrases, q, "passage", doc_cache)).tolist()
+        if pos.any() or any(extra.get("passage_positive", ())):
             found.append({"question": i, "start": [int(p.start_vec) for p in phrases],
-                          "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist()})
+                          "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist(), **extra})
     log.info("epoch %d: %d of %d questions have a positive among the top %d phrases",
              epoch + 1, len(found), len(questions), args.top_k)
     if not found:
@@ -110,16 +115,24 @@ class CandidateBatches(Sequence):
                                                    self.searcher.model.config.max_question_tokens)),
                 "start": [torch.from_numpy(index.vectors("start", c["start"])).float() for c in chunk],
                 "end": [torch.from_numpy(index.vectors("end", c["end"])).float() for c in chunk],
-                "positive": [torch.tensor(c["positive"]) for c in chunk]}
+                "positive": [torch.tensor(c["positive"]) for c in chunk],
+                "passage_positive": [torch.tensor(c.get("passage_positive", [False] * len(c["positive"])))
+                                     for c in chunk]}
 
 
-def query_loss(model, batch: dict, step: int):
+def query_loss(model, batch: dict, step: int, passage_weight: float = 0.0):
+    """Eq. 11's -log (positives' share of the top phrases' softmax), averaged over the questions; with
+    `passage_weight` plus that weight times the same over the phrases of answer-bearing passages."""
     enc = model(batch["questions"])
     qs, qe = enc["q_start"], enc["q_end"]
     loss = 0.0
-    for b, (s_vec, e_vec, pos) in enumerate(zip(batch["start"], batch["end"], batch["positive"])):
+    for b, (s_vec, e_vec, pos, ppos) in enumerate(zip(batch["start"], batch["end"], batch["positive"],
+                                                      batch["passage_positive"])):
         scores = qs[b] @ s_vec.T + qe[b] @ e_vec.T
-        loss = loss + torch.logsumexp(scores, 0) - torch.logsumexp(scores[pos], 0)
+        if pos.any():   # a question kept for its passage term alone has no phrase positive
+            loss = loss + torch.logsumexp(scores, 0) - torch.logsumexp(scores[pos], 0)
+        if passage_weight and ppos.any():
+            loss = loss + passage_weight * (torch.logsumexp(scores, 0) - torch.logsumexp(scores[ppos], 0))
     loss = loss / len(batch["positive"])
     return loss, {"loss": loss.item()}
 
@@ -165,7 +178,8 @@ def train_query(args: QueryTrainArgs) -> dict:
     def batches(epoch: int) -> CandidateBatches:
         return CandidateBatches(searcher, questions, candidates(epoch), n_batches, args, epoch)
 
-    task = Task(model=model, n_batches=n_batches, batches=batches, loss=query_loss,
+    task = Task(model=model, n_batches=n_batches, batches=batches,
+                loss=functools.partial(query_loss, passage_weight=args.passage_weight),
                 save=lambda m, path: m.save_pretrained(path, searcher.tokenizer))
     state = train(task, args, engine, out, "train-query")
     history = []

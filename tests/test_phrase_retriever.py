@@ -500,8 +500,42 @@ def test_model_options_train(world, tmp_path, head, qenc, unified):
     assert (model.q_end_lm is None) == (qenc == "shared")
 
 
-@pytest.mark.parametrize("factory, label", [("Flat", "phrase"), ("IVF2,SQ8", "document")])
-def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, factory, label):
+def test_the_query_loss_adds_the_weighted_passage_term_to_the_phrase_term():
+    import torch
+
+    from odqa.retriever.query_train import query_loss
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, q):
+            super().__init__()
+            self.q = q
+
+        def forward(self, questions):
+            return {"q_start": self.q, "q_end": self.q}
+
+    torch.manual_seed(0)
+    d, n = 4, 6
+    q = torch.randn(2, d)
+    start, end = [torch.randn(n, d) for _ in range(2)], [torch.randn(n, d) for _ in range(2)]
+    pos = [torch.tensor([0, 1, 0, 0, 0, 0], dtype=torch.bool), torch.zeros(n, dtype=torch.bool)]
+    ppos = [torch.tensor([1, 1, 1, 0, 0, 0], dtype=torch.bool), torch.tensor([0, 0, 0, 0, 1, 1], dtype=torch.bool)]
+    batch = {"questions": {}, "start": start, "end": end, "positive": pos, "passage_positive": ppos}
+
+    def term(b, mask):
+        s = q[b] @ start[b].T + q[b] @ end[b].T
+        return torch.logsumexp(s, 0) - torch.logsumexp(s[mask], 0)
+
+    loss, _ = query_loss(Fixed(q), batch, step=0, passage_weight=0.5)
+    # the second question has no phrase positive: only its passage term counts
+    expected = (term(0, pos[0]) + 0.5 * term(0, ppos[0]) + 0.5 * term(1, ppos[1])) / 2
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    plain, _ = query_loss(Fixed(q), batch, step=0)
+    assert plain.item() == pytest.approx(term(0, pos[0]).item() / 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("factory, label, passage_weight", [("Flat", "phrase", 0.0), ("IVF2,SQ8", "document", 0.0),
+                                                            ("Flat", "phrase", 1.0)])
+def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, factory, label, passage_weight):
     from odqa.retriever.query_train import QueryTrainArgs, train_query
     root = world["root"]
     build_index(root / "dump", tmp_path / "index", world["corpus"], factory=factory)
@@ -521,7 +555,7 @@ def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, f
     result = train_query(QueryTrainArgs(model=str(world["model"]), index=str(tmp_path / "index"),
                                         corpus=str(world["corpus"]), out_dir=str(tmp_path / "tuned"),
                                         questions=str(questions), label=label, top_k=30, epochs=8,
-                                        batch_size=4, lr=2e-3))
+                                        batch_size=4, lr=2e-3, passage_weight=passage_weight))
     losses = [h["loss"] for h in result["history"]]
     assert losses[-1] < losses[0]
     assert hits(tmp_path / "tuned" / "last") >= hits_before   # same phrase encoder: accepted
