@@ -115,7 +115,7 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
             for side, index in indexes.items():
                 codes[side].flush()
                 del codes[side]
-                np.save(tmp / f"{side}.lists.npy", _narrow(lists[side]))
+                np.save(tmp / f"{side}.lists.npy", lists[side])   # already the narrowest type
                 faiss.write_index(index, str(tmp / f"{side}.faiss"))   # what was trained; its lists empty
         elif all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
             for side, x, at in _kept_batches(chunks, kept, ids, add_chunk):

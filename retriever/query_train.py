@@ -80,7 +80,7 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
         if args.passage_weight:
             extra["passage_positive"] = (pos if args.label == "passage" else
                                          positives(searcher, phrases, q, "passage", doc_cache)).tolist()
-        if pos.any() or any(extra.get("passage_positive", ())):
+        if pos.any():   # the passage term rides on the questions --label trains, never adds its own
             found.append({"question": i, "start": [int(p.start_vec) for p in phrases],
                           "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist(), **extra})
     log.info("epoch %d: %d of %d questions have a positive among the top %d phrases",
@@ -129,8 +129,7 @@ def query_loss(model, batch: dict, step: int, passage_weight: float = 0.0):
     for b, (s_vec, e_vec, pos, ppos) in enumerate(zip(batch["start"], batch["end"], batch["positive"],
                                                       batch["passage_positive"])):
         scores = qs[b] @ s_vec.T + qe[b] @ e_vec.T
-        if pos.any():   # a question kept for its passage term alone has no phrase positive
-            loss = loss + torch.logsumexp(scores, 0) - torch.logsumexp(scores[pos], 0)
+        loss = loss + torch.logsumexp(scores, 0) - torch.logsumexp(scores[pos], 0)
         if passage_weight and ppos.any():
             loss = loss + passage_weight * (torch.logsumexp(scores, 0) - torch.logsumexp(scores[ppos], 0))
     loss = loss / len(batch["positive"])

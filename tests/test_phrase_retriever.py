@@ -517,7 +517,7 @@ def test_the_query_loss_adds_the_weighted_passage_term_to_the_phrase_term():
     d, n = 4, 6
     q = torch.randn(2, d)
     start, end = [torch.randn(n, d) for _ in range(2)], [torch.randn(n, d) for _ in range(2)]
-    pos = [torch.tensor([0, 1, 0, 0, 0, 0], dtype=torch.bool), torch.zeros(n, dtype=torch.bool)]
+    pos = [torch.tensor([0, 1, 0, 0, 0, 0], dtype=torch.bool), torch.tensor([0, 0, 0, 0, 0, 1], dtype=torch.bool)]
     ppos = [torch.tensor([1, 1, 1, 0, 0, 0], dtype=torch.bool), torch.tensor([0, 0, 0, 0, 1, 1], dtype=torch.bool)]
     batch = {"questions": {}, "start": start, "end": end, "positive": pos, "passage_positive": ppos}
 
@@ -526,11 +526,10 @@ def test_the_query_loss_adds_the_weighted_passage_term_to_the_phrase_term():
         return torch.logsumexp(s, 0) - torch.logsumexp(s[mask], 0)
 
     loss, _ = query_loss(Fixed(q), batch, step=0, passage_weight=0.5)
-    # the second question has no phrase positive: only its passage term counts
-    expected = (term(0, pos[0]) + 0.5 * term(0, ppos[0]) + 0.5 * term(1, ppos[1])) / 2
+    expected = (term(0, pos[0]) + 0.5 * term(0, ppos[0]) + term(1, pos[1]) + 0.5 * term(1, ppos[1])) / 2
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     plain, _ = query_loss(Fixed(q), batch, step=0)
-    assert plain.item() == pytest.approx(term(0, pos[0]).item() / 2, rel=1e-5)
+    assert plain.item() == pytest.approx((term(0, pos[0]) + term(1, pos[1])).item() / 2, rel=1e-5)
 
 
 @pytest.mark.parametrize("factory, label, passage_weight", [("Flat", "phrase", 0.0), ("IVF2,SQ8", "document", 0.0),
