@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from odqa.common.io import InputError
 from odqa.common.settings import OUT, OptimArgs, arg, required
 
 DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
@@ -98,6 +99,11 @@ class QueryTrainArgs(OptimArgs):
     doc_model: str | None = arg(None, "the document encoder of --doc-index")
     top_docs: int = arg(100, "with --doc-index: documents kept by the pre-filter")
     max_questions: int | None = arg(None, "use only the first N questions")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.passage_weight < 0:
+            raise InputError(f"--passage-weight must be at least 0, not {self.passage_weight}")
 
 
 @dataclass(kw_only=True)

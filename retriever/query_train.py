@@ -7,6 +7,7 @@ with the phrase vectors taken from the index: the stored float16 vectors for Fla
 reconstructed from the codes for a compressed (SQ/PQ) index, so training sees what search sees.
 A phrase is positive (`label`): "phrase" if its text matches an answer; "passage" if its passage
 contains an answer; "document" if its document has a passage that does ("Too" paper, Eq. 5).
+`passage_weight` adds that much of the "passage" loss to the label's, on the same questions.
 With a document index (`doc_index`), the top phrases are mined behind that pre-filter, as the
 pipeline scores them: the best phrase starting at each token of the question's top documents.
 An epoch's candidates are kept in OUT/candidates/, so a resumed run trains on the ones it was given.
@@ -76,11 +77,11 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
     for i, (q, phrases) in enumerate(zip(questions, retrieved)):
         phrases = phrases[:args.top_k]
         pos = positives(searcher, phrases, q, args.label, doc_cache)
-        extra = {}
-        if args.passage_weight:
-            extra["passage_positive"] = (pos if args.label == "passage" else
-                                         positives(searcher, phrases, q, "passage", doc_cache)).tolist()
         if pos.any():   # the passage term rides on the questions --label trains, never adds its own
+            extra = {}
+            if args.passage_weight:
+                extra["passage_positive"] = (pos if args.label == "passage" else
+                                             positives(searcher, phrases, q, "passage", doc_cache)).tolist()
             found.append({"question": i, "start": [int(p.start_vec) for p in phrases],
                           "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist(), **extra})
     log.info("epoch %d: %d of %d questions have a positive among the top %d phrases",
