@@ -78,12 +78,11 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
         phrases = phrases[:args.top_k]
         pos = positives(searcher, phrases, q, args.label, doc_cache)
         if pos.any():   # the passage term rides on the questions --label trains, never adds its own
-            extra = {}
-            if args.passage_weight:
-                extra["passage_positive"] = (pos if args.label == "passage" else
-                                             positives(searcher, phrases, q, "passage", doc_cache)).tolist()
             found.append({"question": i, "start": [int(p.start_vec) for p in phrases],
-                          "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist(), **extra})
+                          "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist()})
+            if args.passage_weight:
+                found[-1]["passage_positive"] = (pos if args.label == "passage" else
+                                                 positives(searcher, phrases, q, "passage", doc_cache)).tolist()
     log.info("epoch %d: %d of %d questions have a positive among the top %d phrases",
              epoch + 1, len(found), len(questions), args.top_k)
     if not found:
@@ -130,9 +129,10 @@ def query_loss(model, batch: dict, step: int, passage_weight: float = 0.0):
     for b, (s_vec, e_vec, pos, ppos) in enumerate(zip(batch["start"], batch["end"], batch["positive"],
                                                       batch["passage_positive"])):
         scores = qs[b] @ s_vec.T + qe[b] @ e_vec.T
-        loss = loss + torch.logsumexp(scores, 0) - torch.logsumexp(scores[pos], 0)
+        total = torch.logsumexp(scores, 0)
+        loss = loss + total - torch.logsumexp(scores[pos], 0)
         if passage_weight and ppos.any():
-            loss = loss + passage_weight * (torch.logsumexp(scores, 0) - torch.logsumexp(scores[ppos], 0))
+            loss = loss + passage_weight * (total - torch.logsumexp(scores[ppos], 0))
     loss = loss / len(batch["positive"])
     return loss, {"loss": loss.item()}
 
