@@ -23,6 +23,10 @@ MAX_ANSWER_TOKENS = 6
 # validation questions of two full chains (docs/retrieval.md, "The extractive answer by aggregation").
 ANSWER_DEPTH = 25
 ANSWER_TEMPERATURE = 1.0
+# The version of the answer filter's rules (`retriever.searcher.can_answer`), kept in the keys of the
+# files `odqa run` caches, so that files made under older rules are made again. 2: no question word at
+# a phrase's edges (2026-11-28); 1: whole words and brackets, not an echo.
+ANSWER_FILTER_RULES = 2
 BM25_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # `odqa tune-lambda`'s rerank weights of the passage's BM25 score
 
 

@@ -19,9 +19,10 @@ rerank adds mu * z(BM25 score of the passage) (for a document, of its best passa
 corpus's BM25 index over the same pool.
 
 The phrase a passage (document) shows, its extractive answer, is its best span that `can_answer`: whole
-words, not only the question's own words. The encoders score spans that repeat the question high ("the
-Sava" for "... the River Sava and which other river?"); when a passage's best hit is one, every span
-of the passage within the cap is scored from the index and the best that can answer is shown instead.
+words, with no word of the question at either edge. The encoders score spans that repeat the question
+high ("the Sava" for "... the River Sava and which other river?", "Yamuna river" for "... on the banks
+of which river"); when a passage's best hit is one, every span of the passage within the cap is scored
+from the index and the best that can answer is shown instead.
 Passage scores and their order do not change.
 
 With a phrase model trained with title phrases, a passage's title tokens are indexed beside its text
@@ -42,7 +43,7 @@ import torch
 from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError
-from odqa.common.metrics.answers import is_echo
+from odqa.common.metrics.answers import echoes_at_edge
 from odqa.retriever.answer_aggregation import aggregate_answer
 from odqa.retriever.args import ANSWER_DEPTH, ANSWER_TEMPERATURE, MAX_ANSWER_TOKENS
 from odqa.retriever.lm import load_tokenizer
@@ -101,7 +102,7 @@ class Searcher:
         values `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
         returned, in tokens; the index's L when None or larger (no longer phrase is indexed).
         `answer_filter`: a passage's (document's) phrase is its best span that `can_answer` the question
-        (whole words, not an echo of it), found over all its indexed tokens, not only among the phrases
+        (whole words, no question word at its edges), found over all its indexed tokens, not only among the phrases
         search hit; phrase results skip the others. `dtype`: the model's (default `search_dtype`:
         bfloat16 where the hardware has it; a model that will be trained needs float32).
         `reranker`: a `retriever.cross_encoder.CrossEncoder` that reorders each question's top
@@ -477,12 +478,14 @@ def can_answer(text: str, start: int, end: int, question: str) -> bool:
     """Whether the span text[start:end] of a passage can answer `question`: it is whole words (a word
     piece such as "ur" of "urinary" cannot; nor any span of a script written without spaces, for which
     the filter then keeps the search's own phrase), it does not cut through brackets or quotes
-    ("lithium (Li" cannot), and it is not an echo of the question."""
+    ("lithium (Li" cannot), and it neither starts nor ends with a word of the question ("Yamuna river" for
+    "... on the banks of which river", nor an echo of it, "the Sava" for "... the River Sava and which
+    other river?")."""
     span = text[start:end]
     cut = (start > 0 and text[start - 1].isalnum() and text[start].isalnum()) or \
         (end < len(text) and text[end - 1].isalnum() and text[end].isalnum())
     balanced = span.count("(") == span.count(")") and span.count("[") == span.count("]") and span.count('"') % 2 == 0
-    return not cut and balanced and not is_echo(span, question)
+    return not cut and balanced and not echoes_at_edge(span, question)
 
 
 def top_phrase(result: dict) -> dict | None:

@@ -36,8 +36,8 @@ class RunArgs:
                                  "(the spans answer or a passage's best phrase, reader/fusion.py)")
     nprobe: int = arg(64, "IVF lists probed per search")
     max_answer_tokens: int = arg(MAX_ANSWER_TOKENS, "longest phrase returned, in word pieces, at most the index's L")
-    answer_filter: bool = arg(True, "each passage's phrase is its best span that can answer: whole words, not "
-                                    "only the question's own words")
+    answer_filter: bool = arg(True, "each passage's phrase is its best span that can answer: whole words, no "
+                                    "word of the question at its edges")
     answer_depth: int = arg(ANSWER_DEPTH, "the extractive answer is the phrase string the top N passages vote for "
                                           "most; 1: the first passage's phrase")
     answer_temperature: float = arg(ANSWER_TEMPERATURE, "temperature of that vote, in the ranking's score units")

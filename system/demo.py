@@ -41,7 +41,7 @@ from odqa.common.defaults import record_pipeline
 from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from odqa.common.paths import default_corpus, default_documents, default_encoder, odqa_home
 from odqa.common.questions import load_questions, question_set_name, split_limit
-from odqa.retriever.args import ANSWER_DEPTH, ANSWER_TEMPERATURE, DEFAULT_KEEP
+from odqa.retriever.args import ANSWER_DEPTH, ANSWER_FILTER_RULES, ANSWER_TEMPERATURE, DEFAULT_KEEP
 
 log = logging.getLogger(__name__)
 
@@ -278,8 +278,8 @@ class Demo:
                   ref["run_start_s"] + run_q * (ref["search_q_s"] + max(c.run_k) * c.text_maxlength * self._reader_token_s()[1])
                   + (n_pass * ref["encode_s"] if "dense" in c.baselines else 0), self.run,
                   {k: getattr(c, k) for k in ("test_questions", "run_limit", "run_k", "baselines", "examples")}
-                  # the extractive answer's vote: a run made under an older one is made again (reading nothing)
-                  | {"answer_vote": [ANSWER_DEPTH, ANSWER_TEMPERATURE]},
+                  # the extractive answer's vote and filter: a run made under older ones is made again
+                  | {"answer_vote": [ANSWER_DEPTH, ANSWER_TEMPERATURE], "answer_filter": ANSWER_FILTER_RULES},
                   [p["run"] / "report.json"], [p["run"]]),
         ]
 

@@ -27,6 +27,7 @@ from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
 from odqa.common.retrieval_file import read_results, write_results
 from odqa.reader.read import ECHO_RETRIES, load_reader, read_with_ks
+from odqa.retriever.args import ANSWER_FILTER_RULES
 from odqa.retriever.retrieve import retrieve, retrieve_phrases
 from odqa.system.args import RunArgs
 from odqa.system.report import write_report
@@ -52,7 +53,7 @@ def run(args: RunArgs) -> list[dict]:
                 "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam,
                 "bm25_weight": args.bm25_weight, "limit": args.limit,
                 "nprobe": args.nprobe, "max_answer_tokens": args.max_answer_tokens,
-                "answer_filter": args.answer_filter,
+                "answer_filter": ANSWER_FILTER_RULES if args.answer_filter else False,
                 "answer_depth": args.answer_depth, "answer_temperature": args.answer_temperature,
                 # in the key only when set: the files of a run without a reranker stay valid
                 **({"reranker": path_fingerprint(args.reranker), "rerank_depth": args.rerank_depth}
@@ -87,8 +88,10 @@ def run(args: RunArgs) -> list[dict]:
                                          answer_temperature=args.answer_temperature)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
-        # The reader reads the passages, not the extractive answer: another vote re-reads nothing.
-        passages_key = {key: value for key, value in r_key.items() if key not in ANSWER_KEYS}
+        # The reader reads the passages, not the extractive answer: another vote re-reads nothing, nor
+        # other phrases unless the reader decodes them (--decoding phrases).
+        passages_key = {key: value for key, value in r_key.items()
+                        if key not in ANSWER_KEYS and (args.decoding == "phrases" or key not in PHRASE_KEYS)}
         entries = read_results(retrieval)
         curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}
         if set(args.baselines) - {"none"}:
@@ -130,6 +133,7 @@ def run(args: RunArgs) -> list[dict]:
 
 BASELINES = ("bm25", "dense", "none")
 ANSWER_KEYS = ("answer_depth", "answer_temperature")   # settings of the extractive answer alone
+PHRASE_KEYS = ("answer_filter",)   # settings of the passages' phrases alone (the answer cap ranks passages too)
 
 
 def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:

@@ -23,7 +23,7 @@ from tiny_models import make_tiny_bert
 
 from odqa.common.corpus import build_corpus
 from odqa.common.io import InputError
-from odqa.common.metrics.answers import is_echo
+from odqa.common.metrics.answers import echoes_at_edge, is_echo
 from odqa.retriever import phrase_dump
 from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_index import PhraseIndex, build_index
@@ -305,6 +305,14 @@ def test_is_echo_reads_words_after_squad_normalisation():
     assert can_answer(text, *at("Lithium (Li)"), "what metal") and can_answer(text, *at('"salt"'), "what metal")
     assert not can_answer(text, *at("Lithium (Li"), "what metal")            # cuts through brackets
     assert not can_answer(text, *at('salt" beds'), "what metal")             # and through quotes
+    text = "Delhi lies on the Yamuna river, on the Yamuna's west bank."
+    question = "delhi is on the banks of which river"
+    assert echoes_at_edge("Yamuna river", question) and echoes_at_edge("River: the Yamuna", question)
+    assert echoes_at_edge("Delhi", question) and echoes_at_edge(" . ", question)        # echoes are too
+    assert not echoes_at_edge("the Yamuna", question) and not echoes_at_edge("Yamuna river basin", question)
+    assert not can_answer(text, *at("Yamuna river"), question)                # the question's word at its end
+    assert not can_answer(text, *at("on the Yamuna"), question)               # and at its start
+    assert can_answer(text, *at("the Yamuna"), question)
 
 
 def test_a_title_longer_than_the_input_is_cut_and_the_text_kept_as_far_as_it_fits(tmp_path):

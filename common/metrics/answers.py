@@ -2,7 +2,8 @@
 
 Each metric takes one prediction and the list of gold answers and returns the max over the golds,
 as SQuAD, DPR and FiD report them. `is_echo` tells an answer that only repeats the question, which
-both the extractive answer (retriever.searcher) and the generated one (reader.read) refuse.
+both the extractive answer (retriever.searcher) and the generated one (reader.read) refuse;
+`echoes_at_edge` one that starts or ends with a question word, which the extractive answer refuses.
 """
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ def is_echo(phrase: str, question: str) -> bool:
     reader's (docs/reader.md, "Echoes of the question")."""
     words = normalize_answer(phrase).split()
     return not words or set(words) <= _words(question)
+
+
+def echoes_at_edge(phrase: str, question: str) -> bool:
+    """Whether a phrase starts or ends with a word of the question, after the SQuAD normalisation:
+    "Yamuna river" for "delhi is on the banks of which river", "ecliptic plane" for "the plane of earth's
+    orbit is called the". The question's word names the kind of thing asked for; the span that takes it
+    along is the answer with it attached, which exact match does not count (docs/retrieval.md, "The
+    question's words at a phrase's edges"). An echo (`is_echo`) is one too."""
+    words = normalize_answer(phrase).split()
+    return not words or words[0] in _words(question) or words[-1] in _words(question)
 
 
 @lru_cache(maxsize=1024)

@@ -49,8 +49,8 @@ def search_args(p: argparse.ArgumentParser) -> None:
                    help=f"longest phrase returned, in word pieces, at most the index's L "
                         f"(default {MAX_ANSWER_TOKENS})")
     p.add_argument("--answer-filter", action=argparse.BooleanOptionalAction, default=True,
-                   help="each passage's phrase is its best span that can answer: whole words, not only the "
-                        "question's own words (default on; --no-answer-filter shows the search's best phrase)")
+                   help="each passage's phrase is its best span that can answer: whole words, no word of the "
+                        "question at its edges (default on; --no-answer-filter shows the search's best phrase)")
     p.add_argument("--answer-depth", type=positive_int, default=ANSWER_DEPTH,
                    help=f"the extractive answer is the phrase string the top N passages vote for most, each "
                         f"weighted by exp((score - best score) / --answer-temperature); 1: the first passage's "
