@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import random
@@ -350,6 +351,30 @@ def check_resumable(ckpt: Path, saved: dict, now: dict) -> None:
                      f"or train into a fresh --out")
 
 
+# What a resumed run may change: how long it trains, how often it logs, evaluates and saves, and where
+# its DeepSpeed JSON lies (the ZeRO stage is checked against the checkpoint, `check_resumable`).
+RESUME_MAY_CHANGE = frozenset({"resume", "epochs", "max_steps", "eval_steps", "save_steps", "log_steps",
+                               "deepspeed_config"})
+
+
+def check_resumed_settings(record: str | os.PathLike, settings: dict, key: str | None = None) -> None:
+    """Refuse to resume with settings other than those the interrupted run wrote to `record` (under `key`):
+    its data, model, rates and losses made the checkpoint, and a resume that changed them would train
+    another recipe on top of it unnoticed. Only RESUME_MAY_CHANGE may differ; a run with no record
+    (interrupted before writing it) passes."""
+    record = Path(record)
+    if not record.exists():
+        return
+    saved = read_json(record)
+    saved = saved.get(key, {}) if key else saved
+    now = json.loads(json.dumps(settings, default=str))   # as JSON holds them: tuples are lists
+    differs = [k for k, v in now.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v]
+    if differs:
+        said = "; ".join(f"{k} {saved[k]!r} there, {now[k]!r} here" for k in differs)
+        raise InputError(f"--resume: {record} was written by a run with other settings ({said}): resume with "
+                         f"the interrupted run's settings, or train into a fresh --out")
+
+
 def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str = "train") -> dict:
     """Train `task` as `args` say; returns the loop's state (history, evaluations, best)."""
     out = Path(out)
@@ -370,6 +395,7 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
     state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best": None, "history": [], "evals": []}
     ckpt = out / "checkpoint"
     if args.resume:
+        check_resumed_settings(out / "train_config.json", asdict(args), key="loop")
         if (ckpt / "trainer_state.json").exists():
             state = read_json(ckpt / "trainer_state.json")
             check_resumable(ckpt, state.get("trains", trains), trains)

@@ -65,6 +65,8 @@ def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
         raise InputError(f"--decoding must be one of {', '.join(DECODING)}, not {args.decoding!r}")
     if args.passage_loss_coef is not None and args.passage_loss_coef < 0:
         raise InputError(f"--passage-loss-coef must be >= 0, not {args.passage_loss_coef}")
+    if loop.resume:   # before anything is written over
+        trainer.check_resumed_settings(f"{loop.out_dir}/reader_args.json", asdict(args))
     engine = trainer.make_engine(loop)
     rank, world, device = engine.rank, engine.world, engine.device
     train_ex, validation = split_examples(args)

@@ -99,6 +99,8 @@ def make_evaluate(validation: list[list[int]], collator: SpanCorruptionCollator,
 
 
 def pretrain_reader(args: PretrainArgs, loop: LoopArgs) -> dict:
+    if loop.resume:   # before anything is written over
+        trainer.check_resumed_settings(Path(loop.out_dir) / "pretrain_args.json", asdict(args))
     engine = trainer.make_engine(loop)
     rank, world, device = engine.rank, engine.world, engine.device
     model, tokenizer = load_reader(args.model, "cpu")

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from odqa.common.io import InputError, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
 from odqa.common.retrieval_file import read_results
-from odqa.common.trainer import MicroBatches, Task, make_engine, permuted_batches, seeded, train
+from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded, train
 from odqa.retriever.args import RerankerTrainArgs
 from odqa.retriever.cross_encoder import CrossEncoder, final_scores, set_weight
 
@@ -117,6 +117,8 @@ def param_groups(model: CrossEncoder, args: RerankerTrainArgs) -> list[dict]:
 
 def train_reranker(args: RerankerTrainArgs) -> dict:
     out = Path(args.out_dir)
+    if args.resume:   # before anything is written over
+        check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
     if args.depth < 2:
         raise InputError(f"--depth must be at least 2 (a positive and a negative), not {args.depth}")

@@ -29,7 +29,7 @@ from odqa.common.answer_index import AnswerIndex, CorpusTexts
 from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_jsonl, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
-from odqa.common.trainer import MicroBatches, Task, make_engine, permuted_batches, seeded, train
+from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded, train
 from odqa.retriever.args import DocTrainArgs
 from odqa.retriever.bm25 import BM25Index
 from odqa.retriever.doc_encoder import (
@@ -144,6 +144,8 @@ def train_doc(args: DocTrainArgs) -> dict:
     if args.negatives not in NEGATIVES:
         raise InputError(f"negatives must be one of {NEGATIVES}, not {args.negatives!r}")
     out = Path(args.out_dir)
+    if args.resume:   # before anything is written over
+        check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
     if is_doc_checkpoint(args.encoder):
         model = DocEncoder.from_pretrained(args.encoder)

@@ -41,7 +41,7 @@ from odqa.common.io import InputError, read_json, read_jsonl, write_json
 from odqa.common.metrics.answers import exact_match
 from odqa.common.metrics.has_answer import has_answer
 from odqa.common.settings import OptimArgs
-from odqa.common.trainer import MicroBatches, Task, make_engine, permuted_batches, seeded
+from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded
 from odqa.common.trainer import train as train_loop
 from odqa.retriever.args import PhraseTrainArgs
 from odqa.retriever.lm import load_tokenizer
@@ -336,6 +336,8 @@ def train(args: PhraseTrainArgs) -> dict:
     if args.in_doc_negatives not in IN_DOC:
         raise InputError(f"in_doc_negatives must be one of {IN_DOC}, not {args.in_doc_negatives!r}")
     out = Path(args.out_dir)
+    if args.resume:   # before anything is written over
+        check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
     continuing = is_phrase_checkpoint(args.encoder)
     if continuing:

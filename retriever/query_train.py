@@ -30,7 +30,7 @@ from odqa.common.io import InputError, read_json, write_json
 from odqa.common.metrics.answers import answer_em
 from odqa.common.metrics.has_answer import has_answer
 from odqa.common.questions import load_questions
-from odqa.common.trainer import Task, make_engine, seeded, train
+from odqa.common.trainer import Task, check_resumed_settings, make_engine, seeded, train
 from odqa.retriever.args import QueryTrainArgs
 from odqa.retriever.phrase_data import encode_questions
 from odqa.retriever.searcher import UNITS as LABELS
@@ -141,6 +141,8 @@ def train_query(args: QueryTrainArgs) -> dict:
     if args.label not in LABELS:
         raise InputError(f"--label must be one of {LABELS}")
     out = Path(args.out_dir)
+    if args.resume:   # before anything is written over, or mined candidates are read back
+        check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
     searcher = open_searcher(args.index, args.model, args.corpus, args.doc_index, args.doc_model, args.top_docs,
                              max_answer_tokens=args.max_answer_tokens, dtype=torch.float32)   # its model is trained

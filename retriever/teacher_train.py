@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from odqa.common.io import write_json
-from odqa.common.trainer import Task, make_engine, seeded
+from odqa.common.trainer import Task, check_resumed_settings, make_engine, seeded
 from odqa.common.trainer import train as train_loop
 from odqa.retriever.args import TeacherTrainArgs
 from odqa.retriever.lm import load_tokenizer
@@ -51,6 +51,8 @@ def teacher_em(model: SpanTeacher, tokenizer, examples: list[dict], cfg: PhraseM
 
 def train(args: TeacherTrainArgs) -> dict:
     out = Path(args.out_dir)
+    if args.resume:   # before anything is written over
+        check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
     model = SpanTeacher.from_encoder(args.encoder)
     tokenizer = load_tokenizer(args.encoder)

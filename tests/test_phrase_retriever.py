@@ -729,6 +729,11 @@ def test_an_interrupted_query_training_resumes_with_the_same_losses(world, index
     monkeypatch.setattr(query_train, "query_loss", real)
     again = run(tmp_path / "resumed", save_steps=2, resume=True)
     assert_same_training(straight, again, rel=1e-5, atol=1e-6)
+    # another recipe is refused before anything is written over, its mined candidates included
+    written = {p: p.read_bytes() for p in (tmp_path / "resumed").rglob("*.json")}
+    with pytest.raises(InputError, match="passage_weight 0.0 there, 1.0 here"):
+        run(tmp_path / "resumed", save_steps=2, resume=True, passage_weight=1.0)
+    assert {p: p.read_bytes() for p in (tmp_path / "resumed").rglob("*.json")} == written
 
 
 def test_train_query_at_zero3_trains_like_zero2(world, index, tmp_path):

@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader
 
 from odqa.common.io import InputError
 from odqa.common.settings import OptimArgs
-from odqa.common.trainer import Task, make_engine, permuted_batches, shuffled_batches, train
+from odqa.common.trainer import Task, check_resumed_settings, make_engine, permuted_batches, shuffled_batches, train
 
 
 @pytest.mark.parametrize("n, batch, seed", [(53, 4, 13), (10, 3, 14), (8, 8, 0)])
@@ -32,6 +32,24 @@ def test_an_epochs_order_depends_on_seed_and_epoch_alone():
 def test_settings_that_cannot_train_are_refused_before_anything_loads(bad, message):
     with pytest.raises(InputError, match=message):
         OptimArgs(**bad)
+
+
+def test_a_resume_may_change_how_long_it_trains_and_nothing_it_trains_on(tmp_path):
+    from dataclasses import asdict
+
+    from odqa.common.io import write_json
+    record = tmp_path / "train_args.json"
+    settings = {**asdict(OptimArgs(lr=1e-3)), "ks": (1, 2)}
+    check_resumed_settings(record, settings)            # interrupted before it wrote a record
+    write_json(record, settings)
+    check_resumed_settings(record, {**settings, "resume": True, "epochs": 5, "max_steps": 9, "eval_steps": 3,
+                                    "save_steps": 2, "log_steps": 1, "deepspeed_config": "moved/zero2.json"})
+    with pytest.raises(InputError, match=r"train_args.json was written by a run with other settings \(lr 0.001 "
+                                         r"there, 0.01 here; seed 13 there, 7 here\)"):
+        check_resumed_settings(record, {**settings, "lr": 1e-2, "seed": 7})
+    write_json(tmp_path / "train_config.json", {"loop": settings, "world_size": 1})
+    with pytest.raises(InputError, match="ks \\[1, 2\\] there, \\[1, 3\\] here"):
+        check_resumed_settings(tmp_path / "train_config.json", {**settings, "ks": (1, 3)}, key="loop")
 
 
 @pytest.mark.parametrize("backend", ["deepspeed", "accelerate"])

@@ -252,9 +252,13 @@ def test_frozen_embeddings_and_bottom_blocks_stay_as_they_were_and_the_rest_trai
     with pytest.raises(InputError, match="--freeze-layers"):
         train_reader(*_args(b2b, data, tmp_path / "too-many", max_steps=1, freeze_layers=3))
     # Resumed with every weight trained, its optimizer would not fit the checkpoint's: refused by name,
-    # before DeepSpeed loads anything, and the checkpoint is kept.
+    # before DeepSpeed loads anything, and the checkpoint is kept. The settings the run recorded say so
+    # first; without that record the checkpoint's own weight counts do.
     _, unfrozen = _args(b2b, data, tmp_path / "frozen", max_steps=5, batch_size=4, warmup_steps=1, eval_steps=5,
                         save_steps=5, lr=1e-2, resume=True)
+    with pytest.raises(InputError, match=r"--resume: .*train_config.json .*freeze_embeddings True there, False here"):
+        train_reader(reader, unfrozen)
+    (tmp_path / "frozen" / "train_config.json").unlink()
     with pytest.raises(InputError, match=r"--resume: .*checkpoint.*group_sizes \[[\d, ]+\] there, \[[\d, ]+\] here"):
         train_reader(reader, unfrozen)
     assert json.loads((tmp_path / "frozen" / "checkpoint" / "trainer_state.json").read_text())["global_step"] == 3
