@@ -102,8 +102,8 @@ class Searcher:
         values `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
         returned, in tokens; the index's L when None or larger (no longer phrase is indexed).
         `answer_filter`: a passage's (document's) phrase is its best span that `can_answer` the question
-        (whole words, no question word at its edges), found over all its indexed tokens, not only among the phrases
-        search hit; phrase results skip the others. `dtype`: the model's (default `search_dtype`:
+        (whole words, no question word at its edges), found over all its indexed tokens, not only among
+        the phrases search hit; phrase results skip the others. `dtype`: the model's (default `search_dtype`:
         bfloat16 where the hardware has it; a model that will be trained needs float32).
         `reranker`: a `retriever.cross_encoder.CrossEncoder` that reorders each question's top
         max(k, `rerank_depth`) passages by z(search score) + its weight x z(its score) (passages only).
@@ -478,9 +478,9 @@ def can_answer(text: str, start: int, end: int, question: str) -> bool:
     """Whether the span text[start:end] of a passage can answer `question`: it is whole words (a word
     piece such as "ur" of "urinary" cannot; nor any span of a script written without spaces, for which
     the filter then keeps the search's own phrase), it does not cut through brackets or quotes
-    ("lithium (Li" cannot), and it neither starts nor ends with a word of the question ("Yamuna river" for
-    "... on the banks of which river", nor an echo of it, "the Sava" for "... the River Sava and which
-    other river?")."""
+    ("lithium (Li" cannot), and neither its first nor its last word is a word of the question ("Yamuna
+    river" for "... on the banks of which river"; an echo, "the Sava" for "... the River Sava and which
+    other river?", is one such span)."""
     span = text[start:end]
     cut = (start > 0 and text[start - 1].isalnum() and text[start].isalnum()) or \
         (end < len(text) and text[end - 1].isalnum() and text[end].isalnum())

@@ -45,8 +45,8 @@ def echoes_at_edge(phrase: str, question: str) -> bool:
     orbit is called the". The question's word names the kind of thing asked for; the span that takes it
     along is the answer with it attached, which exact match does not count (docs/retrieval.md, "The
     question's words at a phrase's edges"). An echo (`is_echo`) is one too."""
-    words = normalize_answer(phrase).split()
-    return not words or words[0] in _words(question) or words[-1] in _words(question)
+    words, asked = normalize_answer(phrase).split(), _words(question)
+    return not words or words[0] in asked or words[-1] in asked
 
 
 @lru_cache(maxsize=1024)
