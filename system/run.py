@@ -88,10 +88,12 @@ def run(args: RunArgs) -> list[dict]:
                                          answer_temperature=args.answer_temperature)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
-        # The reader reads the passages, not the extractive answer: another vote re-reads nothing, nor
-        # other phrases unless the reader decodes them (--decoding phrases).
-        passages_key = {key: value for key, value in r_key.items()
-                        if key not in ANSWER_KEYS and (args.decoding == "phrases" or key not in PHRASE_KEYS)}
+        # The reader reads the passages, not the extractive answer: another vote re-reads nothing. Nor do
+        # the filter's rules, unless the reader decodes the phrases: its key there is the on/off that
+        # predictions were keyed on before the rules had versions, so that they stay valid.
+        passages_key = {key: value for key, value in r_key.items() if key not in ANSWER_KEYS}
+        if args.decoding != "phrases":
+            passages_key["answer_filter"] = args.answer_filter
         entries = read_results(retrieval)
         curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}
         if set(args.baselines) - {"none"}:
@@ -133,7 +135,6 @@ def run(args: RunArgs) -> list[dict]:
 
 BASELINES = ("bm25", "dense", "none")
 ANSWER_KEYS = ("answer_depth", "answer_temperature")   # settings of the extractive answer alone
-PHRASE_KEYS = ("answer_filter",)   # settings of the passages' phrases alone (the answer cap ranks passages too)
 
 
 def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:
