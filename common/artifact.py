@@ -31,7 +31,7 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _plain(key: dict) -> dict:
+def plain(key: dict) -> dict:
     """`key` as it reads back from JSON (paths as strings, tuples as lists), so a recorded key and a
     fresh one compare equal."""
     return json.loads(json.dumps(key, default=str))
@@ -65,7 +65,7 @@ def current_manifest(directory: str | os.PathLike, key: dict) -> dict | None:
     manifest = read_manifest(directory)
     if manifest is None:
         return None
-    if manifest.get("key") != _plain(key):
+    if manifest.get("key") != plain(key):
         log.info("%s was built with other inputs or settings: building it again", directory)
         return None
     problems = verify_checksums(directory, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
@@ -79,7 +79,7 @@ def current_manifest(directory: str | os.PathLike, key: dict) -> dict | None:
 def build_dir(directory: str | os.PathLike, key: dict, **info) -> Iterator[tuple[Path, dict]]:
     """Yield (a temporary directory to fill, the manifest to complete); when the block ends, the
     manifest gets the key and the checksums of the files, and the directory is renamed into place."""
-    manifest = {"key": _plain(key), **info}
+    manifest = {"key": plain(key), **info}
     with atomic_path(directory) as tmp:
         tmp.mkdir()
         yield tmp, manifest
@@ -94,7 +94,7 @@ def cached_key(path: str | os.PathLike, key: dict, depth: int | None = None) -> 
     key_path = path.with_name(f"{path.name}.key.json")
     if path.exists() and key_path.exists():
         saved = read_json(key_path)
-        if {k: v for k, v in saved.items() if k != "depth"} == _plain(key) and (depth is None or saved.get("depth", 0) >= depth):
+        if {k: v for k, v in saved.items() if k != "depth"} == plain(key) and (depth is None or saved.get("depth", 0) >= depth):
             return saved
     return None
 
@@ -111,7 +111,7 @@ def cached_file(path: str | os.PathLike, key: dict, make: Callable[[], None], de
     key_path = path.with_name(f"{path.name}.key.json")
     key_path.unlink(missing_ok=True)
     make()
-    key = _plain(key)
+    key = plain(key)
     key = {**key, "depth": depth} if depth is not None else key
     write_json(key_path, key)
     return key

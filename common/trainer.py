@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import os
 import random
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from odqa.common.artifact import plain
 from odqa.common.io import InputError, atomic_path, publish, read_json, require_file, write_json
 from odqa.common.settings import OptimArgs
 
@@ -367,7 +367,7 @@ def check_resumed_settings(record: str | os.PathLike, settings: dict, key: str |
         return
     saved = read_json(record)
     saved = saved.get(key, {}) if key else saved
-    now = json.loads(json.dumps(settings, default=str))   # as JSON holds them: tuples are lists
+    now = plain(settings)
     differs = [k for k, v in now.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v]
     if differs:
         said = "; ".join(f"{k} {saved[k]!r} there, {now[k]!r} here" for k in differs)
