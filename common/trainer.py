@@ -368,11 +368,26 @@ def check_resumed_settings(record: str | os.PathLike, settings: dict, key: str |
     saved = read_json(record)
     saved = saved.get(key, {}) if key else saved
     now = plain(settings)
-    differs = [k for k, v in now.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v]
+    differs = [k for k, v in now.items() if k not in RESUME_MAY_CHANGE and k in saved and not _same_setting(saved[k], v)]
     if differs:
         said = "; ".join(f"{k} {saved[k]!r} there, {now[k]!r} here" for k in differs)
         raise InputError(f"--resume: {record} was written by a run with other settings ({said}): resume with "
                          f"the interrupted run's settings, or train into a fresh --out")
+
+
+def _same_setting(saved, now) -> bool:
+    """Equal, or the same existing file or folder typed another way ("run/q" and "./run/q" or its absolute
+    path): a path is kept as typed, and the resume is typed again."""
+    if saved == now:
+        return True
+    if isinstance(saved, list) and isinstance(now, list):
+        return len(saved) == len(now) and all(map(_same_setting, saved, now))
+    if isinstance(saved, str) and isinstance(now, str) and saved and now:
+        try:
+            return os.path.samefile(saved, now)
+        except OSError:   # not both existing paths
+            return False
+    return False
 
 
 def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str = "train") -> dict:

@@ -47,6 +47,21 @@ def test_a_resume_may_change_how_long_it_trains_and_nothing_it_trains_on(tmp_pat
     with pytest.raises(InputError, match=r"train_args.json was written by a run with other settings \(lr 0.001 "
                                          r"there, 0.01 here; seed 13 there, 7 here\)"):
         check_resumed_settings(record, {**settings, "lr": 1e-2, "seed": 7})
+    # A path typed another way is the same setting; another path, or one that names nothing, is not.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+    write_json(record, {**settings, "train_file": f"{tmp_path}/data/train.jsonl", "files": [str(tmp_path / "data")]})
+    check_resumed_settings(record, {**settings, "train_file": f"{tmp_path}/data/../data/./train.jsonl",
+                                    "files": [f"{tmp_path}/data/"]})
+    with pytest.raises(InputError, match="train_file .* here"):
+        check_resumed_settings(record, {**settings, "train_file": str(tmp_path / "data"),
+                                        "files": [str(tmp_path / "data")]})
+    with pytest.raises(InputError, match="files .* here"):
+        check_resumed_settings(record, {**settings, "train_file": f"{tmp_path}/data/train.jsonl",
+                                        "files": [str(tmp_path / "data"), str(tmp_path / "data")]})
+    with pytest.raises(InputError, match="train_file .* here"):
+        check_resumed_settings(record, {**settings, "train_file": str(tmp_path / "gone.jsonl"),
+                                        "files": [str(tmp_path / "data")]})
     write_json(tmp_path / "train_config.json", {"loop": settings, "world_size": 1})
     with pytest.raises(InputError, match="ks \\[1, 2\\] there, \\[1, 3\\] here"):
         check_resumed_settings(tmp_path / "train_config.json", {**settings, "ks": (1, 3)}, key="loop")
