@@ -376,8 +376,8 @@ def check_resumed_settings(record: str | os.PathLike, settings: dict, key: str |
 
 
 def _same_setting(saved, now) -> bool:
-    """Equal, or the same existing file or folder typed another way ("run/q" and "./run/q" or its absolute
-    path): a path is kept as typed, and the resume is typed again."""
+    """Equal, or the same existing file or folder typed another way ("run/q", "./run/q", its absolute path):
+    records keep paths as typed, and a resume's command line is typed anew."""
     if saved == now:
         return True
     if isinstance(saved, list) and isinstance(now, list):
