@@ -17,6 +17,7 @@ pass and fits in about a minute on a CPU.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from pathlib import Path
@@ -49,9 +50,12 @@ class PhraseFilter(nn.Module):
 
     @torch.no_grad()
     def score(self, start: np.ndarray, end: np.ndarray, batch: int = 200_000) -> np.ndarray:
-        """max(can start, can end) for each token: what `--keep` ranks."""
-        out = [self(torch.from_numpy(start[a:a + batch]), torch.from_numpy(end[a:a + batch])).max(-1).values.numpy()
-               for a in range(0, len(start), batch)]
+        """max(can start, can end) for each token: what `--keep` ranks. In float64, rounded to float32 at
+        the end: a float32 product's rounding depends on how many rows the BLAS kernel is handed, and an
+        index must keep the same tokens however its dump was chunked."""
+        mlp = copy.deepcopy(self.mlp).double()
+        out = [mlp(torch.cat([torch.from_numpy(start[a:a + batch]), torch.from_numpy(end[a:a + batch])], -1).double())
+               .max(-1).values.float().numpy() for a in range(0, len(start), batch)]
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
