@@ -8,6 +8,8 @@
     query      query-side fine-tuning of the question encoders against that index (DensePhrases Eq. 11),
                in query_rounds rounds of query_epochs; a stage only where query_epochs > 0 (the full preset)
     doc        train the document encoder (DHR), one or two rounds; document index; tune lambda
+    refit      (query_final_fit, the full preset) the query rounds again, on the training and validation
+               questions both, once validation has tuned lambda with the rounds that did not see it
     reader     a bert2bert warm-started from the encoder, or a T5 (SentencePiece + preset, or any
                checkpoint, optional span-corruption pretraining); the gold passage alone, then FiD on
                the training questions' BM25 passages or the pipeline's own (DeepSpeed or accelerate)
@@ -73,6 +75,8 @@ class DemoConfig:
     query_examples: int | None = None       # its training questions (None: all)
     query_rounds: int = 1                   # rounds of query_epochs, each a fresh schedule from the round
                                             # before's model, seeds 13, 14, ... (candidates mined anew)
+    query_final_fit: bool = False           # after the doc stage: the query rounds again on train + validation,
+                                            # which the searches then use (docs/retrieval.md, "A final fit")
     # document pre-filter
     doc_examples: int | None = 512
     doc_batch: int = 32
@@ -135,7 +139,7 @@ PRESETS = {
     # embeddings and 2 blocks held fixed, as in the demo preset: 55.3 minutes of training on a float32 CPU). It is
     # evaluated as docs/reader.md's figures are: all of NQ-test and the first 3,000 questions of TriviaQA-test.
     "full": DemoConfig(phrase_examples=None, phrase_round_lrs=[3e-5], max_passage_tokens=192,
-                       validation_questions=400, query_epochs=2, query_rounds=3,
+                       validation_questions=400, query_epochs=2, query_rounds=3, query_final_fit=True,
                        doc_examples=2048, doc_rounds=2, doc_negatives="abstract", max_doc_tokens=128,
                        doc_validation_docs=0, lambda_questions=500, reader_gold_steps=300, reader_gold_evals=3,
                        reader_steps=1800, reader_passages="phrase", reader_questions=None, reader_validation=200,
@@ -194,7 +198,8 @@ class Demo:
         self.speed = 1.0                     # this machine's time / the reference machine's
         self._test_sizes: dict[str, int] = {}  # stages() runs before every stage: count each set once
         self.p = {name: self.out / name for name in (
-            "supervision", "phrase", "phrase-dump", "phrase-index", "query", "doc-r1", "doc-r2", "doc-index",
+            "supervision", "phrase", "phrase-dump", "phrase-index", "query", "query-final", "query-final-data",
+            "doc-r1", "doc-r2", "doc-index",
             "reader-init", "reader-pretrain", "reader-data", "reader-gold", "reader", "reranker-data", "reranker",
             "run")}
 
@@ -208,6 +213,8 @@ class Demo:
         phrase_rounds = f", {1 + len(c.phrase_round_lrs)} rounds" if c.phrase_round_lrs else ""
         doc_steps = c.doc_rounds * (min(c.doc_examples or n_train, n_train) // c.doc_batch)
         query_questions = min(c.query_examples or n_train, n_train)
+        query_s = c.query_rounds * c.query_epochs * query_questions * ref["query_q_s"]
+        query_settings = {"query_epochs": c.query_epochs, "query_examples": c.query_examples} | _set(c, "query_rounds", "seed")
         rerank_questions = min(c.reranker_questions or n_train, n_train)
         run_q = sum(self._test_size(name) for name in c.test_questions)
         return [
@@ -237,9 +244,9 @@ class Demo:
             *([Stage("query", f"query-side fine-tuning against the index ({c.query_rounds * c.query_epochs} epochs "
                               f"of {query_questions:,} questions"
                               + (f", {c.query_rounds} rounds)" if c.query_rounds > 1 else ")"),
-                     c.query_rounds * c.query_epochs * query_questions * ref["query_q_s"], self.tune_query,
-                     {"query_epochs": c.query_epochs, "query_examples": c.query_examples} | _set(c, "query_rounds", "seed"),
-                     [], self.query_rounds())]
+                     query_s, self.tune_query, query_settings,
+                     # the final fit's rounds go too: they came from this stage's settings
+                     [], self.query_rounds() + self.query_rounds(final=True))]
               if c.query_epochs else []),
             Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
                   ref["doc_start_s"] + doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
@@ -251,6 +258,10 @@ class Demo:
                                                               "lambda_questions", "validation_questions",
                                                               "rerank_bm25")} | _set(c, "seed"),
                   [self.doc_model(), p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
+            *([Stage("refit", "the query rounds again, on the training and validation questions",
+                     query_s * (1 + c.validation_percent / (100 - c.validation_percent)), self.refit_query,
+                     query_settings, [], self.query_rounds(final=True) + [p["query-final-data"]])]
+              if c.query_epochs and c.query_final_fit else []),
             Stage("reader", f"train the FiD reader ({self._reader_plan()})", self._reader_estimate(),
                   self.train_reader, {k: getattr(c, k) for k in (
                       "reader_model", "reader_init", "reader_decoder_layers", "reader_pointer", "reader_passage_prior",
@@ -416,19 +427,35 @@ class Demo:
         """Train the question encoders against the vectors the index holds (reconstructed from its codes),
         which wins back what compression costs the phrase encoder's own questions (docs/retrieval.md), in
         rounds: each mines its candidates with the round before's model."""
+        return self._query_rounds(self.p["supervision"] / "train.jsonl", self.query_rounds(), resume)
+
+    def refit_query(self, resume: bool) -> dict:
+        """The query rounds once more, from the same phrase model with the same seeds, on the training and
+        validation questions. Validation cannot judge a model that trained on it, so this runs after the
+        doc stage has tuned lambda on validation with the rounds that did not see it; three seeds of it
+        beat three of the train-only rounds on both test sets (docs/retrieval.md, "A final fit")."""
+        sup, data = self.p["supervision"], self.p["query-final-data"]
+        questions = data / "train+validation.jsonl"
+        if not (resume and questions.exists()):
+            data.mkdir(parents=True, exist_ok=True)
+            write_jsonl(questions, [row for split in ("train", "validation")
+                                    for _, row in read_jsonl(sup / f"{split}.jsonl")])
+        return self._query_rounds(questions, self.query_rounds(final=True), resume)
+
+    def _query_rounds(self, questions: Path, rounds: list[Path], resume: bool) -> dict:
         from odqa.retriever.args import QueryTrainArgs
         from odqa.retriever.query_train import NoPositives, train_query
         args = QueryTrainArgs(model=str(self.phrase_checkpoint()), index=str(self.p["phrase-index"]),
-                              corpus=str(self.corpus), out_dir=str(self.p["query"]),
-                              questions=str(self.p["supervision"] / "train.jsonl"), epochs=self.cfg.query_epochs,
+                              corpus=str(self.corpus), out_dir=str(rounds[0]),
+                              questions=str(questions), epochs=self.cfg.query_epochs,
                               max_questions=self.cfg.query_examples, resume=resume,
                               seed=QueryTrainArgs.seed + self.cfg.seed)
         history = []
-        for i, out in enumerate(self.query_rounds()):
+        for i, out in enumerate(rounds):
             try:
                 r = train_query(replace(args, out_dir=str(out), seed=args.seed + i))
             except NoPositives as e:   # a phrase model too weak to find any answer: search with it as it is
-                for later in self.query_rounds()[i:]:
+                for later in rounds[i:]:
                     shutil.rmtree(later, ignore_errors=True)
                 if not history:
                     return {"epochs": 0, "skipped": str(e)}
@@ -438,16 +465,19 @@ class Demo:
         return {"epochs": len(history), "questions_with_positive": [h["questions"] for h in history],
                 "loss": [round(h["loss"], 4) for h in history if h["loss"] is not None]}
 
-    def query_rounds(self) -> list[Path]:
-        return [self.p["query"]] + [self.out / f"query-r{i}" for i in range(2, self.cfg.query_rounds + 1)]
+    def query_rounds(self, final: bool = False) -> list[Path]:
+        first = self.p["query-final" if final else "query"]
+        return [first] + [first.with_name(f"{first.name}-r{i}") for i in range(2, self.cfg.query_rounds + 1)]
 
-    def phrase_model(self) -> Path:
-        """The phrase model searches run with: the last query-tuned one where the query stage made one."""
+    def phrase_model(self, final: bool = True) -> Path:
+        """The phrase model searches run with: the last query-tuned one where the query stage made one,
+        the final fit's where it ran (`final=False`: never, for what validation tunes)."""
         from odqa.retriever.phrase_model import is_phrase_checkpoint
         if self.cfg.query_epochs:
-            for out in reversed(self.query_rounds()):
-                if is_phrase_checkpoint(out / "last"):
-                    return out / "last"
+            for rounds in ([self.query_rounds(final=True)] if final and self.cfg.query_final_fit else []) + [self.query_rounds()]:
+                for out in reversed(rounds):
+                    if is_phrase_checkpoint(out / "last"):
+                        return out / "last"
         return self.phrase_checkpoint()
 
     def train_doc(self, resume: bool) -> dict:
@@ -468,18 +498,18 @@ class Demo:
             model = self.p["doc-r2"] / "best"
         build_doc_index(model, self.corpus, self.p["doc-index"])
         from odqa.retriever.tune_lambda import BM25_GRID, tune_searcher_lambda
-        tuned = tune_searcher_lambda(self.searcher(), load_questions(sup / "validation.jsonl"), limit=c.lambda_questions,
-                                     bm25_grid=BM25_GRID if c.rerank_bm25 else (0.0,))
+        tuned = tune_searcher_lambda(self.searcher(final=False), load_questions(sup / "validation.jsonl"),
+                                     limit=c.lambda_questions, bm25_grid=BM25_GRID if c.rerank_bm25 else (0.0,))
         return {**result, "lambda": tuned["lambda"], "bm25_weight": tuned["bm25_weight"]}
 
     def doc_model(self) -> Path:
         return (self.p["doc-r2"] if self.cfg.doc_rounds > 1 else self.p["doc-r1"]) / "best"
 
-    def searcher(self, reranked: bool = False):
+    def searcher(self, reranked: bool = False, final: bool = True):
         """The pipeline's phrase search behind its pre-filter; with `reranked`, behind the reranker too
-        where this demo trains one."""
+        where this demo trains one; `final=False`: with the query rounds that did not see validation."""
         from odqa.retriever.searcher import open_searcher
-        return open_searcher(self.p["phrase-index"], self.phrase_model(), self.corpus, self.p["doc-index"],
+        return open_searcher(self.p["phrase-index"], self.phrase_model(final), self.corpus, self.p["doc-index"],
                              self.doc_model(), self.cfg.top_docs, reranker=self.reranker() if reranked else None,
                              rerank_depth=self.cfg.rerank_depth)
 

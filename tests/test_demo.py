@@ -5,18 +5,20 @@ import json
 import random
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
 from odqa.common.device import cpu_has_bf16
+from odqa.common.questions import load_questions
 from odqa.system.demo import PRESETS, Demo, DemoConfig, Stage, run_demo
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo"]
 CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "dakar", "riga"]
 FILLER = "the weather was mild and the river ran slowly past old mills and quiet farms".split()
-STAGES = ["data", "supervise", "phrase", "index", "query", "doc", "reader", "run"]
+STAGES = ["data", "supervise", "phrase", "index", "query", "doc", "refit", "reader", "run"]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def world(tmp_path_factory):
         test_questions=[str(root / "questions.jsonl")], validation_percent=50, validation_questions=4,
         encoder=str(make_tiny_bert(root / "bert", texts)),
         phrase_examples=None, phrase_batch=2, max_passage_tokens=48, phrase_round_lrs=[3e-5],  # 2 rounds, as full
-        query_epochs=1, query_rounds=2,                                              # off in the demo preset
+        query_epochs=1, query_rounds=2, query_final_fit=True,                        # off in the demo preset
         doc_examples=None, doc_batch=2, max_doc_tokens=48, doc_validation_docs=4, top_docs=6, lambda_questions=4,
         reader_gold_steps=2, reader_gold_evals=2, reader_gold_batch=2, reader_steps=3, reader_batch=2,  # bert2bert
         reader_k=2, reader_questions=None, reader_validation=2, text_maxlength=40,
@@ -77,6 +79,13 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     assert index["encoder_hash"] == phrase_encoder_hash(out / "phrase-r2" / "best")
     query2 = json.loads((out / "query-r2" / "train_args.json").read_text())
     assert (query2["model"], query2["seed"]) == (str(out / "query" / "last"), 14)
+    # The final fit ran the same rounds again on the training and validation questions both.
+    final2 = json.loads((out / "query-final-r2" / "train_args.json").read_text())
+    assert (final2["model"], final2["seed"]) == (str(out / "query-final" / "last"), 14)
+    lines = lambda path: path.read_text().rstrip("\n").split("\n")  # noqa: E731
+    assert lines(Path(final2["questions"])) == lines(out / "supervision" / "train.jsonl") + \
+        lines(out / "supervision" / "validation.jsonl")
+    assert json.loads((out / "stages" / "refit.json").read_text())["result"]["epochs"] == 2
     # The gold-passage phase was validated twice, and FiD went on from the better of the two.
     assert len(json.loads((out / "reader-gold" / "trainer_state.json").read_text())["evals"]) == 2
 
@@ -103,7 +112,7 @@ def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, 
 
 def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
     for name in ("build_data", "supervise", "train_phrase", "build_phrase_index", "tune_query", "train_doc",
-                 "train_reader", "run"):
+                 "refit_query", "train_reader", "run"):
         monkeypatch.setattr(Demo, name, lambda self, resume, name=name: pytest.fail(f"{name} ran again"))
     assert run_demo(world["root"] / "out", cfg=world["cfg"]).split("example questions")[0] == \
         first_run.split("example questions")[0]
@@ -113,12 +122,12 @@ def test_a_changed_setting_reruns_that_stage_and_the_later_ones(world, first_run
     ran = []
     for name, stage in (("build_data", "data"), ("supervise", "supervise"), ("train_phrase", "phrase"),
                         ("build_phrase_index", "index"), ("tune_query", "query"), ("train_doc", "doc"),
-                        ("train_reader", "reader"),
+                        ("refit_query", "refit"), ("train_reader", "reader"),
                         ("run", "run")):
         real = getattr(Demo, name)
         monkeypatch.setattr(Demo, name, lambda self, resume, real=real, stage=stage: ran.append(stage) or real(self, resume))
     run_demo(world["root"] / "out", cfg=replace(world["cfg"], top_docs=5))
-    assert ran == ["doc", "reader", "run"]
+    assert ran == ["doc", "refit", "reader", "run"]
 
 
 def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
@@ -151,7 +160,8 @@ def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
 def test_query_side_tuning_is_a_stage_of_the_full_preset_only(tmp_path):
     def names(cfg):
         return [s.name for s in Demo(replace(cfg, corpus=str(tmp_path / "corpus")), tmp_path / "out").stages()]
-    assert names(PRESETS["demo"]) == [s for s in STAGES if s != "query"] and names(PRESETS["full"]) == STAGES
+    assert names(PRESETS["demo"]) == [s for s in STAGES if s not in ("query", "refit")]
+    assert names(PRESETS["full"]) == STAGES
 
 
 def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypatch):
@@ -168,12 +178,50 @@ def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypa
     demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm"), out)
     assert demo.train_phrase(resume=False) == {"validation_em": [1.0, 1.0], "steps": 840}
     assert demo.tune_query(resume=False)["epochs"] == 6
+    (out / "supervision").mkdir(parents=True)
+    for split in ("train", "validation"):
+        write_jsonl(out / "supervision" / f"{split}.jsonl", [{"question": split, "answers": ["a"]}])
+    assert demo.refit_query(resume=False)["epochs"] == 6
     assert calls == [("phrase", "minilm", str(out / "phrase"), 1, 5e-5, 13),
                      ("phrase", str(out / "phrase" / "best"), str(out / "phrase-r2"), 1, 3e-5, 14),
                      ("query", str(out / "phrase-r2" / "best"), str(out / "query"), 2, 13),
                      ("query", str(out / "query" / "last"), str(out / "query-r2"), 2, 14),
-                     ("query", str(out / "query-r2" / "last"), str(out / "query-r3"), 2, 15)]
+                     ("query", str(out / "query-r2" / "last"), str(out / "query-r3"), 2, 15),
+                     # the final fit: the same chain on both files (docs/retrieval.md, "A final fit")
+                     ("query", str(out / "phrase-r2" / "best"), str(out / "query-final"), 2, 13),
+                     ("query", str(out / "query-final" / "last"), str(out / "query-final-r2"), 2, 14),
+                     ("query", str(out / "query-final-r2" / "last"), str(out / "query-final-r3"), 2, 15)]
+    assert [q.question for q in load_questions(out / "query-final-data" / "train+validation.jsonl")] == \
+        ["train", "validation"]
     assert demo.phrase_checkpoint() == out / "phrase-r2" / "best"
+
+
+def test_lambda_is_tuned_with_the_query_rounds_that_did_not_see_validation(tmp_path, monkeypatch):
+    """The final fit trains on validation, so what validation tunes (lambda, in the doc stage) searches
+    with the train-only rounds; everything after it searches with the final fit's."""
+    import odqa.retriever.doc_index as doc_index
+    import odqa.retriever.doc_train as doc_train
+    import odqa.retriever.tune_lambda as tune_lambda
+    import odqa.system.demo as demo_module
+    from odqa.retriever.phrase_model import CONFIG_FILE
+    out = tmp_path / "out"
+    for name in ("query-r3", "query-final-r3"):
+        (out / name / "last").mkdir(parents=True)
+        (out / name / "last" / CONFIG_FILE).write_text("{}")
+    demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), out)
+    assert demo.phrase_model() == out / "query-final-r3" / "last"
+    assert demo.phrase_model(final=False) == out / "query-r3" / "last"
+    # Without the final fit, rounds an earlier run left are not searched with.
+    assert Demo(replace(PRESETS["full"], query_final_fit=False), out).phrase_model() == out / "query-r3" / "last"
+    tuned_with = []
+    monkeypatch.setattr(doc_train, "train_doc", lambda a: {"best_top20": 1.0})
+    monkeypatch.setattr(doc_index, "build_doc_index", lambda *a: None)
+    monkeypatch.setattr(tune_lambda, "tune_searcher_lambda",
+                        lambda searcher, *a, **kw: tuned_with.append(searcher) or {"lambda": 0.0, "bm25_weight": 0.0})
+    monkeypatch.setattr(demo_module, "load_questions", lambda *a, **kw: [])
+    monkeypatch.setattr(Demo, "searcher", lambda self, reranked=False, final=True: self.phrase_model(final))
+    demo.train_doc(resume=False)
+    assert tuned_with == [out / "query-r3" / "last"]
 
 
 def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monkeypatch):
@@ -211,17 +259,22 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
                     tmp_path / f"out{seed}")
         monkeypatch.setattr(demo, "gold_data", lambda: ("gold-train", "gold-val"))
         monkeypatch.setattr(demo, "reader_data", lambda resume: ("train", "val"))
-        monkeypatch.setattr(demo, "searcher", lambda: None)
+        monkeypatch.setattr(demo, "searcher", lambda **kw: None)
+        (demo.out / "supervision").mkdir(parents=True)
+        for split in ("train", "validation"):
+            write_jsonl(demo.out / "supervision" / f"{split}.jsonl", [{"question": split, "answers": ["a"]}])
         demo.train_phrase(resume=False)
         demo.tune_query(resume=False)
         demo.train_doc(resume=False)
+        demo.refit_query(resume=False)
         demo.train_reader(resume=False)
         demo.train_reranker(resume=False)
         return list(seeds)
 
     guides = chain(0)
     assert guides == [("phrase", 13), ("phrase", 14), ("query", 13), ("query", 14), ("query", 15), ("doc", 13),
-                      ("doc", 13), ("init", 0), ("reader", 0), ("reader", 0), ("reranker", 13)]
+                      ("doc", 13), ("query", 13), ("query", 14), ("query", 15),   # the final fit
+                      ("init", 0), ("reader", 0), ("reader", 0), ("reranker", 13)]
     assert chain(2) == [(name, seed + 2) for name, seed in guides]
 
 
@@ -288,7 +341,10 @@ def test_settings_added_later_leave_the_keys_of_runs_made_before_them(tmp_path):
     for (name, value), stage in zip(added.items(), ("phrase", "phrase", "query", "reader", "reader", "phrase")):
         after = keys(**{name: value})
         changed = [s for s in before if before[s] != after[s]]
-        assert changed == STAGES[STAGES.index(stage):], name   # that stage and the later ones rerun
+        assert changed == [s for s in STAGES[STAGES.index(stage):] if s in before], name   # it and the later ones rerun
+    # The final fit adds its stage, after which the reader and the run are made again; the stages before it stay.
+    after = keys(query_final_fit=True)
+    assert [s for s in after if before.get(s) != after[s]] == ["refit", "reader", "run"]
 
 
 def test_the_reader_can_train_on_the_pipelines_own_passages(world, first_run, monkeypatch):
@@ -352,7 +408,7 @@ def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_ru
     pipeline = default_pipeline()
     assert pipeline["phrase_index"] == (out / "phrase-index").resolve()
     assert pipeline["reader"] == (out / "reader" / "best").resolve()
-    assert pipeline["phrase_model"] == (out / "query-r2" / "last").resolve()   # the last query-tuned model
+    assert pipeline["phrase_model"] == (out / "query-final-r2" / "last").resolve()   # the final fit's last model
     assert pipeline["doc_index"] == (out / "doc-index").resolve()
     capsys.readouterr()
     run = tmp_path / "r.json"
