@@ -45,17 +45,17 @@ class PhraseFilter(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(2 * dim, hidden), nn.GELU(), nn.Linear(hidden, 2))
 
     def forward(self, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-        """(N, 2) logits: can start, can end."""
-        return self.mlp(torch.cat([start, end], -1).float())
+        """(N, 2) logits: can start, can end, in the weights' dtype (the dump's vectors may be float16)."""
+        return self.mlp(torch.cat([start, end], -1).to(self.mlp[0].weight.dtype))
 
     @torch.no_grad()
     def score(self, start: np.ndarray, end: np.ndarray, batch: int = 200_000) -> np.ndarray:
         """max(can start, can end) for each token: what `--keep` ranks. In float64, rounded to float32 at
         the end: a float32 product's rounding depends on how many rows the BLAS kernel is handed, and an
         index must keep the same tokens however its dump was chunked."""
-        mlp = copy.deepcopy(self.mlp).double()
-        out = [mlp(torch.cat([torch.from_numpy(start[a:a + batch]), torch.from_numpy(end[a:a + batch])], -1).double())
-               .max(-1).values.float().numpy() for a in range(0, len(start), batch)]
+        exact = copy.deepcopy(self).double()
+        out = [exact(torch.from_numpy(start[a:a + batch]), torch.from_numpy(end[a:a + batch])).max(-1).values.float().numpy()
+               for a in range(0, len(start), batch)]
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 

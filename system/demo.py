@@ -474,10 +474,10 @@ class Demo:
         the final fit's where it ran (`final=False`: never, for what validation tunes)."""
         from odqa.retriever.phrase_model import is_phrase_checkpoint
         if self.cfg.query_epochs:
-            for rounds in ([self.query_rounds(final=True)] if final and self.cfg.query_final_fit else []) + [self.query_rounds()]:
-                for out in reversed(rounds):
-                    if is_phrase_checkpoint(out / "last"):
-                        return out / "last"
+            rounds = self.query_rounds() + (self.query_rounds(final=True) if final and self.cfg.query_final_fit else [])
+            for out in reversed(rounds):
+                if is_phrase_checkpoint(out / "last"):
+                    return out / "last"
         return self.phrase_checkpoint()
 
     def train_doc(self, resume: bool) -> dict:

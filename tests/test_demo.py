@@ -164,6 +164,13 @@ def test_query_side_tuning_is_a_stage_of_the_full_preset_only(tmp_path):
     assert names(PRESETS["full"]) == STAGES
 
 
+def one_question_a_split(out):
+    """Supervision files whose one question is named for its split: what the final fit reads."""
+    (out / "supervision").mkdir(parents=True)
+    for split in ("train", "validation"):
+        write_jsonl(out / "supervision" / f"{split}.jsonl", [{"question": split, "answers": ["a"]}])
+
+
 def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypatch):
     """docs/retrieval.md's `phrase-e2` (a second epoch from the first's best at 3e-5, seed 14) and
     `qft-e2-56` (three rounds of 2 query epochs, seeds 13-15, each from the last's model)."""
@@ -178,9 +185,7 @@ def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypa
     demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm"), out)
     assert demo.train_phrase(resume=False) == {"validation_em": [1.0, 1.0], "steps": 840}
     assert demo.tune_query(resume=False)["epochs"] == 6
-    (out / "supervision").mkdir(parents=True)
-    for split in ("train", "validation"):
-        write_jsonl(out / "supervision" / f"{split}.jsonl", [{"question": split, "answers": ["a"]}])
+    one_question_a_split(out)
     assert demo.refit_query(resume=False)["epochs"] == 6
     assert calls == [("phrase", "minilm", str(out / "phrase"), 1, 5e-5, 13),
                      ("phrase", str(out / "phrase" / "best"), str(out / "phrase-r2"), 1, 3e-5, 14),
@@ -260,9 +265,7 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
         monkeypatch.setattr(demo, "gold_data", lambda: ("gold-train", "gold-val"))
         monkeypatch.setattr(demo, "reader_data", lambda resume: ("train", "val"))
         monkeypatch.setattr(demo, "searcher", lambda **kw: None)
-        (demo.out / "supervision").mkdir(parents=True)
-        for split in ("train", "validation"):
-            write_jsonl(demo.out / "supervision" / f"{split}.jsonl", [{"question": split, "answers": ["a"]}])
+        one_question_a_split(demo.out)
         demo.train_phrase(resume=False)
         demo.tune_query(resume=False)
         demo.train_doc(resume=False)
