@@ -3,7 +3,7 @@
 supervision it trained on, which the training commands read when no `odqa supervise` output is there.
 
     $ODQA_HOME/pipeline.json   {"corpus", "supervision", "phrase_model", "phrase_index", "doc_model",
-                                "doc_index", "reranker", "reader", "recorded_by", "updated"}
+                                "doc_index", "reranker", "memory", "reader", "recorded_by", "updated"}
 
 A flag that names a path always wins. A default that is needed but missing is refused with one line
 that says which command makes it.
@@ -25,6 +25,7 @@ ARTIFACTS = {
     "doc_model": ("--doc-model", "document encoder"),
     "doc_index": ("--doc-index", "document index"),
     "reranker": ("--reranker", "passage reranker"),
+    "memory": ("--memory", "answer memory"),
     "reader": ("--reader", "FiD reader"),
 }
 
@@ -73,9 +74,10 @@ def fill_defaults(args, reader: bool = False) -> None:
     """Set the unset paths of `args` (attributes index, model, doc_index, doc_model, corpus, reranker where
     `args` has it, and with `reader` also reader) from the default pipeline. The pre-filter, the reranker
     and the corpus come along only with the default phrase index: a phrase index named by a flag is
-    searched as named, and `no_prefilter` / `no_reranker` (when `args` has them) leave those out."""
+    searched as named, and `no_prefilter` / `no_reranker` (when `args` has them) leave those out. The
+    answer memory (where `args` has `memory`) comes along with the default phrase model, unless `no_memory`."""
     pipeline = default_pipeline()
-    own_index = args.index is None
+    own_index, own_model = args.index is None, args.model is None
     if own_index:
         args.index = str(default_path("phrase_index", pipeline))
     if args.model is None:
@@ -87,6 +89,10 @@ def fill_defaults(args, reader: bool = False) -> None:
     if own_index and hasattr(args, "reranker") and args.reranker is None and not getattr(args, "no_reranker", False) \
             and "reranker" in pipeline:
         args.reranker = str(pipeline["reranker"])
+    # The memory's vectors are the default model's questions: it comes along only with that model.
+    if own_model and hasattr(args, "memory") and args.memory is None and not getattr(args, "no_memory", False) \
+            and "memory" in pipeline:
+        args.memory = str(pipeline["memory"])
     if own_index and args.corpus is None and "corpus" in pipeline:
         args.corpus = str(pipeline["corpus"])
     if reader and args.reader is None:

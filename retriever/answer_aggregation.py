@@ -7,7 +7,8 @@ string whose passages weigh most: each of the top `depth` passages votes for its
 exp((score - best score) / temperature), strings are compared as exact match compares them
 (`normalize_answer`), and the answer is the winning string's phrase in its highest-ranked passage. The
 temperature is in the units of the ranking's scores (behind the default pipeline's rerank, standardised
-scores); as it goes to 0, or with depth 1, the answer is the first passage's phrase.
+scores); as it goes to 0, or with depth 1, the answer is the first passage's phrase. A `prior` (the
+answer memory's votes, `retriever.searcher`) adds weighted votes for phrases of those passages.
 """
 from __future__ import annotations
 
@@ -16,23 +17,25 @@ import math
 from odqa.common.metrics import normalize_answer
 
 
-def aggregate_answer(units: list[dict], depth: int, temperature: float) -> dict | None:
+def aggregate_answer(units: list[dict], depth: int, temperature: float,
+                     prior: list[tuple[dict, float]] = ()) -> dict | None:
     """The winning phrase of the first `depth` ranked units (passages or documents, best first, each
-    with its "score" and "phrase"), as a copy of that phrase with "support": its string's share of the
-    votes. None when no unit shows a phrase."""
+    with its "score" and "phrase"), and of `prior`'s (phrase, weight) votes after theirs, as a copy of
+    that phrase with "support": its string's share of the votes. None when nothing shows a phrase."""
     if depth < 1:
         raise ValueError(f"depth must be positive, not {depth}")
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, not {temperature}")
     voters = [u for u in units[:depth] if u.get("phrase")]
-    if not voters:
+    if not voters and not prior:
         return None
-    best = max(u["score"] for u in voters)
+    best = max((u["score"] for u in voters), default=0.0)
     votes: dict[str, float] = {}
     first: dict[str, dict] = {}
-    for u in voters:
-        key = normalize_answer(u["phrase"]["text"])
-        votes[key] = votes.get(key, 0.0) + math.exp((u["score"] - best) / temperature)
-        first.setdefault(key, u["phrase"])
+    ballots = [(u["phrase"], math.exp((u["score"] - best) / temperature)) for u in voters] + list(prior)
+    for phrase, weight in ballots:
+        key = normalize_answer(phrase["text"])
+        votes[key] = votes.get(key, 0.0) + weight
+        first.setdefault(key, phrase)
     winner = max(votes, key=votes.get)   # dicts keep insertion order: a tie goes to the higher-ranked string
     return {**first[winner], "support": votes[winner] / sum(votes.values())}

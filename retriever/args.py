@@ -23,6 +23,12 @@ MAX_ANSWER_TOKENS = 6
 # validation questions of two full chains (docs/retrieval.md, "The extractive answer by aggregation").
 ANSWER_DEPTH = 25
 ANSWER_TEMPERATURE = 1.0
+# The answer memory's kNN prior (retriever/answer_memory.py): a question's MEMORY_NEIGHBOURS nearest
+# training questions at cosine >= MEMORY_THRESHOLD each add MEMORY_WEIGHT x cosine to their answers'
+# votes. Picked on the validation questions of the full chain (docs/retrieval.md, "The answer memory").
+MEMORY_THRESHOLD = 0.9
+MEMORY_WEIGHT = 2.0
+MEMORY_NEIGHBOURS = 3
 # The version of the answer filter's rules (`retriever.searcher.can_answer`), kept in the keys of the
 # files `odqa run` caches, so that files made under older rules are made again. 2: no question word at
 # a phrase's edges (2026-11-28); 1: whole words and brackets, not an echo.

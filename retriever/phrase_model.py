@@ -15,11 +15,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 from odqa.common.io import InputError, hash_files, loading
 from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
+from odqa.retriever.phrase_data import encode_questions
 
 CONFIG_FILE = "phrase_config.json"
 LMS = ("phrase_lm", "q_start_lm", "q_end_lm")
@@ -157,8 +159,35 @@ def is_phrase_checkpoint(path: str | os.PathLike) -> bool:
     return (Path(path) / CONFIG_FILE).exists()
 
 
+def question_encoder_hash(path: str | os.PathLike) -> str:
+    """Identifies the question side of a checkpoint (its question LMs and heads), which an answer
+    memory's vectors are encoded with; query-side fine-tuning changes it."""
+    path = Path(path)
+    files = [f for part in ("q_start_lm", "q_end_lm") for f in sorted((path / part).rglob("*"))]
+    return hash_files(path, files + [path / "question_heads.pt", path / CONFIG_FILE])
+
+
 def phrase_encoder_hash(path: str | os.PathLike) -> str:
     """Identifies the phrase side of a checkpoint (phrase LM and its heads), which a phrase index is
     built with; query-side fine-tuning leaves it unchanged."""
     path = Path(path)
     return hash_files(path, sorted((path / "phrase_lm").rglob("*")) + [path / "phrase_heads.pt"])
+
+
+@torch.no_grad()
+def question_vectors_of(model: DensePhraseModel, tokenizer, questions: list[str], batch_size: int = 64,
+                        device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """The start and end vectors of `questions` (each (n, d) float32) from a phrase model's question side."""
+    for q in questions:
+        if not isinstance(q, str) or not q.strip():
+            raise InputError(f"empty question: {q!r}")
+    out_s, out_e = [], []
+    order = np.argsort([len(q) for q in questions], kind="stable")   # batches of like lengths pad less
+    for a in range(0, len(questions), batch_size):
+        batch = [questions[i] for i in order[a:a + batch_size]]
+        enc = encode_questions(tokenizer, batch, model.config.max_question_tokens)
+        qs, qe = model.encode_questions(**{k: v.to(device) for k, v in enc.items()})
+        out_s.append(qs.float().cpu().numpy())
+        out_e.append(qe.float().cpu().numpy())
+    back = np.argsort(order)
+    return np.concatenate(out_s)[back], np.concatenate(out_e)[back]

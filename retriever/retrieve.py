@@ -50,6 +50,8 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int,
                                [tokens(p["row"], p["text"]) for p in ps])
             top = top_phrase(r)
             entry["prediction"] = top["text"] if top else ""
+            if "memory" in r:   # the memory questions consulted: which answers had their help
+                entry["memory"] = r["memory"]
             for ctx, p in zip(entry["ctxs"], ps):
                 ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "in_title", "char_start", "char_end", "score")}
                 # reranked: both parts of the final score, so the rerank can be studied from the file

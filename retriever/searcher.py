@@ -25,6 +25,12 @@ of which river"); when a passage's best hit is one, every span of the passage wi
 from the index and the best that can answer is shown instead.
 Passage scores and their order do not change.
 
+With an answer memory (`retriever.answer_memory`), the question's nearest training questions (by the
+same question vectors) whose cosine passes `memory_threshold` lend their answers to the extractive
+answer's vote: each adds `memory_weight` x its cosine to an answer that is an indexed phrase of one of
+the top `answer_depth` passages (of a document, of the passage its phrase is in), within the cap, that
+can answer. Each result then lists the neighbours it consulted ("memory").
+
 With a phrase model trained with title phrases, a passage's title tokens are indexed beside its text
 tokens: a phrase lies in the title or in the text, never across the two, and a title phrase's text is
 read from the title.
@@ -33,23 +39,36 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-import torch
 
 from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError
-from odqa.common.metrics.answers import echoes_at_edge
+from odqa.common.metrics.answers import echoes_at_edge, normalize_answer
 from odqa.retriever.answer_aggregation import aggregate_answer
-from odqa.retriever.args import ANSWER_DEPTH, ANSWER_TEMPERATURE, MAX_ANSWER_TOKENS
+from odqa.retriever.answer_memory import AnswerMemory, Neighbour, question_vectors
+from odqa.retriever.args import (
+    ANSWER_DEPTH,
+    ANSWER_TEMPERATURE,
+    MAX_ANSWER_TOKENS,
+    MEMORY_NEIGHBOURS,
+    MEMORY_THRESHOLD,
+    MEMORY_WEIGHT,
+)
 from odqa.retriever.lm import load_tokenizer
-from odqa.retriever.phrase_data import encode_questions, passage_title
+from odqa.retriever.phrase_data import passage_title
 from odqa.retriever.phrase_index import PhraseIndex
-from odqa.retriever.phrase_model import DensePhraseModel, phrase_encoder_hash
+from odqa.retriever.phrase_model import (
+    DensePhraseModel,
+    phrase_encoder_hash,
+    question_encoder_hash,
+    question_vectors_of,
+)
 from odqa.retriever.rerank import Candidates, combined, doc_z_of, rerank_order, standardise
 
 log = logging.getLogger(__name__)
@@ -96,7 +115,9 @@ class Searcher:
                  prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100,
                  max_answer_tokens: int | None = None, answer_filter: bool = True, dtype=None,
                  bm25_weight: float | None = None, reranker=None, rerank_depth: int = 20,
-                 answer_depth: int = ANSWER_DEPTH, answer_temperature: float = ANSWER_TEMPERATURE):
+                 answer_depth: int = ANSWER_DEPTH, answer_temperature: float = ANSWER_TEMPERATURE,
+                 memory: AnswerMemory | None = None, memory_threshold: float = MEMORY_THRESHOLD,
+                 memory_weight: float = MEMORY_WEIGHT, memory_neighbours: int = MEMORY_NEIGHBOURS):
         """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` and `bm25_weight`
         (the rerank's weights of the document score and of the passage's BM25 score) default to the
         values `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
@@ -108,13 +129,20 @@ class Searcher:
         `reranker`: a `retriever.cross_encoder.CrossEncoder` that reorders each question's top
         max(k, `rerank_depth`) passages by z(search score) + its weight x z(its score) (passages only).
         `answer_depth`, `answer_temperature`: the extractive answer's vote (`aggregate_answer`); depth 1
-        makes it the first unit's phrase."""
+        makes it the first unit's phrase. `memory`: an `AnswerMemory` built with this model's question
+        encoders, whose `memory_neighbours` nearest questions at cosine >= `memory_threshold` each add
+        `memory_weight` x cosine to their answers' votes."""
         if max_answer_tokens is not None and max_answer_tokens < 1:
             raise InputError(f"max_answer_tokens must be positive, not {max_answer_tokens}")
         if answer_depth < 1 or not answer_temperature > 0:
             raise InputError(f"answer_depth and answer_temperature must be positive, not {answer_depth} "
                              f"and {answer_temperature}")
         self.answer_depth, self.answer_temperature = answer_depth, answer_temperature
+        if memory_neighbours < 1 or memory_weight < 0:
+            raise InputError(f"memory_neighbours must be positive and memory_weight not negative, not "
+                             f"{memory_neighbours} and {memory_weight}")
+        self.memory, self.memory_threshold = memory, memory_threshold
+        self.memory_weight, self.memory_neighbours = memory_weight, memory_neighbours
         self.index = PhraseIndex(index_dir, nprobe)
         L = self.index.max_span_len
         self.max_answer_tokens = min(max_answer_tokens or L, L)
@@ -127,6 +155,9 @@ class Searcher:
         self.device = pick_device(device)
         self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device, dtype or search_dtype(self.device)).eval()
         self.tokenizer = load_tokenizer(model_dir)
+        if memory is not None and memory.question_encoder != question_encoder_hash(model_dir):
+            raise InputError(f"{memory.dir} was built with other question encoders than {model_dir}'s, so their "
+                             f"vectors would not compare: rebuild it with `odqa build-memory --model {model_dir}`")
         self.store = PassageStore(corpus_dir)
         # Popular passages come back for many questions: each is read (and parsed) once while it stays popular.
         self._passage = lru_cache(maxsize=65_536)(self.store.__getitem__)
@@ -159,21 +190,8 @@ class Searcher:
             self.doc_vec_start = self.passage_vec[table.first]
             self.doc_vec_end = self.passage_vec[table.first + table.count]
 
-    @torch.no_grad()
     def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        for q in questions:
-            if not isinstance(q, str) or not q.strip():
-                raise InputError(f"empty question: {q!r}")
-        out_s, out_e = [], []
-        order = np.argsort([len(q) for q in questions], kind="stable")   # batches of like lengths pad less
-        for a in range(0, len(questions), self.batch_size):
-            batch = [questions[i] for i in order[a:a + self.batch_size]]
-            enc = encode_questions(self.tokenizer, batch, self.model.config.max_question_tokens)
-            qs, qe = self.model.encode_questions(**{k: v.to(self.device) for k, v in enc.items()})
-            out_s.append(qs.float().cpu().numpy())
-            out_e.append(qe.float().cpu().numpy())
-        back = np.argsort(order)
-        return np.concatenate(out_s)[back], np.concatenate(out_e)[back]
+        return question_vectors_of(self.model, self.tokenizer, questions, self.batch_size, self.device)
 
     def search_phrases(self, q_start: np.ndarray, q_end: np.ndarray, k: int) -> list[Phrases]:
         """Top phrases per question, best first, from k start hits and k end hits of one batched MIPS."""
@@ -288,23 +306,73 @@ class Searcher:
             raise InputError(f"unit must be one of {UNITS}, not {unit!r}")
         if k < 1:
             raise InputError(f"k must be positive, not {k}")
+        q_start, q_end = self.encode(questions)
         if unit == "phrase":
-            return self._search(questions, k, unit, max_phrases)
+            return self._search(questions, q_start, q_end, k, unit, max_phrases)
         # The answer must not depend on how many passages the caller reads: search as deep as it votes.
         n = max(k, self.answer_depth)
         if self.reranker is not None and unit == "passage":
-            results = self._search(questions, max(n, self.rerank_depth), unit, max_phrases)
+            results = self._search(questions, q_start, q_end, max(n, self.rerank_depth), unit, max_phrases)
             results = [self._cross_rerank(q, r, n) for q, r in zip(questions, results)]
         else:
-            results = self._search(questions, n, unit, max_phrases)
+            results = self._search(questions, q_start, q_end, n, unit, max_phrases)
         key = unit + "s"
-        for r in results:
-            r["answer"] = aggregate_answer(r[key], self.answer_depth, self.answer_temperature)
+        neighbours = ([[] for _ in questions] if self.memory is None else
+                      self.memory.neighbours(question_vectors(q_start, q_end), self.memory_neighbours,
+                                             self.memory_threshold))
+        for i, r in enumerate(results):
+            prior = self._memory_votes(questions[i], q_start[i], q_end[i], r[key][:self.answer_depth], neighbours[i])
+            r["answer"] = aggregate_answer(r[key], self.answer_depth, self.answer_temperature, prior)
             r[key] = r[key][:k]
+            if self.memory is not None:
+                r["memory"] = [{"question": nb.question, "answers": nb.answers, "similarity": nb.similarity}
+                               for nb in neighbours[i]]
         return results
 
-    def _search(self, questions: list[str], k: int, unit: str, max_phrases: int | None) -> list[dict]:
-        q_start, q_end = self.encode(questions)
+    def _memory_votes(self, question: str, qs: np.ndarray, qe: np.ndarray, units: list[dict],
+                      neighbours: list[Neighbour]) -> list[tuple[dict, float]]:
+        """The memory's votes: for each neighbour and each of its answers (one vote an answer string),
+        the answer as an indexed phrase of the highest-ranked unit that has it, with weight
+        `memory_weight` x cosine; answers that no unit holds as a phrase get none."""
+        votes, found = [], {}
+        for nb in neighbours:
+            seen = set()
+            for answer in nb.answers:
+                key = normalize_answer(answer)
+                if not key or key in seen:
+                    continue
+                if key not in found:
+                    found[key] = next((p for u in units if u.get("phrase") and
+                                       (p := self._indexed_phrase(u["phrase"]["row"], answer, question, qs, qe))), None)
+                if found[key] is not None:
+                    seen.add(key)
+                    votes.append((found[key], self.memory_weight * nb.similarity))
+        return votes
+
+    def _indexed_phrase(self, row: int, answer: str, question: str, qs: np.ndarray, qe: np.ndarray) -> dict | None:
+        """`answer`'s first occurrence in passage `row`'s text (as whole words, any case) that the index
+        holds as a phrase: a kept token starting where it starts, one ending where it ends, within the
+        cap; and that `can_answer` when the answer filter is on. Scored from the index; None if none."""
+        passage = self._passage(row)
+        meta, a, b = self.index.meta, int(self.passage_vec[row]), int(self.passage_vec[row + 1])
+        text_tokens = ~meta["in_title"][a:b].astype(bool)
+        for m in re.finditer(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", passage["text"], re.IGNORECASE):
+            starts = np.nonzero((meta["char_start"][a:b] == m.start()) & text_tokens)[0]
+            ends = np.nonzero((meta["char_end"][a:b] == m.end()) & text_tokens)[0]
+            if not len(starts) or not len(ends):
+                continue
+            i, j = a + int(starts[0]), a + int(ends[-1])
+            if not 0 <= int(meta["token"][j]) - int(meta["token"][i]) < self.max_answer_tokens:
+                continue
+            if self.answer_filter and not can_answer(passage["text"], m.start(), m.end(), question):
+                continue
+            ids = np.array([i, j], dtype=np.int64)
+            score = float(self.index.scores("start", ids[:1], qs)[0] + self.index.scores("end", ids[1:], qe)[0])
+            return self._phrase_json(Phrase(score, i, j, row, m.start(), m.end()), passage)
+        return None
+
+    def _search(self, questions: list[str], q_start: np.ndarray, q_end: np.ndarray, k: int, unit: str,
+                max_phrases: int | None) -> list[dict]:
         if self.prefilter is not None:
             pool = k if not self.reranks or unit == "phrase" else max(k, self.rerank_pool)
             doc_rows, doc_scores = self.prefilter.search(questions, self.top_docs)
@@ -505,12 +573,15 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
                   max_answer_tokens: int | None = MAX_ANSWER_TOKENS, answer_filter: bool = True,
                   dtype=None, bm25_weight: float | None = None, reranker: str | os.PathLike | None = None,
                   rerank_depth: int = 20, answer_depth: int = ANSWER_DEPTH,
-                  answer_temperature: float = ANSWER_TEMPERATURE) -> Searcher:
+                  answer_temperature: float = ANSWER_TEMPERATURE, memory: str | os.PathLike | None = None,
+                  memory_threshold: float = MEMORY_THRESHOLD, memory_weight: float = MEMORY_WEIGHT,
+                  memory_neighbours: int = MEMORY_NEIGHBOURS) -> Searcher:
     """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
     `doc_index` is given (with the `doc_model` it was built with), answers capped at
     `max_answer_tokens` (None: the index's L), and with `reranker` (an `odqa train-reranker` checkpoint)
     each question's top max(k, `rerank_depth`) passages reordered by it; the extractive answer voted by
-    the top `answer_depth` at `answer_temperature`. The CLI (and so the server),
+    the top `answer_depth` at `answer_temperature`, with the answer memory at `memory` (`odqa build-memory`)
+    lending its answers where given. The CLI (and so the server),
     `odqa run`, the demo and `train-query` make theirs here."""
     prefilter = None
     if doc_index:
@@ -522,7 +593,10 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: st
                     max_answer_tokens=max_answer_tokens, answer_filter=answer_filter, dtype=dtype,
                     bm25_weight=bm25_weight, rerank_depth=rerank_depth,
                     reranker=_load_reranker(reranker) if reranker else None,
-                    answer_depth=answer_depth, answer_temperature=answer_temperature)
+                    answer_depth=answer_depth, answer_temperature=answer_temperature,
+                    memory=AnswerMemory(memory) if memory else None,
+                    memory_threshold=memory_threshold, memory_weight=memory_weight,
+                    memory_neighbours=memory_neighbours)
 
 
 def _load_reranker(path: str | os.PathLike):

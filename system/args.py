@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odqa.common.settings import OUT, arg, listed, required
-from odqa.retriever.args import ANSWER_DEPTH, ANSWER_TEMPERATURE, MAX_ANSWER_TOKENS
+from odqa.retriever.args import (
+    ANSWER_DEPTH,
+    ANSWER_TEMPERATURE,
+    MAX_ANSWER_TOKENS,
+    MEMORY_NEIGHBOURS,
+    MEMORY_THRESHOLD,
+    MEMORY_WEIGHT,
+)
 
 
 @dataclass
@@ -41,3 +48,9 @@ class RunArgs:
     answer_depth: int = arg(ANSWER_DEPTH, "the extractive answer is the phrase string the top N passages vote for "
                                           "most; 1: the first passage's phrase")
     answer_temperature: float = arg(ANSWER_TEMPERATURE, "temperature of that vote, in the ranking's score units")
+    memory: str | None = arg(None, "answer memory (`odqa build-memory`; default: the default pipeline's, with its "
+                                   "model): nearby training questions lend their answers to the vote")
+    no_memory: bool = arg(False, "without the default pipeline's answer memory")
+    memory_threshold: float = arg(MEMORY_THRESHOLD, "cosine a memory question needs to lend its answers")
+    memory_weight: float = arg(MEMORY_WEIGHT, "votes a memory question lends, times its cosine")
+    memory_neighbours: int = arg(MEMORY_NEIGHBOURS, "nearest memory questions consulted")

@@ -2,11 +2,12 @@
 
     Pipeline(searcher, reader).answer(["who ..."], k=10) ->
         [{"question", "extractive": {text, score, passage_id, char_start, char_end},
-          "generated": str, "passages": [{id, title, text, score, phrase}], "timings": {...}}]
+          "generated": str, "passages": [{id, title, text, score, phrase}], "memory": [...], "timings": {...}}]
 
 One phrase search (behind the document pre-filter when the searcher has one) yields both the top
 passage's phrase, the extractive answer, and the top-k passages, which the FiD reader reads to
-generate the other answer. Timings are per batch, in milliseconds, for each stage.
+generate the other answer. With an answer memory, "memory" lists the training questions whose answers
+the extractive answer's vote consulted. Timings are per batch, in milliseconds, for each stage.
 """
 from __future__ import annotations
 
@@ -71,5 +72,6 @@ class Pipeline:
                             "support": top.get("support")},
                         "generated": g,
                         "passages": [{key: p[key] for key in ("id", "title", "text", "score", "phrase")} for p in r["passages"]],
+                        **({"memory": r["memory"]} if "memory" in r else {}),
                         "timings": timings})
         return out

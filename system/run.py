@@ -46,6 +46,12 @@ def run(args: RunArgs) -> list[dict]:
     names = [question_set_name(name) for name in args.questions]
     if len(set(names)) < len(names):
         raise InputError(f"--questions names a set twice ({' '.join(args.questions)}): its files would overwrite each other")
+    if args.memory:
+        from odqa.retriever.answer_memory import memory_sets
+        held = sorted({question_set_name(s) for s in memory_sets(args.memory)} & set(names))
+        if held:
+            raise InputError(f"the answer memory {args.memory} holds {', '.join(held)}, which this run evaluates: its "
+                             f"questions would find themselves; pass --no-memory, or build a memory without them")
     corpus = args.corpus or str(default_corpus())
     max_k = max(args.k)
     base_key = {"index": path_fingerprint(args.index), "model": path_fingerprint(args.model), "corpus": corpus,
@@ -55,6 +61,8 @@ def run(args: RunArgs) -> list[dict]:
                 "nprobe": args.nprobe, "max_answer_tokens": args.max_answer_tokens,
                 "answer_filter": ANSWER_FILTER_RULES if args.answer_filter else False,
                 "answer_depth": args.answer_depth, "answer_temperature": args.answer_temperature,
+                **({"memory": path_fingerprint(args.memory), "memory_settings": [
+                    args.memory_threshold, args.memory_weight, args.memory_neighbours]} if args.memory else {}),
                 # in the key only when set: the files of a run without a reranker stay valid
                 **({"reranker": path_fingerprint(args.reranker), "rerank_depth": args.rerank_depth}
                    if args.reranker else {})}
@@ -85,7 +93,9 @@ def run(args: RunArgs) -> list[dict]:
                                          args.top_docs, args.lam, args.nprobe, args.max_answer_tokens,
                                          args.answer_filter, bm25_weight=args.bm25_weight, reranker=args.reranker,
                                          rerank_depth=args.rerank_depth, answer_depth=args.answer_depth,
-                                         answer_temperature=args.answer_temperature)
+                                         answer_temperature=args.answer_temperature, memory=args.memory,
+                                         memory_threshold=args.memory_threshold, memory_weight=args.memory_weight,
+                                         memory_neighbours=args.memory_neighbours)
             write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
         # The reader reads the passages, not the extractive answer: another vote re-reads nothing. Nor do
@@ -134,7 +144,8 @@ def run(args: RunArgs) -> list[dict]:
 
 
 BASELINES = ("bm25", "dense", "none")
-ANSWER_KEYS = ("answer_depth", "answer_temperature")   # settings of the extractive answer alone
+# settings of the extractive answer alone
+ANSWER_KEYS = ("answer_depth", "answer_temperature", "memory", "memory_settings")
 
 
 def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:

@@ -1083,3 +1083,131 @@ def test_title_phrases_answer_from_the_title_and_never_span_both_segments(tmp_pa
         assert all(enc.in_title[b, i] == enc.in_title[b, j] for b, (i, j, _) in enumerate(spans))
         best = max(range(len(spans)), key=lambda b: spans[b][2])
         assert best == r["phrases"][0]["row"]
+
+
+def test_the_answer_memory_adds_its_votes_to_the_passages_votes():
+    from odqa.retriever.answer_aggregation import aggregate_answer
+    units = [{"score": 3.0, "phrase": {"text": "Osaka", "passage_id": "p1"}},
+             {"score": 2.0, "phrase": {"text": "Tokyo", "passage_id": "p2"}}]
+    assert aggregate_answer(units, 25, 1.0, prior=[])["text"] == "Osaka"
+    # Tokyo's passage vote exp(-1) and the memory's 1 outweigh Osaka's 1; the passage's own phrase is shown
+    answer = aggregate_answer(units, 25, 1.0, prior=[({"text": "tokyo", "passage_id": "p2"}, 1.0)])
+    assert answer["text"] == "Tokyo" and answer["support"] == pytest.approx((np.exp(-1) + 1) / (2 + np.exp(-1)))
+    # a phrase that is no passage's best can win on the memory's votes alone, and too few votes do not
+    kyoto = {"text": "Kyoto", "passage_id": "p2"}
+    assert aggregate_answer(units, 25, 1.0, prior=[(kyoto, 2.0)])["text"] == "Kyoto"
+    assert aggregate_answer(units, 25, 1.0, prior=[(kyoto, 0.5)])["text"] == "Osaka"
+
+
+def _memory(world, tmp_path, rows, name="memory"):
+    from odqa.common.questions import load_questions
+    from odqa.retriever.answer_memory import build_memory
+    path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    build_memory(world["model"], load_questions(path), [str(path)], tmp_path / name)
+    return tmp_path / name
+
+
+def test_the_answer_memory_lends_its_answers_where_a_top_passage_holds_them_as_a_phrase(world, index, tmp_path):
+    from odqa.common.corpus import PassageStore
+    from odqa.retriever.answer_memory import AnswerMemory
+    question = "where was alice born"
+    plain = Searcher(index, world["model"], world["corpus"]).search([question], k=3)[0]
+    assert "memory" not in plain
+    # The memory says alice was born where someone else was, a city the tiny model does not answer.
+    other = next(i for i, n in enumerate(NAMES) if world["born"][n] != plain["answer"]["text"])
+    city = world["born"][NAMES[other]]
+    memory = _memory(world, tmp_path, [{"id": "m0", "question": question, "answers": [city.upper()]},
+                                       {"id": "m1", "question": "where was carol born", "answers": ["atlantis"]}])
+
+    def search(**kw):
+        return Searcher(index, world["model"], world["corpus"],
+                        memory=AnswerMemory(memory), **kw).search([question], k=3)[0]
+    lent = search(memory_weight=100.0)
+    assert lent["passages"] == plain["passages"]                            # the memory moves no passage
+    nearest = lent["memory"][0]
+    assert (nearest["question"], nearest["answers"]) == (question, [city.upper()]) and nearest["similarity"] > 0.99
+    # The answer is the city as that person's passage writes it, an indexed phrase of the passage.
+    answer = lent["answer"]
+    text = PassageStore(world["corpus"])[answer["row"]]["text"]
+    assert answer["text"] == city == text[answer["char_start"]:answer["char_end"]]
+    assert answer["passage_id"] == f"p{other}" or city in {p["phrase"]["text"] for p in plain["passages"]}
+    # Nothing consulted above the threshold, no weight, or an answer no passage holds: the vote as without it.
+    assert search(memory_weight=100.0, memory_threshold=1.01)["memory"] == []
+    for kw in ({"memory_weight": 100.0, "memory_threshold": 1.01}, {"memory_weight": 0.0}):
+        assert search(**kw)["answer"]["text"] == plain["answer"]["text"]
+    atlantis = _memory(world, tmp_path, [{"id": "m0", "question": question, "answers": ["atlantis"]}], "atlantis")
+    s = Searcher(index, world["model"], world["corpus"], memory_weight=100.0,
+                 memory=AnswerMemory(atlantis))
+    assert s.search([question], k=3)[0]["answer"] == plain["answer"]
+
+
+def test_an_answer_memory_of_other_question_encoders_or_corrupt_is_refused(world, index, tmp_path):
+    from odqa.retriever.answer_memory import AnswerMemory
+    from odqa.retriever.phrase_model import question_encoder_hash
+    rows = [{"id": "m0", "question": "where was alice born", "answers": ["oslo"]}]
+    memory = _memory(world, tmp_path, rows)
+    opened = AnswerMemory(memory)
+    assert len(opened) == 1 and opened.question_encoder == question_encoder_hash(world["model"])
+    opened.manifest["key"]["question_encoder"] = "another model's"
+    with pytest.raises(InputError, match="other question encoders"):
+        Searcher(index, world["model"], world["corpus"], memory=opened)
+    with pytest.raises(InputError, match="not an answer memory"):
+        AnswerMemory(tmp_path / "nowhere")
+    with open(memory / "vectors.npy", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(InputError, match="corrupt answer memory"):
+        AnswerMemory(memory)
+    # Regular-expression answers cannot be looked up in a passage: left out, and a set of nothing else refused.
+    regex = [{"id": "r0", "question": "where was bob born", "answers": ["os.o"], "regex": True}]
+    assert len(AnswerMemory(_memory(world, tmp_path, rows + regex, "mixed"))) == 1
+    with pytest.raises(InputError, match="no questions with plain answers"):
+        _memory(world, tmp_path, regex, "regex")
+
+
+def test_cli_build_memory_then_retrieve_and_run_refuses_to_evaluate_what_the_memory_holds(world, index, tmp_path, capsys):
+    from odqa.common.io import InputError
+    from odqa.system.cli import main
+    from odqa.system.run import RunArgs, run
+    root = world["root"]
+    memory = tmp_path / "memory"
+    assert main(["-q", "build-memory", "--model", str(world["model"]), "--questions", str(root / "questions.jsonl"),
+                 "--out", str(memory)]) == 0
+    assert f"{len(NAMES)} questions of {root / 'questions.jsonl'} (32 dims) -> {memory}" in capsys.readouterr().out
+    out = tmp_path / "r.json"
+    base = ["-q", "retrieve", "--retriever", "phrase", "--index", str(index), "--model", str(world["model"]),
+            "--questions", str(root / "questions.jsonl"), "--corpus", str(world["corpus"]), "--k", "2"]
+    assert main([*base, "--memory", str(memory), "--out", str(out)]) == 0
+    entries = json.loads(out.read_text())
+    # the nearest memory questions each entry consulted (to the tiny model's question encoders all are alike)
+    held = {q["question"]: q["answers"] for q in map(json.loads, (root / "questions.jsonl").read_text().split("\n")[:-1])}
+    assert all(len(e["memory"]) == 3 and all(held[m["question"]] == m["answers"] and m["similarity"] > 0.99
+                                             for m in e["memory"]) for e in entries)
+    with pytest.raises(SystemExit) as refused:
+        main([*base, "--memory", str(memory), "--memory-weight", "-1", "--out", str(out)])
+    assert refused.value.code == 2 and "--memory-weight: must be at least 0" in capsys.readouterr().err
+    assert main(["-q", "retrieve", "--retriever", "bm25", "--questions", str(root / "questions.jsonl"), "--corpus",
+                 str(world["corpus"]), "--memory", str(memory), "--out", str(tmp_path / "b.json")]) == 2
+    with pytest.raises(InputError, match="holds questions, which this run evaluates"):
+        run(RunArgs(str(tmp_path / "run"), index=str(index), model=str(world["model"]), reader=str(tmp_path),
+                    questions=[str(root / "questions.jsonl")], memory=str(memory)))
+
+
+def test_the_default_pipelines_memory_comes_with_its_model_only(tmp_path):
+    import argparse
+
+    from odqa.common.defaults import fill_defaults, record_pipeline
+    paths = {}
+    for name in ("phrase_index", "phrase_model", "memory", "corpus"):
+        paths[name] = tmp_path / name
+        paths[name].mkdir()
+    record_pipeline(paths, by="test")
+
+    def filled(**kw):
+        a = argparse.Namespace(**{**dict(index=None, model=None, doc_index=None, doc_model=None, corpus=None,
+                                         memory=None, no_memory=False), **kw})
+        fill_defaults(a)
+        return a.memory
+    assert filled() == str(paths["memory"].resolve())
+    assert filled(no_memory=True) is None
+    assert filled(model=str(tmp_path / "other")) is None      # its vectors are the default model's questions
+    assert filled(memory=str(tmp_path / "mine")) == str(tmp_path / "mine")

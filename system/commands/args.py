@@ -31,6 +31,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse type: a number of at least 0 (a weight; 0 turns its term off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value:g}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """An argparse type: a number above 0 (a temperature)."""
     try:

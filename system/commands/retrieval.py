@@ -13,6 +13,9 @@ from odqa.retriever.args import (
     BM25_GRID,
     DEFAULT_KEEP,
     MAX_ANSWER_TOKENS,
+    MEMORY_NEIGHBOURS,
+    MEMORY_THRESHOLD,
+    MEMORY_WEIGHT,
     DocTrainArgs,
     PhraseTrainArgs,
     QueryTrainArgs,
@@ -24,6 +27,7 @@ from odqa.system.commands.args import (
     command,
     corpus_arg,
     dataclass_from_args,
+    non_negative_float,
     positive_float,
     positive_int,
 )
@@ -40,7 +44,9 @@ def phrase_searcher(args, rerank: bool = True):
                          args.top_docs, lam, args.nprobe, args.max_answer_tokens, args.answer_filter,
                          bm25_weight=bm25_weight, reranker=args.reranker if rerank else None,
                          rerank_depth=args.rerank_depth, answer_depth=args.answer_depth,
-                         answer_temperature=args.answer_temperature)
+                         answer_temperature=args.answer_temperature, memory=args.memory,
+                         memory_threshold=args.memory_threshold, memory_weight=args.memory_weight,
+                         memory_neighbours=args.memory_neighbours)
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
@@ -57,6 +63,17 @@ def search_args(p: argparse.ArgumentParser) -> None:
                         f"phrase (default {ANSWER_DEPTH})")
     p.add_argument("--answer-temperature", type=positive_float, default=ANSWER_TEMPERATURE,
                    help=f"temperature of that vote, in the ranking's score units (default {ANSWER_TEMPERATURE:g})")
+    p.add_argument("--memory", type=Path, default=None,
+                   help="answer memory (`odqa build-memory`): the nearest training questions lend their answers to "
+                        "that vote where a top passage holds them as a phrase (default: the default pipeline's, "
+                        "when its model searches)")
+    p.add_argument("--no-memory", action="store_true", help="without the default pipeline's answer memory")
+    p.add_argument("--memory-threshold", type=float, default=MEMORY_THRESHOLD,
+                   help=f"cosine a memory question needs to lend its answers (default {MEMORY_THRESHOLD:g})")
+    p.add_argument("--memory-weight", type=non_negative_float, default=MEMORY_WEIGHT,
+                   help=f"votes a memory question lends, times its cosine (default {MEMORY_WEIGHT:g})")
+    p.add_argument("--memory-neighbours", type=positive_int, default=MEMORY_NEIGHBOURS,
+                   help=f"nearest memory questions consulted (default {MEMORY_NEIGHBOURS})")
 
 
 def prefilter_args(p: argparse.ArgumentParser) -> None:
@@ -98,6 +115,8 @@ def cmd_retrieve(args) -> None:
         fill_defaults(args)
     elif args.reranker:
         raise InputError(f"--reranker reorders the phrase retriever's passages, not {args.retriever}'s")
+    elif args.memory:
+        raise InputError(f"--memory lends answers to the phrase retriever's vote, not to {args.retriever}'s")
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
     if args.retriever == "phrase":
@@ -229,6 +248,21 @@ def cmd_tune_lambda(args) -> None:
         print(f"| {lam:.1f} | " + " | ".join(f"{table[lam, mu]:.2f}" for mu in mus) + " |")
     print(f"best lambda {result['lambda']:.1f}, BM25 weight {result['bm25_weight']:g} ({metric} {result['best']:.2f} "
           f"on {result['questions']} questions) -> {args.doc_index}/lambda.json")
+
+
+def cmd_build_memory(args) -> None:
+    from odqa.common.defaults import default_path, default_pipeline, record_pipeline
+    from odqa.common.paths import odqa_home
+    from odqa.common.questions import load_questions
+    from odqa.retriever.answer_memory import build_memory
+    pipeline = default_pipeline()
+    model = args.model or default_path("phrase_model", pipeline)
+    out = args.out or odqa_home() / "memory"
+    questions = [q for name in args.questions for q in load_questions(name)]
+    m = build_memory(model, questions, args.questions, out)
+    print(f"{m['questions']} questions of {', '.join(args.questions)} ({m['dim']} dims) -> {out}")
+    if args.model is None:   # the default model's memory: the search commands now consult it with no flag
+        record_pipeline({"memory": out}, by=f"odqa build-memory -> {out}")
 
 
 def cmd_verify(args) -> None:
@@ -376,6 +410,19 @@ def add(sub) -> None:
                    help="BM25 weights tried (default " + " ".join(f"{m:g}" for m in BM25_GRID) + "; 0 alone tunes "
                         "lambda alone)")
     corpus_arg(p)
+
+    p = command(sub, "build-memory", cmd_build_memory, loads_checkpoints=True,
+                help="the answer memory: training questions whose answers nearby questions' votes borrow",
+                description="Encode question sets with the phrase model's question encoders; the search commands "
+                            "then let each question's nearest ones (cosine >= --memory-threshold) vote for their "
+                            "answers where a top passage holds them as a phrase. Built for the default pipeline's "
+                            "model, it becomes the pipeline's memory.")
+    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint whose question encoders search "
+                                                            "(default: the default pipeline's)")
+    p.add_argument("--questions", nargs="+", default=["nq-dev", "tqa-dev"],
+                   help="question sets with answers: names, JSONL or DPR .qa.csv paths (default nq-dev tqa-dev; never "
+                        "a set you evaluate on)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default $ODQA_HOME/memory)")
 
     p = command(sub, "verify", cmd_verify, help="check an index's files against the checksums in its manifest",
                 description="Hash every file of a phrase or document index (or a dense index under a "

@@ -75,6 +75,8 @@ def cmd_ask(args) -> None:
     votes = f", {ex['support']:.0%} of the top passages' votes" if ex and ex.get("support") is not None else ""
     print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']}{votes})"
                                                          if ex else ""))
+    for m in a.get("memory", []):
+        print(f"memory:     {m['question']!r} (cosine {m['similarity']:.2f}): {' | '.join(m['answers'][:3])}")
     how = ", chosen among their phrases" if args.decoding == "phrases" else ""
     print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages{how})")
     for i, p in enumerate(a["passages"], 1):
