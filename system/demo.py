@@ -15,6 +15,8 @@
                the training questions' BM25 passages or the pipeline's own (DeepSpeed or accelerate)
     reranker   (opt-in: `reranker`) a cross-encoder passage reranker trained on the pipeline's top
                `rerank_depth` passages of the training questions; `run` and `ask` then read through it
+    memory     (`answer_memory`, on by default) the training question sets encoded by the search model's
+               question encoders: `run` and `ask` let a question's nearest ones vote for their answers
     run        `odqa run` on a slice of NQ-test and TQA-test: the report table
     ask        three of those questions through the Pipeline, both answers printed
 
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from odqa.common import datapack
-from odqa.common.artifact import fingerprint
+from odqa.common.artifact import fingerprint, read_manifest
 from odqa.common.corpus import PassageStore, build_corpus, corpus_info
 from odqa.common.defaults import record_pipeline
 from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
@@ -122,6 +124,8 @@ class DemoConfig:
     rerank_depth: int = 20                  # passages it is trained on and reorders: the search's top N
     reranker_validation: int = 300          # validation questions (MRR, then its weight beside the search's)
     reranker_batch: int = 8                 # questions a step, each with a positive and 3 negatives
+    # answer memory (retriever/answer_memory.py; docs/retrieval.md, "The answer memory")
+    answer_memory: bool = True              # the training questions' answers lend votes to nearby questions'
     # evaluation
     run_limit: int | None = 100             # first N questions of each test set (None: all)
     run_k: list[int] = field(default_factory=lambda: [5, 10])
@@ -170,6 +174,7 @@ REFERENCE = dict(
                               # <= 128 tokens; 400 steps of 8 x 4 pairs took 23 minutes on a float32-only
                               # 2-core machine); scoring one is about encode_s
     rerank_groups=0.45,       # share of the training questions with both kinds of passage in their top 20
+    memory_q_s=0.002,         # a question through both question encoders, batch 64 (17,595 in 33 s, bfloat16)
 )
 
 
@@ -201,7 +206,7 @@ class Demo:
             "supervision", "phrase", "phrase-dump", "phrase-index", "query", "query-final", "query-final-data",
             "doc-r1", "doc-r2", "doc-index",
             "reader-init", "reader-pretrain", "reader-data", "reader-gold", "reader", "reranker-data", "reranker",
-            "run")}
+            "memory", "run")}
 
     # --- the stages, in order -------------------------------------------------------------------
     def stages(self) -> list[Stage]:
@@ -283,6 +288,12 @@ class Demo:
                      | _set(c, "seed"),
                      [p["reranker"] / "best"], [p["reranker-data"], p["reranker"]])]
               if c.reranker else []),
+            # Before the run, after the reader: turning it on or off reruns the run stage only.
+            *([Stage("memory", f"the answer memory: the questions of {', '.join(c.train_questions)}, encoded by "
+                               f"the search model", 17_600 * len(c.train_questions) / 2 * ref["memory_q_s"],
+                     self.build_memory,
+                     {"questions": c.train_questions}, [p["memory"]], [p["memory"]])]
+              if c.answer_memory else []),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
                          f"k = {', '.join(map(str, c.run_k))}",
                   # `odqa run` reads every k in one pass: the passages are encoded once, at the largest k
@@ -505,13 +516,14 @@ class Demo:
     def doc_model(self) -> Path:
         return (self.p["doc-r2"] if self.cfg.doc_rounds > 1 else self.p["doc-r1"]) / "best"
 
-    def searcher(self, reranked: bool = False, final: bool = True):
+    def searcher(self, reranked: bool = False, final: bool = True, memory: bool = False):
         """The pipeline's phrase search behind its pre-filter; with `reranked`, behind the reranker too
-        where this demo trains one; `final=False`: with the query rounds that did not see validation."""
+        where this demo trains one; with `memory`, consulting the answer memory where it builds one;
+        `final=False`: with the query rounds that did not see validation."""
         from odqa.retriever.searcher import open_searcher
         return open_searcher(self.p["phrase-index"], self.phrase_model(final), self.corpus, self.p["doc-index"],
                              self.doc_model(), self.cfg.top_docs, reranker=self.reranker() if reranked else None,
-                             rerank_depth=self.cfg.rerank_depth)
+                             rerank_depth=self.cfg.rerank_depth, memory=self.memory() if memory else None)
 
     def reranker(self) -> Path | None:
         return self.p["reranker"] / "best" if self.cfg.reranker else None
@@ -644,14 +656,24 @@ class Demo:
                 "search Top-1": round(r["retriever"]["Top-1"], 2), "reranked Top-1": round(best["Top-1"], 2),
                 f"search {metric}": round(r["retriever"][metric], 2), f"reranked {metric}": round(best[metric], 2)}
 
+    def build_memory(self, resume: bool) -> dict:
+        from odqa.retriever.answer_memory import build_memory
+        questions = [q for name in self.cfg.train_questions for q in load_questions(name)]
+        return {"questions": build_memory(self.phrase_model(), questions, self.cfg.train_questions,
+                                          self.p["memory"])["questions"]}
+
+    def memory(self) -> Path | None:
+        return self.p["memory"] if self.cfg.answer_memory else None
+
     def run(self, resume: bool) -> dict:
         from odqa.system.run import RunArgs, run
-        c, reranker = self.cfg, self.reranker()
+        c, reranker, memory = self.cfg, self.reranker(), self.memory()
         rows = run(RunArgs(str(self.p["run"]), index=str(self.p["phrase-index"]), model=str(self.phrase_model()),
                            reader=str(self.p["reader"] / "best"), questions=c.test_questions, k=c.run_k, limit=c.run_limit,
                            doc_index=str(self.p["doc-index"]), doc_model=str(self.doc_model()), top_docs=c.top_docs,
                            corpus=str(self.corpus), baselines=c.baselines, text_maxlength=c.text_maxlength,
-                           reranker=str(reranker) if reranker else None, rerank_depth=c.rerank_depth))
+                           reranker=str(reranker) if reranker else None, rerank_depth=c.rerank_depth,
+                           memory=str(memory) if memory else None, no_memory=memory is None))
         return {"rows": len(rows), "examples": self.pick_examples()}
 
     def pick_examples(self) -> list[dict]:
@@ -722,7 +744,7 @@ class Demo:
         the same directory retrains the model in the recorded pair's own place: there is no old pair to
         keep, and the search names the mismatch until the index stage has run.)"""
         from odqa.retriever.doc_encoder import doc_encoder_hash
-        from odqa.retriever.phrase_model import phrase_encoder_hash
+        from odqa.retriever.phrase_model import phrase_encoder_hash, question_encoder_hash
         built = {"corpus": self.corpus, "supervision": self.p["supervision"], "phrase_model": self.phrase_model(),
                  "phrase_index": self.p["phrase-index"],
                  "doc_model": self.doc_model(), "doc_index": self.p["doc-index"], "reader": self.p["reader"] / "best",
@@ -735,10 +757,17 @@ class Demo:
                     and read_json(manifest).get("encoder_hash") == encoder_hash(built[model])):
                 built.pop(model, None)
                 built.pop(index, None)
+        # The memory goes with the model whose question encoders built it; until the memory stage has
+        # encoded them for a new model (or without the stage), this demo's memory leaves the pipeline.
+        memory = read_manifest(self.p["memory"]) if self.cfg.answer_memory else None
+        if memory and "phrase_model" in built and \
+                memory.get("key", {}).get("question_encoder") == question_encoder_hash(built["phrase_model"]):
+            built["memory"] = self.p["memory"]
         # A demo without the reranker stage takes its own earlier reranker out of the pipeline (it was
         # trained on the passages of models it may have replaced); one trained by hand stays.
+        forget = {} if self.cfg.reranker else {"reranker": self.p["reranker"] / "best"}
         record_pipeline(built, by=f"odqa demo -> {self.out}",
-                        forget={} if self.cfg.reranker else {"reranker": self.p["reranker"] / "best"})
+                        forget=forget if "memory" in built else {**forget, "memory": self.p["memory"]})
 
     def _done(self, s: Stage, key: dict) -> bool:
         marker = self.stages_dir / f"{s.name}.json"
@@ -771,7 +800,7 @@ class Demo:
         examples = read_json(self.stages_dir / "run.json")["result"]["examples"]
         lines = [f"report ({self.p['run']}/report.md, em_by_k.png, topk.png):", markdown(rows)]
         if examples:
-            pipeline = Pipeline.load(self.searcher(reranked=True), self.p["reader"] / "best",
+            pipeline = Pipeline.load(self.searcher(reranked=True, memory=True), self.p["reader"] / "best",
                                      ReaderSettings(text_maxlength=self.cfg.text_maxlength))
             k = max(self.cfg.run_k)
             lines.append(f"\n{len(examples)} example questions (answer in the top {k}; FiD reads {k} passages):")

@@ -18,7 +18,7 @@ from odqa.system.demo import PRESETS, Demo, DemoConfig, Stage, run_demo
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo"]
 CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "dakar", "riga"]
 FILLER = "the weather was mild and the river ran slowly past old mills and quiet farms".split()
-STAGES = ["data", "supervise", "phrase", "index", "query", "doc", "refit", "reader", "run"]
+STAGES = ["data", "supervise", "phrase", "index", "query", "doc", "refit", "reader", "memory", "run"]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,8 @@ def world(tmp_path_factory):
     cfg = DemoConfig(
         documents=str(write_jsonl(root / "docs.jsonl", docs)), corpus=str(root / "corpus"),
         train_questions=[str(write_jsonl(root / "questions.jsonl", questions))],
-        test_questions=[str(root / "questions.jsonl")], validation_percent=50, validation_questions=4,
+        # the same questions under another name: the run must not evaluate the set its answer memory holds
+        test_questions=[str(write_jsonl(root / "test.jsonl", questions))], validation_percent=50, validation_questions=4,
         encoder=str(make_tiny_bert(root / "bert", texts)),
         phrase_examples=None, phrase_batch=2, max_passage_tokens=48, phrase_round_lrs=[3e-5],  # 2 rounds, as full
         query_epochs=1, query_rounds=2, query_final_fit=True,                        # off in the demo preset
@@ -54,7 +55,7 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     out = world["root"] / "out"
     assert all((out / "stages" / f"{s}.json").exists() for s in STAGES)
     assert not list((out / "stages").glob("*.started.json"))
-    table = [line for line in first_run.splitlines() if line.startswith("| questions |")]
+    table = [line for line in first_run.splitlines() if line.startswith("| test |")]
     assert len(table) == 2, first_run  # one row per k
     assert first_run.count("   extractive: ") == 2 and first_run.count("   generated:  ") == 2
     assert (out / "run" / "report.json").exists() and (out / "run" / "topk.png").exists()
@@ -112,7 +113,7 @@ def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, 
 
 def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
     for name in ("build_data", "supervise", "train_phrase", "build_phrase_index", "tune_query", "train_doc",
-                 "refit_query", "train_reader", "run"):
+                 "refit_query", "train_reader", "build_memory", "run"):
         monkeypatch.setattr(Demo, name, lambda self, resume, name=name: pytest.fail(f"{name} ran again"))
     assert run_demo(world["root"] / "out", cfg=world["cfg"]).split("example questions")[0] == \
         first_run.split("example questions")[0]
@@ -122,12 +123,12 @@ def test_a_changed_setting_reruns_that_stage_and_the_later_ones(world, first_run
     ran = []
     for name, stage in (("build_data", "data"), ("supervise", "supervise"), ("train_phrase", "phrase"),
                         ("build_phrase_index", "index"), ("tune_query", "query"), ("train_doc", "doc"),
-                        ("refit_query", "refit"), ("train_reader", "reader"),
+                        ("refit_query", "refit"), ("train_reader", "reader"), ("build_memory", "memory"),
                         ("run", "run")):
         real = getattr(Demo, name)
         monkeypatch.setattr(Demo, name, lambda self, resume, real=real, stage=stage: ran.append(stage) or real(self, resume))
     run_demo(world["root"] / "out", cfg=replace(world["cfg"], top_docs=5))
-    assert ran == ["doc", "refit", "reader", "run"]
+    assert ran == ["doc", "refit", "reader", "memory", "run"]
 
 
 def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
@@ -347,7 +348,7 @@ def test_settings_added_later_leave_the_keys_of_runs_made_before_them(tmp_path):
         assert changed == [s for s in STAGES[STAGES.index(stage):] if s in before], name   # it and the later ones rerun
     # The final fit adds its stage, after which the reader and the run are made again; the stages before it stay.
     after = keys(query_final_fit=True)
-    assert [s for s in after if before.get(s) != after[s]] == ["refit", "reader", "run"]
+    assert [s for s in after if before.get(s) != after[s]] == ["refit", "reader", "memory", "run"]
 
 
 def test_the_reader_can_train_on_the_pipelines_own_passages(world, first_run, monkeypatch):
@@ -540,3 +541,28 @@ def test_the_reranker_is_an_opt_in_stage_before_the_run_which_reads_through_it(w
     assert ran == ["run"]
     assert "reranker" not in default_pipeline()
     assert json.loads((out / "run" / "run_args.json").read_text())["reranker"] is None
+
+
+def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_model(world, first_run, tmp_path, monkeypatch):
+    from odqa.common.defaults import default_pipeline
+    from odqa.retriever.answer_memory import memory_sets
+    out = tmp_path / "out"
+    shutil.copytree(world["root"] / "out", out)
+    run_demo(out, cfg=world["cfg"])                     # every stage reused; this copy becomes the pipeline
+    assert json.loads((out / "stages" / "memory.json").read_text())["result"] == {"questions": len(NAMES)}
+    assert memory_sets(out / "memory") == world["cfg"].train_questions
+    assert default_pipeline()["memory"] == (out / "memory").resolve()
+    # (the run stage was reused from the copied demo, whose memory it consulted)
+    assert json.loads((out / "run" / "run_args.json").read_text())["memory"] == str(world["root"] / "out" / "memory")
+    assert all("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
+    ran = []
+    for name in ("build_memory", "run"):
+        real = getattr(Demo, name)
+        monkeypatch.setattr(Demo, name, lambda self, resume, real=real, name=name: ran.append(name) or real(self, resume))
+    run_demo(out, cfg=replace(world["cfg"], answer_memory=False))
+    assert ran == ["run"]                               # off: the run reruns without it, and the pipeline forgets it
+    assert "memory" not in default_pipeline()
+    assert json.loads((out / "run" / "run_args.json").read_text())["memory"] is None
+    assert not any("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
+    run_demo(world["root"] / "out", cfg=world["cfg"])   # the first demo's pipeline again, for the tests after this one
+    assert default_pipeline()["memory"] == (world["root"] / "out" / "memory").resolve()
