@@ -5,7 +5,8 @@ whole `odqa retrieve` command (start, load, encode, search, write the DPR file),
 
 Phrase retrieval searches the default pipeline's index (`odqa demo`) unless --index/--model name
 others, over every phrase (also without the answer filter, to show its cost) and behind the default
-pipeline's document pre-filter (also without the rerank's BM25 term, to show its cost).
+pipeline's document pre-filter (also without the rerank's BM25 term, and without the answer memory, to
+show their costs).
 The commands run one after another, so they share the machine's load; --repeat N runs N rounds of them all
 and takes each one's best. Each first runs once on one question, untimed: the dense retriever encodes the
 corpus on its first use (84 s of a 2-core CPU, which made dense look 8x slower than phrase retrieval on a
@@ -52,6 +53,7 @@ def main() -> int:
             "phrase, every phrase, without the answer filter": phrase + ["--no-prefilter", "--no-answer-filter"],
             "phrase, behind the document pre-filter": phrase,
             "phrase, behind the document pre-filter, without the BM25 term": phrase + ["--bm25-weight", "0"],
+            "phrase, behind the document pre-filter, without the answer memory": phrase + ["--no-memory"],
         }
         for cmd in runs.values():   # what a retriever builds on its first use is built before the timing
             timed(cmd + ["--limit", "1", "--out", str(Path(tmp) / "warm.json")])   # the last --limit counts
