@@ -233,6 +233,8 @@ def test_a_reranker_is_refused_for_the_other_retrievers(tiny_corpus, tiny_questi
     # tune-lambda tunes what comes before the reranker: a reranker named there would be silently unused
     assert main(["-q", "tune-lambda", "--questions", str(tiny_questions), "--corpus", str(tiny_corpus),
                  "--reranker", str(tmp_path)]) == 2
+    assert main(["-q", "tune-lambda", "--questions", str(tiny_questions), "--corpus", str(tiny_corpus),
+                 "--memory", str(tmp_path)]) == 2
 
 
 def test_the_reranker_scores_under_bfloat16_where_search_does(trained, monkeypatch):

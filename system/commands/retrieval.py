@@ -232,7 +232,11 @@ def cmd_tune_lambda(args) -> None:
     if args.reranker:
         raise InputError("tune-lambda tunes the search's own rerank, which comes before the passage reranker: "
                          "--reranker has no effect here (the reranker's weight is tuned by train-reranker)")
+    if args.memory:
+        raise InputError("tune-lambda tunes the order of the passages, which the answer memory does not move: "
+                         "--memory has no effect here")
     fill_defaults(args)
+    args.memory = None   # the default pipeline's: its votes are not what the grid measures
     searcher = phrase_searcher(args, rerank=False)
     if searcher.prefilter is None:
         raise InputError("tune-lambda needs a document pre-filter (--doc-index and --doc-model, or the default "
