@@ -1,8 +1,8 @@
 """The answer memory: the training questions, their answers, and their question vectors.
 
 Questions are asked again in other words ("who won ncaa womens basketball championship in 2017", "who
-won the 2017 womens ncaa basketball championship"), and a phrase retriever that answered the training
-question's paraphrase once need not read it right again. The memory keeps each training question's
+won the 2017 womens ncaa basketball championship"), and a phrase model trained on one wording need not
+read the answer right under the other. The memory keeps each training question's
 vector, from the same question encoders that search (their start and end [CLS] vectors, concatenated
 and L2-normalised), with its answers. At search time a question's nearest memory questions whose
 cosine passes a threshold lend their answers to the extractive answer's vote, as a kNN prior (Khandelwal
@@ -11,7 +11,7 @@ answer stays extractive: a memory answer is voted for only where it is an indexe
 the question's top passages (`Searcher`). Its gain comes from the questions that paraphrase a training
 question, and reports should say so (docs/retrieval.md, "The answer memory").
 
-    DIR/manifest.json    {"key": {"question_encoder", "sets"}, "questions", "dim", "files": {...}}
+    DIR/manifest.json    {"key": {"question_encoder", "sets"}, "format", "questions", "dim", "files": {...}}
     DIR/vectors.npy      float16, one row a question
     DIR/questions.jsonl  {"id", "question", "answers"} a line, in row order
 """
@@ -52,7 +52,6 @@ def memory_answers(q: Question) -> list[str]:
 
 @dataclass
 class Neighbour:
-    row: int
     similarity: float
     question: str
     answers: list[str]
@@ -95,7 +94,7 @@ class AnswerMemory:
             top = np.argpartition(-sims, n - 1, axis=1)[:, :n]
             for s, rows in zip(sims, top):
                 rows = rows[np.argsort(-s[rows], kind="stable")]
-                out.append([Neighbour(int(r), float(s[r]), self.questions[r], self.answers[r])
+                out.append([Neighbour(float(s[r]), self.questions[r], self.answers[r])
                             for r in rows if s[r] >= threshold])
         return out
 

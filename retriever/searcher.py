@@ -331,9 +331,9 @@ class Searcher:
 
     def _memory_votes(self, question: str, qs: np.ndarray, qe: np.ndarray, units: list[dict],
                       neighbours: list[Neighbour]) -> list[tuple[dict, float]]:
-        """The memory's votes: for each neighbour and each of its answers (one vote an answer string),
-        the answer as an indexed phrase of the highest-ranked unit that has it, with weight
-        `memory_weight` x cosine; answers that no unit holds as a phrase get none."""
+        """The memory's votes: each neighbour votes once for each of its distinct answer strings (as exact
+        match compares them) with weight `memory_weight` x cosine, for the answer as an indexed phrase of
+        the highest-ranked unit that holds it; an answer that no unit holds as a phrase gets no vote."""
         votes, found = [], {}
         for nb in neighbours:
             seen = set()
