@@ -222,11 +222,12 @@ class Demo:
         query_settings = {"query_epochs": c.query_epochs, "query_examples": c.query_examples} | _set(c, "query_rounds", "seed")
         rerank_questions = min(c.reranker_questions or n_train, n_train)
         run_q = sum(self._test_size(name) for name in c.test_questions)
+        dev_questions = 17_600 * len(c.train_questions) / 2   # NQ-dev and TQA-dev hold 17,594 between them
         return [
             Stage("data", "fetch the data pack, build passages and documents, BM25 index", ref["data_s"],
                   self.build_data, {"documents": c.documents, "corpus": str(self.corpus)}, [self.corpus / "bm25"]),
             Stage("supervise", "distant supervision: answer-bearing passages of the training questions",
-                  ref["supervise_q_s"] * 17_600 * len(c.train_questions) / 2, self.supervise,
+                  ref["supervise_q_s"] * dev_questions, self.supervise,
                   {"questions": c.train_questions, "validation_percent": c.validation_percent},
                   [p["supervision"] / "train.jsonl"], [p["supervision"]]),
             Stage("phrase", f"train the phrase encoder ({phrase_steps} steps of {c.phrase_batch}{phrase_rounds})",
@@ -290,7 +291,7 @@ class Demo:
               if c.reranker else []),
             # Before the run, after the reader: turning it on or off reruns the run stage only.
             *([Stage("memory", f"the answer memory: the questions of {', '.join(c.train_questions)}, encoded by "
-                               f"the search model", 17_600 * len(c.train_questions) / 2 * ref["memory_q_s"],
+                               f"the search model", dev_questions * ref["memory_q_s"],
                      self.build_memory,
                      {"questions": c.train_questions}, [p["memory"]], [p["memory"]])]
               if c.answer_memory else []),

@@ -31,12 +31,16 @@ def positive_int(text: str) -> int:
     return value
 
 
-def non_negative_float(text: str) -> float:
-    """An argparse type: a number of at least 0 (a weight; 0 turns its term off)."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a number of at least 0 (a weight; 0 turns its term off)."""
+    value = _number(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, not {value:g}")
     return value
@@ -44,10 +48,7 @@ def non_negative_float(text: str) -> float:
 
 def positive_float(text: str) -> float:
     """An argparse type: a number above 0 (a temperature)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, not {value:g}")
     return value

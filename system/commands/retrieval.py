@@ -35,8 +35,9 @@ from odqa.system.commands.args import (
 
 def phrase_searcher(args, rerank: bool = True):
     """The searcher of --index/--model, behind the document pre-filter when --doc-index is given (with
-    `rerank=False`, its rerank off whatever was tuned); the command has filled the paths no flag names
-    from the default pipeline (`fill_defaults`)."""
+    `rerank=False`, the search's own order alone: its rerank off whatever was tuned, no reranker, no
+    answer memory); the command has filled the paths no flag names from the default pipeline
+    (`fill_defaults`)."""
     from odqa.common.paths import default_corpus
     from odqa.retriever.searcher import open_searcher
     lam, bm25_weight = (args.lam, args.bm25_weight) if rerank else (0.0, 0.0)
@@ -44,7 +45,7 @@ def phrase_searcher(args, rerank: bool = True):
                          args.top_docs, lam, args.nprobe, args.max_answer_tokens, args.answer_filter,
                          bm25_weight=bm25_weight, reranker=args.reranker if rerank else None,
                          rerank_depth=args.rerank_depth, answer_depth=args.answer_depth,
-                         answer_temperature=args.answer_temperature, memory=args.memory,
+                         answer_temperature=args.answer_temperature, memory=args.memory if rerank else None,
                          memory_threshold=args.memory_threshold, memory_weight=args.memory_weight,
                          memory_neighbours=args.memory_neighbours)
 
@@ -236,7 +237,6 @@ def cmd_tune_lambda(args) -> None:
         raise InputError("tune-lambda tunes the order of the passages, which the answer memory does not move: "
                          "--memory has no effect here")
     fill_defaults(args)
-    args.memory = None   # the default pipeline's: its votes are not what the grid measures
     searcher = phrase_searcher(args, rerank=False)
     if searcher.prefilter is None:
         raise InputError("tune-lambda needs a document pre-filter (--doc-index and --doc-model, or the default "
