@@ -37,7 +37,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from odqa.common.io import InputError, atomic_path, parse_json, read_json, read_jsonl, require_file, text_lines, write_json
+from odqa.common.io import InputError, atomic_path, parse_json, plain_suffix, read_json, read_jsonl, require_file, text_lines, write_json
 from odqa.common.splitter import split_passages
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class SourceDoc:
 
 
 def detect_format(path: Path) -> str:
-    if path.suffix == ".tsv":
+    if plain_suffix(path) == ".tsv":
         return "dpr-tsv"
     for _, obj in read_jsonl(path):
         return "documents" if "sections" in obj else "passages"

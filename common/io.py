@@ -1,12 +1,16 @@
 """File I/O that never leaves half-written outputs and names the bad line of bad input."""
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
 import hashlib
 import json
 import os
 import re
+import lzma
 import shutil
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -105,15 +109,38 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+def plain_suffix(path: str | os.PathLike) -> str:
+    """The suffix that says what a file holds, under its compression's: ".tsv" for psgs_w100.tsv.gz."""
+    path = Path(path)
+    return Path(path.stem).suffix if path.suffix in COMPRESSED else path.suffix
+
+
 def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """Yield (line number, line) of a UTF-8 text file. Bytes that are not UTF-8 (a gzip file, Latin-1
-    text) raise InputError naming the file, the line and the byte offset, not a UnicodeDecodeError."""
+    """Yield (line number, line) of a UTF-8 text file, read through its decompressor when its name ends
+    in .gz, .bz2 or .xz (DPR ships psgs_w100.tsv.gz), a line at a time. Bytes that are not UTF-8 (a
+    compressed file under a plain name, Latin-1 text) raise InputError naming the file, the line and
+    the byte offset (in the decompressed stream), not a UnicodeDecodeError; a damaged or truncated
+    compressed file raises InputError naming it."""
     path = require_file(path)
-    offset = 0
-    with open(path, "rb") as f:
+    offset, lineno = 0, 0
+    opener = COMPRESSED.get(path.suffix)
+    errors = _named_decompression_errors(path, lambda: lineno) if opener else contextlib.nullcontext()
+    with (opener or open)(path, "rb") as f, errors:
         for lineno, raw in enumerate(f, 1):
             yield lineno, _decode(raw, path, offset, lineno)
             offset += len(raw)
+
+
+@contextlib.contextmanager
+def _named_decompression_errors(path: Path, where) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
+        raise InputError(f"{path}: cannot decompress it after line {where()} ({e}); "
+                         "the file is damaged or truncated") from None
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -127,7 +154,7 @@ def _decode(raw: bytes, path: Path, offset: int, lineno: int | None) -> str:
     except UnicodeDecodeError as e:
         where = f"{path}:{lineno}" if lineno is not None else str(path)
         raise InputError(f"{where}: not UTF-8 text (byte {offset + e.start} is {raw[e.start]:#04x}); "
-                         "give an uncompressed UTF-8 file") from None
+                         "give UTF-8 text, plain or compressed under a .gz, .bz2 or .xz name") from None
 
 
 # A JSON escape of a lone UTF-16 surrogate ("\ud800") parses to a str that no UTF-8 writer or tokenizer

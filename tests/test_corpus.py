@@ -54,6 +54,25 @@ def test_dpr_tsv_keeps_ids_and_groups_titles(tmp_path):
     assert info["documents"] == 2
 
 
+@pytest.mark.parametrize("suffix,compress", [(".gz", "gzip"), (".bz2", "bz2"), (".xz", "lzma")])
+def test_compressed_inputs_build_the_same_corpus(tmp_path, suffix, compress):
+    """DPR ships psgs_w100.tsv.gz: a compressed file is read through its decompressor, its format told
+    by the name under the compression's suffix, and the corpus is the plain file's, byte for byte."""
+    import importlib
+    tsv = tmp_path / "psgs.tsv"
+    tsv.write_text("id\ttext\ttitle\n1\tAaron is a prophet.\tAaron\n2\tAbba is a band.\tABBA\n", encoding="utf-8")
+    packed = tmp_path / f"psgs.tsv{suffix}"
+    packed.write_bytes(importlib.import_module(compress).compress(tsv.read_bytes()))
+    plain, zipped = build_corpus([tsv], tmp_path / "plain"), build_corpus([packed], tmp_path / "packed")
+    assert zipped["fingerprint"] == plain["fingerprint"] and zipped["passages"] == 2
+    assert (tmp_path / "packed/passages.jsonl").read_bytes() == (tmp_path / "plain/passages.jsonl").read_bytes()
+    truncated = tmp_path / f"cut.tsv{suffix}"
+    truncated.write_bytes(packed.read_bytes()[:-8])
+    with pytest.raises(InputError, match="cannot decompress|not UTF-8"):
+        build_corpus([truncated], tmp_path / "cut")
+    assert not (tmp_path / "cut" / "passages.jsonl").exists()
+
+
 def test_passages_jsonl_and_overlong_passage_is_split(tmp_path):
     rows = [{"id": "p1", "title": "T", "text": "short text."},
             {"id": "p2", "title": "T", "text": " ".join(["word"] * 150)}]
