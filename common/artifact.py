@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from odqa.common.io import VERIFY_ON_OPEN_BYTES, atomic_path, checksums, read_json, verify_checksums, write_json
+from odqa.common.ranks import current
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -102,16 +103,25 @@ def cached_key(path: str | os.PathLike, key: dict, depth: int | None = None) -> 
 def cached_file(path: str | os.PathLike, key: dict, make: Callable[[], None], depth: int | None = None) -> dict:
     """Make `path` (by calling `make`, which writes it atomically) unless it exists with the same key
     (and, for a ranked file, at least `depth` results a question: a deeper file serves every smaller
-    k); returns the key of what is there."""
-    path = Path(path)
+    k); returns the key of what is there.
+
+    Under a launcher every rank calls it and `make` (whose stage splits its work by rank), and rank 0
+    alone writes: every rank decides from the same files (a barrier before and after the look, so
+    rank 0 writes nothing until every rank has looked), and none goes on before the file is there."""
+    path, ranks = Path(path), current()
+    ranks.barrier()
     saved = cached_key(path, key, depth)
+    ranks.barrier()
     if saved is not None:
         log.info("reusing %s", path)
         return saved
     key_path = path.with_name(f"{path.name}.key.json")
-    key_path.unlink(missing_ok=True)
+    if ranks.main:
+        key_path.unlink(missing_ok=True)
     make()
     key = plain(key)
     key = {**key, "depth": depth} if depth is not None else key
-    write_json(key_path, key)
+    if ranks.main:
+        write_json(key_path, key)
+    ranks.barrier()
     return key

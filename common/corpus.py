@@ -37,7 +37,17 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from odqa.common.io import InputError, atomic_path, parse_json, plain_suffix, read_json, read_jsonl, require_file, text_lines, write_json
+from odqa.common.io import (
+    InputError,
+    atomic_path,
+    parse_json,
+    plain_suffix,
+    read_json,
+    read_jsonl,
+    require_file,
+    text_lines,
+    write_json,
+)
 from odqa.common.splitter import split_passages
 
 log = logging.getLogger(__name__)

@@ -6,9 +6,9 @@ import contextlib
 import gzip
 import hashlib
 import json
+import lzma
 import os
 import re
-import lzma
 import shutil
 import zlib
 from pathlib import Path

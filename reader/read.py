@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoTokenizer
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, loading
 from odqa.common.metrics.answers import answer_em, is_echo
+from odqa.common.ranks import current, split_map
 from odqa.reader import fusion
 from odqa.reader.args import READ_DECODING
 from odqa.reader.fid import FusedEncoderOutput, decoder_start_id, reader_class
@@ -193,40 +194,51 @@ def _redecode_echoes(decode: _Decoder, spans: PassageSpans, questions: list[str]
 
 def read(model_path: str | os.PathLike, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
          batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-         limit: int | None = None, device: str | None = None, decoding: str = "spans") -> dict:
+         limit: int | None = None, device: str | None = None, decoding: str = "spans",
+         parts: str | os.PathLike | None = None, key=None) -> dict:
     device = pick_device(device)
     model, tokenizer = load_reader(model_path, device)
     return read_with(model, tokenizer, fid_file, out, n_passages, batch_size, text_maxlength, max_new_tokens,
-                     num_beams, limit, device, decoding)
+                     num_beams, limit, device, decoding, parts, key)
 
 
 def read_with(model, tokenizer, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
               batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-              limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans") -> dict:
+              limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans",
+              parts: str | os.PathLike | None = None, key=None) -> dict:
     """`read` with a reader already loaded (`load_reader`), for callers that read many files."""
     return read_with_ks(model, tokenizer, fid_file, {n_passages: out}, batch_size, text_maxlength, max_new_tokens,
-                        num_beams, limit, device, decoding)[n_passages]
+                        num_beams, limit, device, decoding, parts=parts, key=key)[n_passages]
 
 
 def read_with_ks(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, str | os.PathLike],
                  batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
                  limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans",
-                 refuse_echoes: bool = True) -> dict:
-    """Predictions at several k (`outs`: k -> file) from one pass of the encoder; k -> summary."""
+                 refuse_echoes: bool = True, parts: str | os.PathLike | None = None, key=None) -> dict:
+    """Predictions at several k (`outs`: k -> file) from one pass of the encoder; k -> summary. Under a
+    launcher each rank reads its share of the batches, and rank 0 writes the files; given `parts`
+    (where finished batches wait to be merged, common/ranks.py), a killed read resumes."""
     examples = load_fid_file(fid_file, limit=limit)
     if decoding == "phrases":
         fusion.check_phrases(examples, str(fid_file))    # named here, before any reading
     start = time.perf_counter()
-    by_k = generate_answers_by_k(model, tokenizer, examples, list(outs), batch_size, text_maxlength, max_new_tokens,
-                                 num_beams, device, decoding=decoding, refuse_echoes=refuse_echoes)
+    ks = sorted(outs)
+
+    def read_batch(batch: list[FiDExample]) -> list[list[str]]:
+        by_k = generate_answers_by_k(model, tokenizer, batch, ks, batch_size, text_maxlength, max_new_tokens,
+                                     num_beams, device, progress=False, decoding=decoding, refuse_echoes=refuse_echoes)
+        return [[by_k[k][i] for k in ks] for i in range(len(batch))]
+    answers = split_map(read_batch, examples, batch_size, parts, {"key": key, "ks": ks}, desc=f"read k={','.join(map(str, ks))}")
     seconds = time.perf_counter() - start
     summaries = {}
-    for k, predictions in by_k.items():
+    for j, k in enumerate(ks):
+        predictions = [a[j] for a in answers]
         correct = [answer_em(p, ex.answers, ex.regex) for p, ex in zip(predictions, examples)]
-        write_predictions(outs[k], examples, predictions, correct)
+        if current().main:
+            write_predictions(outs[k], examples, predictions, correct)
         em = 100.0 * sum(correct) / len(correct)
         log.info("EM %.2f on %d questions, k=%d", em, len(correct), k)
         summaries[k] = {"questions": len(correct), "em": em, "k": k, "seconds": seconds}
-    log.info("read %d questions at k=%s, %.1f questions/s", len(examples), ",".join(map(str, by_k)),
+    log.info("read %d questions at k=%s, %.1f questions/s", len(examples), ",".join(map(str, ks)),
              len(examples) / seconds)
     return summaries

@@ -20,6 +20,7 @@ from odqa.common.artifact import build_dir, current_manifest
 from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, loading
+from odqa.common.ranks import current, split_arrays
 from odqa.retriever.lm import load_lm, load_tokenizer
 from odqa.retriever.pooling import mean_pool
 
@@ -39,16 +40,18 @@ class MeanPoolEncoder:
         out = []
         order = np.argsort([len(t) for t in texts])  # similar lengths batch together
         for a in tqdm(range(0, len(order), batch_size), desc=desc, disable=desc is None or None):
-            idx = order[a:a + batch_size]
-            enc = self.tokenizer([texts[i] for i in idx], truncation=True, max_length=self.max_tokens,
-                                 padding=True, return_tensors="pt")
-            enc = {k: v.to(self.device) for k, v in enc.items()}
-            h = self.model(**enc).last_hidden_state
-            out.append(mean_pool(h, enc["attention_mask"]).float().cpu().numpy())
+            out.append(self.encode_batch([texts[i] for i in order[a:a + batch_size]]))
         vecs = np.concatenate(out) if out else np.zeros((0, self.model.config.hidden_size), np.float32)
         result = np.empty_like(vecs)
         result[order] = vecs
         return result
+
+    @torch.no_grad()
+    def encode_batch(self, texts: list[str]) -> np.ndarray:
+        enc = self.tokenizer(texts, truncation=True, max_length=self.max_tokens, padding=True, return_tensors="pt")
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        h = self.model(**enc).last_hidden_state
+        return mean_pool(h, enc["attention_mask"]).float().cpu().numpy()
 
 
 class DenseIndex:
@@ -60,23 +63,48 @@ class DenseIndex:
         return Path(corpus_dir) / f"dense-{Path(str(encoder).rstrip('/')).name}"
 
     @classmethod
-    def open(cls, corpus_dir: str | os.PathLike, encoder: str) -> "DenseIndex":
-        """The saved index for this corpus and encoder, or one built now."""
+    def open(cls, corpus_dir: str | os.PathLike, encoder: str, batch_size: int = 64, add_chunk: int = 65_536
+             ) -> "DenseIndex":
+        """The saved index for this corpus and encoder, or one built now: under a launcher each rank
+        encodes its share of the passages, and a build cut short resumes from its finished batches
+        (common/ranks.py). No passage is held beyond its batch: the vectors go through a memory-mapped
+        file, in corpus order, into the index, the one copy in memory."""
         out = cls.index_dir(corpus_dir, encoder)
         key = {"corpus": corpus_info(corpus_dir)["fingerprint"], "encoder": str(encoder)}
         enc = MeanPoolEncoder(str(encoder))
-        if current_manifest(out, key):
-            with loading(out / "passages.faiss", "the dense index"):
-                return cls(enc, faiss.read_index(str(out / "passages.faiss")))
+        if not current_manifest(out, key):
+            cls._build(enc, corpus_dir, out, key, batch_size, add_chunk)
+        with loading(out / "passages.faiss", "the dense index"):
+            return cls(enc, faiss.read_index(str(out / "passages.faiss")))
+
+    @staticmethod
+    def _build(enc: MeanPoolEncoder, corpus_dir, out: Path, key: dict, batch_size: int, add_chunk: int) -> None:
+        ranks = current()
         store = PassageStore(corpus_dir)
-        passages = list(store)
+        # the batches `encode` makes of the whole corpus: similar lengths together, in the same order
+        order = np.argsort(np.array([len(p["title"]) + 1 + len(p["text"]) for p in store]))
+
+        def encode(rows) -> np.ndarray:
+            return enc.encode_batch([f"{p['title']} {p['text']}" for p in map(store.__getitem__, map(int, rows))])
+        dim = enc.model.config.hidden_size
+        vectors_path = out.with_name(f".{out.name}.vectors.npy")
+        vectors = np.lib.format.open_memmap(vectors_path, mode="w+", dtype=np.float32, shape=(len(order), dim)) \
+            if ranks.main else None
+        at = 0
+        for part in split_arrays(encode, order, batch_size, out.with_name(f".{out.name}.parts"), key,
+                                 desc="dense passages"):
+            vectors[order[at:at + len(part)]] = part
+            at += len(part)
         store.close()
-        vecs = enc.encode([f"{p['title']} {p['text']}" for p in passages], desc="dense passages")
-        index = faiss.IndexFlatIP(vecs.shape[1])
-        index.add(vecs)
-        with build_dir(out, key, passages=len(passages), dim=int(vecs.shape[1])) as (tmp, _):
-            faiss.write_index(index, str(tmp / "passages.faiss"))
-        return cls(enc, index)
+        if ranks.main:
+            index = faiss.IndexFlatIP(dim)
+            for a in range(0, len(order), add_chunk):
+                index.add(np.ascontiguousarray(vectors[a:a + add_chunk]))
+            del vectors
+            with build_dir(out, key, passages=len(order), dim=int(dim)) as (tmp, _):
+                faiss.write_index(index, str(tmp / "passages.faiss"))
+            vectors_path.unlink()
+        ranks.barrier()   # the index is written before any rank opens it
 
     def search_passages(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         for q in questions:

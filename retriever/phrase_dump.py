@@ -5,9 +5,15 @@ or a title token for a model with title phrases) and its filter logit (max of "c
 passes `threshold` (None keeps every candidate). Vectors
 are stored as float16 in chunk files with their metadata (passage row, token index, character start/end
 in the passage's text, or in its title for a model with title phrases, and whether the token is a
-title's). `--shard k/n` takes the k-th of n contiguous slices of the corpus, so n processes or GPUs
-split a large corpus; each chunk is written atomically and skipped when already there, so an
-interrupted shard resumes where it stopped.
+title's). Passages are sorted by length and cut into chunks of `chunk_passages`; `--shard k/n` takes chunks
+k-1, k-1+n, k-1+2n, ... (every n-th: each shard gets long and short passages alike), so n processes or
+GPUs split a large corpus (under torchrun or accelerate launch, rank r takes shard r + 1 of the
+world's, on its own GPU), and every chunk holds the passages, in the batches, that one process would
+encode in it: the vectors, and the index built from them, are the same however the dump is split.
+Each chunk is written atomically and skipped when already there, so an interrupted shard resumes
+where it stopped. On a GPU that computes bfloat16 natively the encoder
+runs under bfloat16 autocast, as search does; the vectors are stored as float16 either way. On a CPU
+it runs in float32: a CPU dump is the small corpus's, where the demo's dumps are kept as they were.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from odqa.common.corpus import PassageStore, corpus_info
-from odqa.common.device import pick_device
+from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, atomic_path, read_json, write_json
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_passages, passage_title
@@ -40,10 +46,6 @@ def parse_shard(shard: str) -> tuple[int, int]:
     return k, n
 
 
-def shard_rows(total: int, k: int, n: int) -> range:
-    return range((k - 1) * total // n, k * total // n)
-
-
 def shard_dir(dump_dir: Path, k: int, n: int) -> Path:
     return dump_dir / f"shard-{k:03d}-of-{n:03d}"
 
@@ -60,28 +62,34 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
     out = shard_dir(dump_dir, k, n)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"encoder_hash": enc_hash, "fingerprint": info["fingerprint"], "threshold": threshold,
-                "chunk_passages": chunk_passages, "shard": [k, n]}
+                "chunk_passages": chunk_passages, "shard": [k, n],
+                # a shard of n > 1 was a contiguous slice of rows before: such a half-made shard is not resumed
+                **({"shards": "every n-th chunk"} if n > 1 else {})}
     settings_path = out / "settings.json"
     if settings_path.exists() and json.loads(settings_path.read_text()) != settings:
         raise InputError(f"{out} holds a dump made with other settings, encoder or corpus: remove it or use another --out")
 
-    rows = shard_rows(len(store), k, n)
     # Sorting by length makes batches of similar lengths (little padding); the order is deterministic,
     # so chunk i always holds the same passages and a resumed run skips the finished chunks.
-    lengths = np.array([len(store[r]["text"]) for r in rows])
-    order = np.asarray(rows)[np.argsort(lengths, kind="stable")] if len(rows) else np.zeros(0, np.int64)
-    chunks = [order[i:i + chunk_passages] for i in range(0, len(order), chunk_passages)]
+    lengths = np.array([len(p["text"]) for p in tqdm(store, total=len(store), desc="passage lengths", disable=None,
+                                                     mininterval=2)], dtype=np.int64)
+    everything = np.argsort(lengths, kind="stable")
+    mine = range(k - 1, -(-len(everything) // chunk_passages), n)
+    chunks = {i: everything[i * chunk_passages:(i + 1) * chunk_passages] for i in mine}
+    order = np.concatenate(list(chunks.values())) if chunks else np.zeros(0, np.int64)
     device = pick_device(device)
+    device_type = torch.device(device).type
+    dtype = search_dtype(device) if device_type == "cuda" else torch.float32
     model = DensePhraseModel.from_pretrained(model_dir).to(device).eval()
     tokenizer = load_tokenizer(model_dir)
     cfg = model.config
     write_json(settings_path, settings)   # only once the model loads: a failed start leaves no claim on `out`
-    done = sum((out / f"chunk-{i:05d}.npz").exists() for i in range(len(chunks)))
+    done = sum((out / f"chunk-{i:05d}.npz").exists() for i in chunks)
     if done:
         log.info("%s: %d of %d chunks already dumped; resuming", out, done, len(chunks))
-    bar = tqdm(total=len(order), initial=sum(len(c) for i, c in enumerate(chunks) if (out / f"chunk-{i:05d}.npz").exists()),
+    bar = tqdm(total=len(order), initial=sum(len(c) for i, c in chunks.items() if (out / f"chunk-{i:05d}.npz").exists()),
                desc=f"dump-phrases {k}/{n}", unit=" passages", disable=None)
-    for i, chunk in enumerate(chunks):
+    for i, chunk in chunks.items():
         path = out / f"chunk-{i:05d}.npz"
         if path.exists():
             continue
@@ -91,7 +99,9 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
             passages = [store[int(r)] for r in batch_rows]
             enc = encode_passages(tokenizer, [passage_title(p, cfg.title_path) for p in passages], [p["text"] for p in passages],
                                   cfg.max_passage_tokens, title_phrases=cfg.title_phrases)
-            start, end, filt = model.encode_passages(**{kk: v.to(device) for kk, v in enc.batch.items()})
+            with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+                start, end, filt = model.encode_passages(**{kk: v.to(device) for kk, v in enc.batch.items()})
+            start, end, filt = start.float(), end.float(), filt.float()
             keep = kept_tokens(enc.candidate.to(device), filt, threshold)
             bi, ti = keep.nonzero(as_tuple=True)   # row-major: a passage's tokens stay together, in order
             parts["start"].append(start[bi, ti].half().cpu().numpy())
@@ -112,7 +122,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
             np.savez(f, **arrays)
     bar.close()
     store.close()
-    total_vectors = sum(int(np.load(out / f"chunk-{i:05d}.npz")["token"].shape[0]) for i in range(len(chunks)))
+    total_vectors = sum(int(np.load(out / f"chunk-{i:05d}.npz")["token"].shape[0]) for i in chunks)
     summary = {**settings, "passages": len(order), "chunks": len(chunks), "vectors": total_vectors,
                "vectors_per_passage": total_vectors / max(len(order), 1), "dim": model.dim,
                "max_span_len": cfg.max_span_len, "title_path": cfg.title_path}

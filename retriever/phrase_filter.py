@@ -12,6 +12,8 @@ pass and fits in about a minute on a CPU.
     DUMP/filter/filter.json    its shape, what it was fitted on, and the calibration table: for each
                                share of the dump's tokens kept, the score threshold and the share of
                                validation answer phrases whose start and end tokens both survive
+    DUMP/filter/scores.npy     every dumped token's score, in chunk order, which build-index reads
+                               instead of scoring the dump again (float32, 4 bytes a token)
 
 `odqa build-index --keep S` keeps the share S of the dump's tokens with the highest scores.
 """
@@ -28,7 +30,7 @@ from torch import nn
 from tqdm import tqdm
 
 from odqa.common.corpus import PassageStore
-from odqa.common.io import InputError, atomic_path, read_json, write_json
+from odqa.common.io import InputError, atomic_path, loading, read_json, write_json
 from odqa.common.metrics.has_answer import answer_spans
 from odqa.retriever.phrase_data import passage_title
 from odqa.retriever.phrase_dump import dump_chunks, read_chunk, read_dump
@@ -160,7 +162,9 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
             bar.set_postfix(loss=f"{loss.item():.4f}")
     bar.close()
     model.eval()
-    every = np.concatenate(chunk_scores(model, dump_chunks(dump_dir, corpus_dir)[0]))   # shares of the whole dump
+    chunks = dump_chunks(dump_dir, corpus_dir)[0]
+    every = np.concatenate(chunk_scores(model, chunks))   # shares of the whole dump
+    kept_scores = every.copy()   # for build-index, which would otherwise read the whole dump again for them
     scores = model.score(start, end)
     table = []
     for share in SHARES:
@@ -170,12 +174,33 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     info = {"dim": model.dim, "hidden": hidden, "encoder_hash": summary["encoder_hash"],
             "fingerprint": summary["fingerprint"], "train_file": str(train_file),
             "validation_file": str(validation_file), "train_tokens": len(train_ids),
-            "validation_answerable": sum(bool(s) for s in val_spans), "epochs": epochs, "calibration": table}
+            "validation_answerable": sum(bool(s) for s in val_spans), "epochs": epochs, "calibration": table,
+            "scores_of": chunk_stamps(chunks)}
     with atomic_path(out) as tmp:
         tmp.mkdir()
         torch.save(model.state_dict(), tmp / "filter.pt")
+        np.save(tmp / "scores.npy", kept_scores)
         write_json(tmp / "filter.json", info)
     return info
+
+
+def chunk_stamps(chunks: list[Path]) -> list[list]:
+    """Each dump chunk's shard, name and size: which dump a file of scores, in chunk order, belongs to."""
+    return [[c.parent.name, c.name, c.stat().st_size] for c in chunks]
+
+
+def saved_scores(path: str | os.PathLike, chunks: list[Path], sizes: list[int]) -> list[np.ndarray] | None:
+    """Each chunk's scores as train-filter saved them (memory-mapped), when it scored these very chunks
+    (`sizes`: each one's tokens), else None."""
+    path = Path(path)
+    if not (path / "scores.npy").is_file() or load_filter(path)[1].get("scores_of") != chunk_stamps(chunks):
+        return None
+    with loading(path / "scores.npy", "the filter's saved scores"):
+        every = np.load(path / "scores.npy", mmap_mode="r", allow_pickle=False)
+    if every.shape != (sum(sizes),):
+        raise InputError(f"{path / 'scores.npy'} holds {len(every)} scores for a dump of {sum(sizes)} tokens: "
+                         "run `odqa train-filter` again")
+    return np.split(every, np.cumsum(sizes)[:-1])
 
 
 def chunk_scores(model: PhraseFilter, chunks: list[Path]) -> list[np.ndarray]:

@@ -5,11 +5,12 @@
                              a sample, filled in chunks; nprobe is set at search time)
     start.codes.npy, ...     for an 8-bit IVF-PQ (the default): the .faiss file holds only what was
     start.lists.npy, ...     trained (OPQ, coarse centroids, PQ codebooks), and the codes are stored in
-                             vector-id order with each vector's IVF list, encoded by faiss
-                             (`sa_encode`) and written straight to the file; faiss's lists are built
-                             at the first search over the whole index (a pre-filtered search never
-                             needs them). faiss would store an 8-byte id beside each 16-byte code, and
-                             an id here is only a position.
+    start.order.npy, ...     vector-id order with each vector's IVF list, encoded by faiss
+                             (`sa_encode`) and written straight to the file, and the ids grouped by
+                             list (order). Search reads them memory-mapped: by id behind the
+                             pre-filter, list by list over the whole index; faiss's lists are built
+                             only on GPUs, a shard a GPU. faiss would store an 8-byte id beside each
+                             16-byte code, and an id here is only a position.
     meta.npz                 vector id -> passage row, token index, character start/end
 
 Search reads vectors back from the faiss indexes themselves (exact for Flat, decoded from the codes for
@@ -22,9 +23,11 @@ give each passage's slice. The directory is written under a temporary name and r
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,11 +36,12 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from odqa.common.artifact import build_dir
+from odqa.common.artifact import build_dir, fingerprint
 from odqa.common.corpus import corpus_info
 from odqa.common.io import InputError, check_checksums, loading, read_json
+from odqa.common.ranks import current
 from odqa.retriever.phrase_dump import dump_chunks, read_chunk
-from odqa.retriever.phrase_filter import chunk_scores, filter_dir, fitted_filter
+from odqa.retriever.phrase_filter import chunk_scores, filter_dir, fitted_filter, saved_scores
 
 log = logging.getLogger(__name__)
 MANIFEST_VERSION = 3   # 3: IVF-PQ codes beside the .faiss files, not inside them (2 still opens)
@@ -86,7 +90,16 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
 
     key = {"corpus": first["fingerprint"], "encoder_hash": first["encoder_hash"], "factory": factory, "keep": keep,
            "filter_threshold": threshold, "train_size": train_size, "seed": seed}
-    with build_dir(out_dir, key) as (tmp, manifest):
+    # Under a launcher rank 0 trains and writes the index; every rank encodes its share of the chunks
+    # into the codes files, beside the index until it is complete (the other ranks never see its
+    # temporary directory).
+    ranks = current()
+    shared = out_dir.with_name(f".{out_dir.name}.ranks-{fingerprint(key)}") if ranks.world > 1 else None
+    if shared is not None and ranks.main:
+        shutil.rmtree(shared, ignore_errors=True)
+        shared.mkdir(parents=True)
+    with build_dir(out_dir, key) if ranks.main else contextlib.nullcontext((None, None)) as (tmp, manifest):
+        work = shared or tmp
         indexes = {side: faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT) for side in ("start", "end")}
         for index in indexes.values():
             ivf = faiss.try_extract_index_ivf(index)
@@ -94,64 +107,118 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
                 # faiss reorders each PQ codebook for Hamming-distance filtering unless told not to; search
                 # here never filters (polysemous_ht stays 0), and the reordering is a quarter of the training
                 faiss.downcast_index(ivf).do_polysemous_training = False
-        if not indexes["start"].is_trained:
+        if not indexes["start"].is_trained and ranks.main:
             pick = np.random.default_rng(seed).choice(n_vec, min(train_size, n_vec), replace=False)
             sample = _gathered(chunks, kept, ids, pick, dim, "sample")
             for side, index in indexes.items():
                 log.info("training %s index (%s) on %d vectors", side, factory, len(pick))
-                index.train(sample[side])
+                _train(index, sample[side])
             del sample
+        if shared is not None:   # the other ranks encode with rank 0's quantisers
+            if ranks.main:
+                for side, index in indexes.items():
+                    faiss.write_index(index, str(shared / f"{side}.faiss"))
+            ranks.barrier()
+            if not ranks.main:
+                indexes = {side: faiss.read_index(str(shared / f"{side}.faiss")) for side in indexes}
         if all(IVFPQCodes.encodes(index) for index in indexes.values()):
             # The default: each vector's list and code straight into the codes files (`sa_encode` gives
             # what `add` would store), never filling faiss's lists only to read the codes back out.
-            codes = {side: np.lib.format.open_memmap(tmp / f"{side}.codes.npy", mode="w+", dtype=np.uint8,
-                                                     shape=(n_vec, IVFPQCodes.code_size(index)))
-                     for side, index in indexes.items()}
             nlist = faiss.extract_index_ivf(indexes["start"]).nlist
-            list_type = _narrow(np.array([nlist - 1])).dtype     # the narrowest that holds every list number
-            lists = {side: np.zeros(n_vec, list_type) for side in indexes}
-            for side, x, at in _kept_batches(chunks, kept, ids, add_chunk):
-                lists[side][at], codes[side][at] = IVFPQCodes.encode(indexes[side], x)
-            for side, index in indexes.items():
-                codes[side].flush()
-                del codes[side]
-                np.save(tmp / f"{side}.lists.npy", lists[side])   # already the narrowest type
-                faiss.write_index(index, str(tmp / f"{side}.faiss"))   # what was trained; its lists empty
-        elif all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
-            for side, x, at in _kept_batches(chunks, kept, ids, add_chunk):
-                indexes[side].add_with_ids(x, at.astype(np.int64))
-            for side, index in indexes.items():
-                faiss.write_index(index, str(tmp / f"{side}.faiss"))
-        else:
-            every = _gathered(chunks, kept, ids, np.arange(n_vec), dim, "gather", np.float16)
-            for side, index in indexes.items():
-                for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
-                    index.add(every[side][a:a + add_chunk].astype(np.float32))
-                faiss.write_index(index, str(tmp / f"{side}.faiss"))
-            del every
-        with open(tmp / "meta.npz", "wb") as f:
-            # Rows follow from the counts (vectors run in passage order); offsets fit 16 bits for passages
-            # under 64k characters, tokens 8 bits under 256 tokens.
-            titles = {"in_title": meta["in_title"]} if meta["in_title"].any() else {}
-            np.savez_compressed(f, passage_count=counts.astype(np.int32), token=_narrow(meta["token"]),
-                                char_start=_narrow(meta["char_start"]), char_end=_narrow(meta["char_end"]), **titles)
-        sizes = {p.name: p.stat().st_size for p in tmp.iterdir()}
-        manifest.update(version=MANIFEST_VERSION, encoder_hash=first["encoder_hash"], factory=factory, keep=keep,
-                        filter_threshold=threshold, vectors=int(n_vec), passages=int(n_pass), dim=int(dim),
-                        max_span_len=first["max_span_len"], fingerprint=first["fingerprint"],
-                        vectors_per_passage=n_vec / max(n_pass, 1), bytes=sizes,
-                        bytes_per_passage=sum(sizes.values()) / max(n_pass, 1))
+            _encode_codes(indexes, chunks, kept, ids, n_vec, add_chunk, work, ranks)
+            if ranks.main:
+                for side, index in indexes.items():
+                    if shared is not None:
+                        for name in (f"{side}.codes.npy", f"{side}.lists.npy"):
+                            os.replace(shared / name, tmp / name)
+                    # the ids list by list, for whole-index search to read the codes a list at a time
+                    lists = np.load(tmp / f"{side}.lists.npy", mmap_mode="r")
+                    np.save(tmp / f"{side}.order.npy", IVFPQCodes.list_order(lists, nlist))
+                    del lists
+                    faiss.write_index(index, str(tmp / f"{side}.faiss"))   # what was trained; its lists empty
+        if ranks.main:   # rank 0 alone fills any other kind of index, and writes the metadata
+            if not all(IVFPQCodes.encodes(index) for index in indexes.values()):
+                _fill_in_faiss(indexes, chunks, kept, ids, n_vec, dim, add_chunk, tmp)
+            with open(tmp / "meta.npz", "wb") as f:
+                # Rows follow from the counts (vectors run in passage order); offsets fit 16 bits for passages
+                # under 64k characters, tokens 8 bits under 256 tokens.
+                titles = {"in_title": meta["in_title"]} if meta["in_title"].any() else {}
+                np.savez_compressed(f, passage_count=counts.astype(np.int32), token=_narrow(meta["token"]),
+                                    char_start=_narrow(meta["char_start"]), char_end=_narrow(meta["char_end"]), **titles)
+            sizes = {p.name: p.stat().st_size for p in tmp.iterdir()}
+            manifest.update(version=MANIFEST_VERSION, encoder_hash=first["encoder_hash"], factory=factory, keep=keep,
+                            filter_threshold=threshold, vectors=int(n_vec), passages=int(n_pass), dim=int(dim),
+                            max_span_len=first["max_span_len"], fingerprint=first["fingerprint"],
+                            vectors_per_passage=n_vec / max(n_pass, 1), bytes=sizes,
+                            bytes_per_passage=sum(sizes.values()) / max(n_pass, 1))
+    if shared is not None:
+        ranks.barrier()   # the index is in place before any rank goes on
+        if ranks.main:
+            shutil.rmtree(shared)
+        manifest = read_json(out_dir / "manifest.json")
     log.info("phrase index %s: %d vectors (%.1f per passage), %.0f bytes per passage", out_dir, n_vec,
              manifest["vectors_per_passage"], manifest["bytes_per_passage"])
     return manifest
 
 
+def _train(index: faiss.Index, sample: np.ndarray) -> None:
+    """`index.train`, its coarse k-means on every GPU faiss sees (the bulk of an IVF's training at
+    65,536 lists), as faiss's own benchmarks do it; on the CPU otherwise."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
+        ivf.clustering_index = faiss.index_cpu_to_all_gpus(faiss.IndexFlatL2(ivf.d))
+    index.train(sample)
+
+
+def _encode_codes(indexes: dict, chunks: list[Path], kept: list, ids: list, n_vec: int, add_chunk: int, work: Path,
+                  ranks) -> None:
+    """Each kept vector's IVF list and PQ code into WORK/SIDE.lists.npy and SIDE.codes.npy, at its id:
+    rank r encodes chunks r, r + world, ..., and writes those rows alone, through a memory map."""
+    nlist = faiss.extract_index_ivf(indexes["start"]).nlist
+    list_type = _narrow(np.array([nlist - 1])).dtype     # the narrowest that holds every list number
+    if ranks.main:
+        for side, index in indexes.items():
+            np.lib.format.open_memmap(work / f"{side}.codes.npy", mode="w+", dtype=np.uint8,
+                                      shape=(n_vec, IVFPQCodes.code_size(index))).flush()
+            np.lib.format.open_memmap(work / f"{side}.lists.npy", mode="w+", dtype=list_type, shape=(n_vec,)).flush()
+    ranks.barrier()
+    codes = {side: np.load(work / f"{side}.codes.npy", mmap_mode="r+") for side in indexes}
+    lists = {side: np.load(work / f"{side}.lists.npy", mmap_mode="r+") for side in indexes}
+    mine = slice(ranks.rank, None, ranks.world)
+    for side, x, at in _kept_batches(chunks[mine], kept[mine], ids[mine], add_chunk):
+        lists[side][at], codes[side][at] = IVFPQCodes.encode(indexes[side], x)
+    for side in indexes:
+        codes[side].flush()
+        lists[side].flush()
+    del codes, lists
+    ranks.barrier()
+
+
+def _fill_in_faiss(indexes: dict, chunks, kept, ids, n_vec: int, dim: int, add_chunk: int, tmp: Path) -> None:
+    """Any index but an 8-bit IVF-PQ: an IVF filled chunk by chunk under each vector's id, any other (Flat,
+    HNSW) in id order from the kept vectors gathered first."""
+    if all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
+        for side, x, at in _kept_batches(chunks, kept, ids, add_chunk):
+            indexes[side].add_with_ids(x, at.astype(np.int64))
+    else:
+        every = _gathered(chunks, kept, ids, np.arange(n_vec), dim, "gather", np.float16)
+        for side, index in indexes.items():
+            for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
+                index.add(every[side][a:a + add_chunk].astype(np.float32))
+        del every
+    for side, index in indexes.items():
+        faiss.write_index(index, str(tmp / f"{side}.faiss"))
+
+
 def _kept_tokens(chunks: list[Path], keep: float, filter_path, encoder_hash: str) -> tuple[list[np.ndarray], float]:
     """Each chunk's mask of the tokens that a share `keep` of the whole dump keeps, those the filter
     scores highest, and the score threshold that does it."""
+    sizes = [len(read_chunk(c, ("token",))["token"]) for c in chunks]
     if keep == 1:
-        return [np.ones(len(read_chunk(c, ("token",))["token"]), bool) for c in chunks], float("-inf")
-    scores = chunk_scores(fitted_filter(filter_path, encoder_hash), chunks)
+        return [np.ones(n, bool) for n in sizes], float("-inf")
+    model = fitted_filter(filter_path, encoder_hash)
+    scores = saved_scores(filter_path, chunks, sizes)   # train-filter's, when it scored this dump
+    scores = chunk_scores(model, chunks) if scores is None else [np.array(s) for s in scores]
     # partitioned in place: two floats a dumped token at the peak, not three (np.quantile copies its input)
     threshold = float(np.quantile(np.concatenate(scores), 1 - keep, overwrite_input=True))
     return [s >= threshold for s in scores], threshold
@@ -250,17 +317,17 @@ class PhraseIndex:
             log.warning("%s has no checksums (built before they were recorded): rebuild it to have its files "
                         "checked on opening", self.dir)
         n, dim = self.manifest["vectors"], self.manifest["dim"]
-        self._faiss, self._codes, self._unfilled = {}, {}, set()
+        self._faiss, self._codes, self._from_codes = {}, {}, set()
         for side in ("start", "end"):
             with loading(self.dir / f"{side}.faiss", "a faiss index"):
                 self._faiss[side] = faiss.read_index(str(self.dir / f"{side}.faiss"))
             if (self.dir / f"{side}.codes.npy").exists():
                 self._codes[side] = IVFPQCodes.load(self._faiss[side], self.dir, side, n)
-                self._unfilled.add(side)
+                self._from_codes.add(side)
         with loading(self.dir / "meta.npz", "the phrase metadata"):
             self.meta = _read_meta(self.dir / "meta.npz")
         columns = ("passage_row", "token", "char_start", "char_end")
-        if any(idx.ntotal != (0 if side in self._unfilled else n) or idx.d != dim for side, idx in self._faiss.items()) \
+        if any(idx.ntotal != (0 if side in self._from_codes else n) or idx.d != dim for side, idx in self._faiss.items()) \
                 or any(len(self.meta[k]) != n for k in columns):
             raise InputError(f"{self.dir}: corrupt phrase index (its files disagree with manifest.json)")
         for side, idx in self._faiss.items():
@@ -271,9 +338,10 @@ class PhraseIndex:
                     self._codes[side] = IVFPQCodes.of(idx, n)
                     if self._codes[side] is not None:   # held once, as version 3 holds them: lists on demand
                         idx.reset()
-                        self._unfilled.add(side)
+                        self._from_codes.add(side)
                 if self._codes[side] is None:
                     ivf.make_direct_map()  # vector id -> code, so hits can be read back
+        self.nprobe = nprobe
         self._gpu = gpu or (gpu is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0)
         self._searchable: dict[str, faiss.Index] = {}
         self._searchable_lock = threading.Lock()
@@ -281,23 +349,47 @@ class PhraseIndex:
         self.max_span_len = self.manifest["max_span_len"]
 
     def search(self, side: str, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, ids) of faiss's MIPS over one side's whole index, (n, k) each. An index stored as
-        codes (version 3) gets its inverted lists filled here, at the first such search, and goes to
-        the GPU then where there is one: a search behind the document pre-filter scores the codes by
-        id (`scores`) and never needs the lists, which would hold a second copy of every code, each
-        with an 8-byte id."""
-        with self._searchable_lock:
-            if side not in self._searchable:
-                idx = self._faiss[side]
-                if side in self._unfilled:
-                    self._codes[side].fill(idx)
-                    self._unfilled.discard(side)
-                if self._gpu:
-                    if self._gpu_resources is None:
-                        self._gpu_resources = faiss.StandardGpuResources()
-                    idx = faiss.index_cpu_to_gpu(self._gpu_resources, 0, idx)   # read-back stays on the CPU copy
-                self._searchable[side] = idx
-        return self._searchable[side].search(q, k)
+        """(scores, ids) of MIPS over one side's whole index, (n, k) each (-1 ids where fewer than k).
+
+        An index stored as codes (version 3) is searched from its memory-mapped codes, list by list
+        (`IVFPQCodes.search`): faiss's inverted lists are never built in memory, so a process holds
+        the metadata and one batch's work, and every process on a node shares the codes through the
+        page cache. With GPUs, the index is split across all of them (`_on_gpus`). Any other index
+        (Flat, an IVF of another kind) is searched by faiss, from the lists it holds."""
+        if self._gpu:
+            with self._searchable_lock:
+                if side not in self._searchable:
+                    self._searchable[side] = self._on_gpus(side)
+            return self._searchable[side].search(q, k)
+        codes = self._codes.get(side)
+        if codes is not None and side in self._from_codes:
+            return codes.search(q, k, self.nprobe)
+        return self._faiss[side].search(q, k)
+
+    def _on_gpus(self, side: str) -> faiss.Index:
+        """One side's index across every GPU faiss sees, one shard of the vectors each (IndexShards),
+        with float16 lookup tables (8-bit PQ codes of 56 bytes and more need them on faiss's GPU, and
+        they halve the tables' shared memory for any size). A shard is filled on the CPU from the
+        codes, copied to its GPU and dropped, so the CPU holds one shard at a time, never the index."""
+        idx, n_gpu = self._faiss[side], faiss.get_num_gpus()
+        co = faiss.GpuMultipleClonerOptions()
+        co.useFloat16LookupTables = True
+        if side not in self._from_codes:   # Flat, or an IVF that holds its lists: faiss shards it
+            co.shard = True
+            return faiss.index_cpu_to_all_gpus(idx, co, ngpu=n_gpu)
+        if self._gpu_resources is None:
+            self._gpu_resources = [faiss.StandardGpuResources() for _ in range(n_gpu)]
+        n = len(self._codes[side].codes)
+        shards = faiss.IndexShards(idx.d, True, False)   # threaded; each shard keeps its ids
+        shards.own_indices = True
+        for g in range(n_gpu):
+            part = faiss.clone_index(idx)   # trained, its lists empty
+            self._codes[side].fill(part, np.arange(g * n // n_gpu, (g + 1) * n // n_gpu))
+            gpu = faiss.index_cpu_to_gpu(self._gpu_resources[g], g, part, co)
+            faiss.extract_index_ivf(gpu).nprobe = self.nprobe
+            shards.add_shard(gpu)
+            del part
+        return shards
 
     def vectors(self, side: str, ids) -> np.ndarray:
         """Vectors as the index holds them: exact for Flat, decoded from the codes for SQ/PQ, so scores and
@@ -322,10 +414,12 @@ class IVFPQCodes:
     an orthonormal rotation such as OPQ's, in vector-id order, for scoring and decoding vectors by id:
     R x = c[list(x)] + concat_m C_m[code_m(x)], so q . x = (R q) . (R x) without rotating any vector."""
 
+    SCAN_BLOCK = 4096   # codes of a list scored at once by whole-index search
+
     def __init__(self, centroids: np.ndarray, pq_centroids: np.ndarray, codes: np.ndarray, list_of: np.ndarray,
-                 rotation: np.ndarray | None = None):
+                 rotation: np.ndarray | None = None, order: np.ndarray | None = None):
         self.centroids, self.pq_centroids, self.codes, self.list_of = centroids, pq_centroids, codes, list_of
-        self.rotation = rotation
+        self.rotation, self.order, self._bounds = rotation, order, None
         self._m = np.arange(codes.shape[1])
 
     @staticmethod
@@ -409,23 +503,94 @@ class IVFPQCodes:
             # kept in the narrow type it is stored in (uint8 or uint16 below 65,536 lists): a vector's
             # list costs 1 or 2 bytes, not 8, at hundreds of millions of vectors
             list_of = np.load(files[1], allow_pickle=False, mmap_mode="r")
+        order, order_file = None, directory / f"{side}.order.npy"
+        if order_file.exists():   # an index built before the order was stored makes it at its first whole search
+            with loading(order_file, "the index's list order"):
+                order = np.load(order_file, allow_pickle=False, mmap_mode="r")
+            if order.shape != (n,) or order.dtype.kind not in "ui":
+                raise InputError(f"{directory}: corrupt phrase index ({order_file.name} disagrees with manifest.json)")
         if codes.shape != (n, ivfpq.pq.M) or codes.dtype != np.uint8 or list_of.shape != (n,) \
                 or list_of.dtype.kind not in "ui" or (n and not 0 <= list_of.min() <= list_of.max() < ivfpq.nlist):
             raise InputError(f"{directory}: corrupt phrase index ({side}'s codes or lists disagree with "
                              f"{side}.faiss and manifest.json)")
-        return cls._of_parts(ivfpq, rotation, codes, list_of)
+        loaded = cls._of_parts(ivfpq, rotation, codes, list_of)
+        loaded.order = order
+        return loaded
 
-    def fill(self, index: faiss.Index) -> None:
-        """Put the codes into `index`'s empty inverted lists in id order, as `index.add` had put them,
-        so that faiss's own search can scan them."""
+    def fill(self, index: faiss.Index, ids: np.ndarray | None = None) -> None:
+        """Put the codes (of `ids`, default all) into `index`'s empty inverted lists in id order, as
+        `index.add` had put them, so that faiss's own search can scan them (on a GPU)."""
         ivfpq, _ = self._parts(index)
-        order = np.argsort(self.list_of, kind="stable")
-        bounds = np.searchsorted(self.list_of[order], np.arange(ivfpq.nlist + 1))
+        ids = np.arange(len(self.codes)) if ids is None else np.asarray(ids, np.int64)
+        lists = self.list_of[ids]
+        order = np.argsort(lists, kind="stable")
+        bounds = np.searchsorted(lists[order], np.arange(ivfpq.nlist + 1))
         for lst in np.flatnonzero(np.diff(bounds)):
-            ids = order[bounds[lst]:bounds[lst + 1]]
-            block = np.ascontiguousarray(self.codes[ids])
-            ivfpq.invlists.add_entries(int(lst), len(ids), faiss.swig_ptr(ids), faiss.swig_ptr(block))
-        ivfpq.ntotal = index.ntotal = len(self.codes)
+            at = np.ascontiguousarray(ids[order[bounds[lst]:bounds[lst + 1]]])
+            block = np.ascontiguousarray(self.codes[at])
+            ivfpq.invlists.add_entries(int(lst), len(at), faiss.swig_ptr(at), faiss.swig_ptr(block))
+        ivfpq.ntotal = index.ntotal = len(ids)
+
+    @staticmethod
+    def list_order(list_of: np.ndarray, nlist: int) -> np.ndarray:
+        """The ids grouped by list, in id order within one (a stable sort), as narrow as the ids."""
+        return np.argsort(list_of, kind="stable").astype(_position_type(len(list_of)))
+
+    def search(self, q: np.ndarray, k: int, nprobe: int, batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids) of the top k of each query among the vectors of its `nprobe` best lists, as
+        faiss's IVF-PQ search finds them (coarse score + the PQ lookup-table sum), read from the
+        codes list by list: a list's ids are a slice of the list order, its codes a gather from the
+        memory-mapped codes. Queries go `batch` at a time, so a list probed by several of them is
+        read once for all."""
+        n_q = len(q)
+        scores, ids = np.full((n_q, k), -np.inf, np.float32), np.full((n_q, k), -1, np.int64)
+        for a in range(0, n_q, batch):
+            scores[a:a + batch], ids[a:a + batch] = self._search_batch(np.asarray(q[a:a + batch], np.float32), k, nprobe)
+        return scores, ids
+
+    def _search_batch(self, q: np.ndarray, k: int, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.rotation is not None:
+            q = q @ self.rotation.T
+        nlist, (m, _, dsub) = len(self.centroids), self.pq_centroids.shape
+        coarse = q @ self.centroids.T                                             # (n, nlist)
+        nprobe = min(nprobe, nlist)
+        probed = np.argpartition(-coarse, nprobe - 1, axis=1)[:, :nprobe] if nprobe < nlist else \
+            np.broadcast_to(np.arange(nlist), (len(q), nlist))
+        tables = np.einsum("mkd,nmd->nmk", self.pq_centroids, q.reshape(len(q), m, dsub)).reshape(len(q), m * 256)
+        order, bounds = self._list_order()
+        # each query's best k so far, merged after every block: memory for k hits a query, not for
+        # every block's (ids -1 and scores -inf until filled)
+        best_s, best_i = np.full((len(q), k), -np.inf, np.float32), np.full((len(q), k), -1, np.int64)
+        # (query, list) pairs grouped by list: each probed list is read once for the queries that probe it
+        lists, which = np.nonzero(_mask(probed, nlist).T)
+        cuts = np.flatnonzero(np.diff(lists)) + 1
+        for queries, lst in zip(np.split(which, cuts), lists[np.concatenate([[0], cuts])]):
+            q_tables, q_coarse = tables[queries], coarse[queries, lst][:, None]
+            # a block of the list at a time: the work in memory is the same however long the lists grow
+            for a in range(bounds[lst], bounds[lst + 1], self.SCAN_BLOCK):
+                members = order[a:min(a + self.SCAN_BLOCK, bounds[lst + 1])].astype(np.int64)
+                # ascending ids (the order is stable): the map read front to back
+                codes = self.codes[members].astype(np.intp)
+                s = q_coarse + q_tables[:, codes[:, 0]]
+                for j in range(1, m):
+                    s += q_tables[:, j * 256 + codes[:, j]]
+                s = np.concatenate([best_s[queries], s], axis=1)
+                i = np.concatenate([best_i[queries], np.broadcast_to(members, (len(queries), len(members)))], axis=1)
+                top = np.argpartition(-s, k - 1, axis=1)[:, :k]
+                best_s[queries], best_i[queries] = np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
+        order_k = np.lexsort((best_i, -best_s), axis=1)   # by score, ties by id
+        return np.take_along_axis(best_s, order_k, 1), np.take_along_axis(best_i, order_k, 1)
+
+    def _list_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids grouped by list, each list's bounds in it): SIDE.order.npy when the index has one, else
+        made once here (an index built before it was stored: 4 bytes a vector, in memory)."""
+        if self.order is None:
+            log.warning("this phrase index has no list order (built before it was stored): making it in memory; "
+                        "rebuild the index to have it memory-mapped")
+            self.order = self.list_order(self.list_of, len(self.centroids))
+        if self._bounds is None:
+            self._bounds = np.concatenate([[0], np.cumsum(np.bincount(self.list_of, minlength=len(self.centroids)))])
+        return self.order, self._bounds
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         parts = self.pq_centroids[self._m, self.codes[ids]]            # (n, M, dsub)
@@ -440,6 +605,13 @@ class IVFPQCodes:
         lists = self.list_of[ids]
         coarse = (self.centroids @ q)[lists] if len(self.centroids) <= len(ids) else self.centroids[lists] @ q
         return coarse + table[self._m, self.codes[ids]].sum(1)
+
+
+def _mask(columns: np.ndarray, width: int) -> np.ndarray:
+    """A boolean (rows, width) with True at each row's `columns`."""
+    mask = np.zeros((len(columns), width), bool)
+    np.put_along_axis(mask, np.asarray(columns), True, axis=1)
+    return mask
 
 
 def _read_meta(path: Path) -> dict[str, np.ndarray]:

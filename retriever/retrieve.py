@@ -2,19 +2,22 @@
 
 `retrieve` takes anything with `search_passages(questions, k) -> (rows, scores)`, rows indexing the
 corpus's passages.jsonl; `retrieve_phrases` takes a phrase `Searcher` and also keeps its phrases.
+Both split the questions by rank under a launcher and resume from their finished batches, given a
+`parts` directory (common/ranks.py); every rank gets every entry.
 """
 from __future__ import annotations
 
 import logging
+import os
 from functools import lru_cache
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from odqa.common.corpus import PassageStore
 from odqa.common.metrics.has_answer import TokenizedText
 from odqa.common.questions import Question
+from odqa.common.ranks import split_map
 from odqa.common.retrieval_file import make_entry
 
 log = logging.getLogger(__name__)
@@ -25,25 +28,28 @@ class Retriever(Protocol):
 
 
 def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Question], k: int,
-             batch_size: int = 256) -> list[dict]:
+             batch_size: int = 256, parts: str | os.PathLike | None = None, key: Any = None) -> list[dict]:
     """DPR-format entries of a passage retriever (BM25, dense, documents)."""
-    entries, passage = [], _passage_cache(store)
-    for batch in _batches(questions, batch_size):
+    passage = _passage_cache(store)
+
+    def batch_entries(batch: Sequence[Question]) -> list[dict]:
         rows, scores = retriever.search_passages([q.question for q in batch], k)
-        entries += [_entry(q, r, s, passage) for q, r, s in zip(batch, rows, scores)]
-    return entries
+        return [_entry(q, r, s, passage) for q, r, s in zip(batch, rows, scores)]
+    return split_map(batch_entries, questions, batch_size, parts, key, desc="retrieve")
 
 
-def retrieve_phrases(searcher, questions: Sequence[Question], k: int,
-                     batch_size: int = 64) -> list[dict]:
+def retrieve_phrases(searcher, questions: Sequence[Question], k: int, batch_size: int = 64,
+                     parts: str | os.PathLike | None = None, key: Any = None) -> list[dict]:
     """DPR-format entries of a phrase `Searcher`: a passage's score is its best phrase's, each ctx
     carries that phrase, and the searcher's extractive answer (`searcher.top_phrase`: the phrase its top
     passages vote for) is the entry's "prediction"."""
     # Imported here: the searcher has loaded it already, and bm25/dense retrieval need no faiss.
     from odqa.retriever.searcher import top_phrase
 
-    entries, tokens = [], _token_cache()
-    for batch in _batches(questions, batch_size):
+    tokens = _token_cache()
+
+    def batch_entries(batch: Sequence[Question]) -> list[dict]:
+        entries = []
         for q, r in zip(batch, searcher.search([q.question for q in batch], k, unit="passage")):
             ps = r["passages"]   # read by the searcher already: only their tokens are made here (once a row)
             entry = make_entry(q, ps, np.array([p["score"] for p in ps], dtype=np.float32),
@@ -55,9 +61,10 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int,
             for ctx, p in zip(entry["ctxs"], ps):
                 ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "in_title", "char_start", "char_end", "score")}
                 # reranked: both parts of the final score, so the rerank can be studied from the file
-                ctx.update({key: p[key] for key in ("search_score", "cross_score") if key in p})
+                ctx.update({name: p[name] for name in ("search_score", "cross_score") if name in p})
             entries.append(entry)
-    return entries
+        return entries
+    return split_map(batch_entries, questions, batch_size, parts, key, desc="retrieve")
 
 
 def _passage_cache(store: PassageStore):
@@ -74,15 +81,6 @@ def _token_cache():
     def tokens(row: int, text: str) -> TokenizedText:
         return TokenizedText(text)
     return tokens
-
-
-def _batches(questions: Sequence[Question], batch_size: int):
-    bar = tqdm(range(0, len(questions), batch_size), desc="retrieve", unit=" batches", disable=None)
-    every = max(1, len(bar) // 10)
-    for i, start in enumerate(bar):
-        if bar.disable and i % every == 0:  # no terminal (a log file): a line every tenth of the way
-            log.info("retrieve: %d of %d questions", start, len(questions))
-        yield questions[start:start + batch_size]
 
 
 def _entry(q: Question, rows: np.ndarray, scores: np.ndarray, passage) -> dict:

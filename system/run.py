@@ -9,7 +9,11 @@
     OUT/em_by_k.png, topk.png     EM by k for both answer kinds; Top-k curves of the three retrievers
 
 Resumable: each file is written atomically beside a `.key.json` naming what it was made from
-(models, indexes, questions, k, settings); a rerun reuses every file whose key still matches.
+(models, indexes, questions, k, settings); a rerun reuses every file whose key still matches, and a
+retrieval or a reading cut short resumes from its finished batches (OUT/.NAME.parts).
+
+Under `torchrun` or `accelerate launch`, each rank retrieves and reads its share of every question
+set (common/ranks.py), every rank holds the merged results, and rank 0 alone writes the files.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from odqa.common.io import InputError, read_jsonl, write_json, write_jsonl
 from odqa.common.metrics.answers import answer_em
 from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
+from odqa.common.ranks import current
 from odqa.common.retrieval_file import read_results, write_results
 from odqa.reader.read import ECHO_RETRIES, load_reader, read_with_ks
 from odqa.retriever.args import ANSWER_FILTER_RULES
@@ -66,7 +71,9 @@ def run(args: RunArgs) -> list[dict]:
                 # in the key only when set: the files of a run without a reranker stay valid
                 **({"reranker": path_fingerprint(args.reranker), "rerank_depth": args.rerank_depth}
                    if args.reranker else {})}
-    write_json(out / "run_args.json", asdict(args))
+    ranks = current()
+    if ranks.main:
+        write_json(out / "run_args.json", asdict(args))
     searcher = None
     reader_fp = path_fingerprint(args.reader)
     device = pick_device()
@@ -96,7 +103,9 @@ def run(args: RunArgs) -> list[dict]:
                                          answer_temperature=args.answer_temperature, memory=args.memory,
                                          memory_threshold=args.memory_threshold, memory_weight=args.memory_weight,
                                          memory_neighbours=args.memory_neighbours)
-            write_results(retrieval, retrieve_phrases(searcher, questions, max_k))
+            entries = retrieve_phrases(searcher, questions, max_k, parts=_parts(retrieval), key=r_key)
+            if ranks.main:
+                write_results(retrieval, entries)
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
         # The reader reads the passages, not the extractive answer: another vote re-reads nothing. Nor do
         # the filter's rules, unless the reader decodes the phrases: its key there is the on/off that
@@ -112,8 +121,11 @@ def run(args: RunArgs) -> list[dict]:
         for k in sorted(args.k):
             fid_files[k], pred_files[k] = out / f"fid-{ds}-k{k}.jsonl", out / f"pred-{ds}-k{k}.jsonl"
             f_key = {"retrieval": r_key, "k": k}
-            cached_file(fid_files[k], f_key, lambda: write_jsonl(fid_files[k], ({**e, "ctxs": e["ctxs"][:k]}
-                                                                                for e in entries)))
+
+            def make_fid(k=k):
+                if ranks.main:
+                    write_jsonl(fid_files[k], ({**e, "ctxs": e["ctxs"][:k]} for e in entries))
+            cached_file(fid_files[k], f_key, make_fid)
             # echo_retries: predictions of the decoding before echoes were decoded again are read anew;
             # dtype: those read in another precision too
             p_keys[k] = {"retrieval": passages_key, "k": k, "reader": reader_fp, "text_maxlength": args.text_maxlength,
@@ -126,7 +138,8 @@ def run(args: RunArgs) -> list[dict]:
             if not read_now:
                 read_with_ks(*reader(), fid_files[stale[-1]], {k: pred_files[k] for k in stale},
                              batch_size=args.batch_size, text_maxlength=args.text_maxlength, device=device,
-                             decoding=args.decoding)
+                             decoding=args.decoding, parts=_parts(pred_files[stale[-1]]),
+                             key=[p_keys[k] for k in stale])
                 read_now.update(stale)
         for k in sorted(args.k):
             cached_file(pred_files[k], p_keys[k], make_predictions)
@@ -139,8 +152,15 @@ def run(args: RunArgs) -> list[dict]:
                             "extractive_em": answer_em(e.get("prediction", ""), e["answers"], bool(e.get("regex"))),
                             "k": {str(k): {"generated": per_k[k][i]["prediction"], "generated_em": bool(per_k[k][i]["em"]),
                                            "hit": any(c["has_answer"] for c in e["ctxs"][:k])} for k in sorted(args.k)}})
+    if not ranks.main:
+        return []
     write_jsonl(out / "questions.jsonl", records)
     return write_report(records, out, curves, max_k)
+
+
+def _parts(path: Path) -> Path:
+    """Where the finished batches of `path`'s stage wait, split by rank or cut short, to be merged."""
+    return path.with_name(f".{path.name}.parts")
 
 
 BASELINES = ("bm25", "dense", "none")
@@ -158,12 +178,14 @@ def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k:
         if kind not in args.baselines:
             continue
         path = out / f"{kind}-{ds}.json"
+        key = {"corpus": corpus, "questions": name, "limit": args.limit, "encoder": encoder if kind == "dense" else None}
 
         def make():
             store = PassageStore(corpus)
-            write_results(path, retrieve(open_index(), store, questions, max_k))
+            entries = retrieve(open_index(), store, questions, max_k, parts=_parts(path), key=[key, max_k])
+            if current().main:
+                write_results(path, entries)
             store.close()
-        cached_file(path, {"corpus": corpus, "questions": name, "limit": args.limit,
-                      "encoder": encoder if kind == "dense" else None}, make, depth=max_k)
+        cached_file(path, key, make, depth=max_k)
         runs[label] = [[c["has_answer"] for c in e["ctxs"]] for e in read_results(path)]
     return runs

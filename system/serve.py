@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -35,7 +36,7 @@ from typing import Callable
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
 
 from odqa.system.pipeline import MAX_K
@@ -70,19 +71,36 @@ class AnswerRequest(BaseModel):
 
 
 class Metrics:
-    """The service's Prometheus metrics, in a registry of its own (one per app)."""
+    """The service's Prometheus metrics, in a registry of its own (one per app). Under `serve --workers
+    N` (PROMETHEUS_MULTIPROC_DIR set) each worker writes its values to that directory and /metrics
+    reads every worker's: counters and histograms summed, the queue summed over live workers, ready
+    the least of them, and per worker (labelled with its pid) whether it is ready and how many
+requests it has answered."""
 
     def __init__(self):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("odqa_requests", "POST /answer requests by HTTP status", ["status"], registry=r)
-        self.queue_depth = Gauge("odqa_queue_depth", "requests waiting for a batch", registry=r)
-        self.ready = Gauge("odqa_ready", "1 once the models are loaded", registry=r)
+        self.queue_depth = Gauge("odqa_queue_depth", "requests waiting for a batch", registry=r,
+                                 multiprocess_mode="livesum")
+        self.ready = Gauge("odqa_ready", "1 once the models are loaded", registry=r, multiprocess_mode="livemin")
+        self.worker_ready = Gauge("odqa_worker_ready", "1 once this worker's models are loaded", registry=r,
+                                  multiprocess_mode="liveall")
+        self.worker_requests = Gauge("odqa_worker_requests", "POST /answer requests this worker has answered",
+                                     registry=r, multiprocess_mode="liveall")
         self.batch_size = Histogram("odqa_batch_size", "questions answered together", registry=r,
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128))
         self.stage = Histogram("odqa_stage_seconds", "seconds a batch spends in each stage", ["stage"], registry=r,
                                buckets=LATENCY_BUCKETS)
         self.latency = Histogram("odqa_request_seconds", "seconds from arrival to answer, answered requests",
                                  registry=r, buckets=LATENCY_BUCKETS)
+
+    def exposed(self) -> CollectorRegistry:
+        """What /metrics shows: this registry, or every worker's values under `serve --workers N`."""
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return self.registry
+        every = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every)
+        return every
 
 
 class Overloaded(Exception):
@@ -122,11 +140,13 @@ class Gate:
         async def counted(message) -> None:
             if message["type"] == "http.response.start":
                 self.metrics.requests.labels(str(message["status"])).inc()
+                self.metrics.worker_requests.inc()
             await send(message)
         await self.app(scope, receive, counted)
 
     async def _refuse(self, send, status: int, detail: str, headers: list | None = None) -> None:
         self.metrics.requests.labels(str(status)).inc()
+        self.metrics.worker_requests.inc()
         body = json.dumps({"detail": detail}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -242,6 +262,7 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
         batcher.pipeline = p
         state["status"] = "ready"
         metrics.ready.set(1)
+        metrics.worker_ready.set(1)
 
     def load_in_thread() -> None:
         try:
@@ -297,7 +318,7 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(metrics.exposed()), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/answer")
     async def answer(request: AnswerRequest) -> dict:

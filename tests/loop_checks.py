@@ -33,12 +33,14 @@ def assert_zero3_trains_like_zero2(run, tmp_path: Path) -> None:
                          run(tmp_path / "z3", backend="deepspeed", zero_stage=3))
 
 
-def torchrun(command: list[str], nproc: int) -> None:
+def torchrun(command: list[str], nproc: int, quiet: bool = True) -> subprocess.CompletedProcess:
+    """`odqa COMMAND` under torchrun with `nproc` processes of one thread each, which must succeed."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
-           "-m", "odqa.system.cli", "-q", *command]
+           "-m", "odqa.system.cli", *(["-q"] if quiet else []), *command]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def assert_two_processes_train_as_one_with_twice_the_accumulation(command, out: Path, load_weights) -> None:

@@ -861,6 +861,14 @@ def test_build_index_reads_the_dump_a_chunk_at_a_time_and_builds_the_same_index_
             np.savez(split / f"chunk-{n:05d}.npz", **{k: v[z["passage_row"] == row] for k, v in z.items()})
             n += 1
     assert n > len(list(src.glob("chunk-*.npz")))
+    # the dump the filter scored is built from the scores train-filter saved; the rechunked one, which it
+    # did not score, is scored again: the same tokens kept either way
+    from odqa.retriever.phrase_dump import dump_chunks
+    from odqa.retriever.phrase_filter import saved_scores
+    chunks = dump_chunks(root / "dump", world["corpus"])[0]
+    sizes = [len(np.load(c)["token"]) for c in chunks]
+    assert saved_scores(tmp_path / "filter", chunks, sizes) is not None
+    assert saved_scores(tmp_path / "filter", dump_chunks(tmp_path / "dump", world["corpus"])[0], sizes) is None
     for factory in ("Flat", "IVF2,SQ8"):
         built = [build_index(dump, tmp_path / f"{name}-{factory}", world["corpus"], factory=factory, keep=0.5,
                              filter_path=tmp_path / "filter") for name, dump in (("a", root / "dump"), ("b", tmp_path / "dump"))]

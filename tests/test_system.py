@@ -3,14 +3,9 @@ the server answers, refuses bad input with 4xx, survives a reader error, sheds l
 says when it is loading, exports Prometheus metrics and finishes requests in flight on shutdown."""
 import pytest
 from fastapi.testclient import TestClient
-from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
-from tiny_models import make_tiny_bert, make_tiny_t5
+from tiny_data import TINY_QUESTIONS, write_jsonl
+from tiny_models import make_tiny_system
 
-from odqa.common.corpus import PassageStore, build_corpus
-from odqa.retriever.lm import load_tokenizer
-from odqa.retriever.phrase_dump import dump_phrases
-from odqa.retriever.phrase_index import build_index
-from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
 from odqa.retriever.searcher import Searcher
 from odqa.system.pipeline import Pipeline
 from odqa.system.serve import create_app
@@ -18,18 +13,9 @@ from odqa.system.serve import create_app
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory):
-    root = tmp_path_factory.mktemp("system")
-    corpus = root / "corpus"
-    build_corpus([write_jsonl(root / "docs.jsonl", TINY_DOCS)], corpus)
-    texts = [p["title"] + " " + p["text"] for p in PassageStore(corpus)] + [q["question"] for q in TINY_QUESTIONS]
-    bert = make_tiny_bert(root / "bert", texts)
-    DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase",
-                                                                                       load_tokenizer(bert))
-    dump_phrases(root / "phrase", corpus, root / "dump")
-    build_index(root / "dump", root / "index", corpus)
-    make_tiny_t5(root / "t5", texts * 4, vocab_size=300)
-    searcher = Searcher(root / "index", root / "phrase", corpus)
-    return {"root": root, "corpus": corpus, "pipeline": Pipeline.load(searcher, root / "t5")}
+    world = make_tiny_system(tmp_path_factory.mktemp("system"))
+    searcher = Searcher(world["index"], world["phrase"], world["corpus"])
+    return {"root": world["root"], "corpus": world["corpus"], "pipeline": Pipeline.load(searcher, world["t5"])}
 
 
 def test_pipeline_returns_both_answers_and_the_passages(system):
@@ -453,3 +439,54 @@ def test_serve_limits_follow_the_device_unless_flags_name_them():
     assert serve_limits(None, None, "cpu") == (1, 0.0)      # a CPU batch saves nothing: one at a time, when idle
     assert serve_limits(None, None, "cuda") == (16, 1.0)
     assert serve_limits(8, -1.0, "cpu") == (8, -1.0)
+
+
+def test_serve_with_two_workers_answers_and_metrics_count_both(system, tmp_path):
+    """A real uvicorn with two worker processes on 127.0.0.1: both load and answer, and /metrics, from
+    whichever worker it reaches, counts every worker's requests (Prometheus' multiprocess mode)."""
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    root = system["root"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "odqa.system.cli", "-q", "serve", "--workers", "2", "--port", str(port),
+           "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader", str(root / "t5"),
+           "--corpus", str(system["corpus"]), "--threads", "1", "--max-queue-s", "-1"]
+    server = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        workers = set()
+        deadline = time.monotonic() + 180
+        while len(workers) < 2 and time.monotonic() < deadline and server.poll() is None:
+            try:
+                text = httpx.get(f"{url}/metrics", timeout=5).text
+                workers = set(re.findall(r'odqa_worker_ready\{pid="(\d+)"\} 1\.0', text))
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert len(workers) == 2, server.stdout.read() if server.poll() is not None else "not ready in time"
+        from concurrent.futures import ThreadPoolExecutor
+
+        def ask(_):   # a connection a request, four at a time: the workers share them out
+            return httpx.post(f"{url}/answer", json={"question": "how tall is mount everest", "k": 2},
+                              timeout=60).status_code
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, range(24))) == [200] * 24
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        assert re.search(r'odqa_requests_total\{status="200"\} 24\.0', text), text
+        per_worker = {pid: float(n) for pid, n in re.findall(r'odqa_worker_requests\{pid="(\d+)"\} (\S+)', text)}
+        # each worker answered some, and the total counts them all
+        assert per_worker.keys() == workers and min(per_worker.values()) > 0 and sum(per_worker.values()) == 24, per_worker
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        server.wait(timeout=60)
+    assert not list(tmp_path.glob("odqa-serve-metrics-*"))

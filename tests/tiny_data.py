@@ -55,3 +55,38 @@ def code_world(n: int, k: int, seed: int) -> list[dict]:
                  f"{rng.choice(CODE_NAMES)} likes {rng.choice(HOBBIES)} ."} for j in range(k)]
         out.append({"id": f"q{i}", "question": f"what is the code of {name} ?", "answers": [code], "ctxs": ctxs})
     return out
+
+
+def synthetic_dump(root: Path, passages: int, tokens: int, dim: int, seed: int = 0, chunks: int = 1
+                   ) -> tuple[Path, Path]:
+    """A corpus of `passages` and a complete dump of `tokens` random vectors a passage, in `chunks`
+    chunk files: what build-index reads, without a model."""
+    import numpy as np
+
+    from odqa.common.corpus import build_corpus, corpus_info
+    rng = np.random.default_rng(seed)
+    source = root / "passages.jsonl"
+    source.write_text("".join(json.dumps({"id": f"p{i}", "title": f"Doc {i}", "text": f"text {i}"}) + "\n"
+                              for i in range(passages)))
+    corpus = root / "corpus"
+    build_corpus([source], corpus)
+    shard = root / "dump" / "shard-001-of-001"
+    shard.mkdir(parents=True)
+    summary = {"encoder_hash": "synthetic", "fingerprint": corpus_info(corpus)["fingerprint"], "threshold": None,
+               "chunk_passages": passages, "shard": [1, 1]}
+    (shard / "settings.json").write_text(json.dumps(summary))
+    rows, m = np.repeat(np.arange(passages), tokens), passages * tokens
+    # clustered, as phrase vectors are: an IVF's lists are then uneven, as they are in a real index
+    centres = rng.standard_normal((64, dim), dtype=np.float32)
+    vectors = {side: (centres[rng.integers(0, 64, m)] + 0.5 * rng.standard_normal((m, dim), dtype=np.float32)
+                      ).astype(np.float16) for side in ("start", "end")}
+    columns = {**vectors, "passage_row": rows.astype(np.int64),
+               "token": np.tile(np.arange(1, tokens + 1, dtype=np.int32), passages), "char_start": np.zeros(m, np.int32),
+               "char_end": np.ones(m, np.int32), "filter": np.zeros(m, np.float16), "in_title": np.zeros(m, bool)}
+    for c, part in enumerate(np.array_split(np.arange(passages), chunks)):
+        at = slice(part[0] * tokens, (part[-1] + 1) * tokens)
+        np.savez(shard / f"chunk-{c:05d}.npz", **{k: v[at] for k, v in columns.items()})
+    summary.update(passages=passages, chunks=chunks, vectors=m, vectors_per_passage=tokens, dim=dim, max_span_len=20,
+                   title_path=False)
+    (shard / "done.json").write_text(json.dumps(summary))
+    return root / "dump", corpus

@@ -35,3 +35,26 @@ def make_tiny_t5(out: Path, texts: list[str], vocab_size: int = 160, d_model: in
                       pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
     FiDT5(config).save_pretrained(out)
     return out
+
+
+def make_tiny_system(root: Path) -> dict:
+    """The tiny corpus (tiny_data's documents), an untrained phrase model over a tiny BERT, its dump
+    and index, and a tiny T5 reader, under `root`: what the system's commands run on."""
+    from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
+
+    from odqa.common.corpus import PassageStore, build_corpus
+    from odqa.retriever.lm import load_tokenizer
+    from odqa.retriever.phrase_dump import dump_phrases
+    from odqa.retriever.phrase_index import build_index
+    from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+    corpus = root / "corpus"
+    build_corpus([write_jsonl(root / "docs.jsonl", TINY_DOCS)], corpus)
+    texts = [p["title"] + " " + p["text"] for p in PassageStore(corpus)] + [q["question"] for q in TINY_QUESTIONS]
+    bert = make_tiny_bert(root / "bert", texts)
+    DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase",
+                                                                                       load_tokenizer(bert))
+    dump_phrases(root / "phrase", corpus, root / "dump")
+    build_index(root / "dump", root / "index", corpus)
+    make_tiny_t5(root / "t5", texts * 4, vocab_size=300)
+    return {"root": root, "corpus": corpus, "bert": bert, "phrase": root / "phrase", "index": root / "index",
+            "t5": root / "t5"}

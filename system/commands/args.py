@@ -1,6 +1,6 @@
 """What every group of commands shares: argparse types for counts and shares, flags made from a
-settings dataclass (help in its fields' metadata), old flag spellings kept for one release, and the
-common --corpus flag."""
+settings dataclass (help in its fields' metadata), old flag spellings kept for one release, the
+common --corpus flag, and where a stage split by rank keeps its parts."""
 from __future__ import annotations
 
 import argparse
@@ -132,3 +132,21 @@ def corpus_arg(p: argparse.ArgumentParser) -> None:
     from odqa.common.paths import default_corpus
     p.add_argument("--corpus", type=Path, default=None,
                    help=f"a directory built by `odqa corpus build` (default: {default_corpus()})")
+
+
+def stage_parts(out: Path) -> Path:
+    """Where a stage split by rank keeps its finished batches until they are merged into `out`."""
+    out = Path(out)
+    return out.with_name(f".{out.name}.parts")
+
+
+def stage_key(args) -> dict:
+    """What a stage's finished batches were made from: every flag, and each file or directory a flag
+    names, by its files' names, sizes and times."""
+    from odqa.common.artifact import path_fingerprint
+    key = {}
+    for name, value in vars(args).items():
+        if callable(value) or name == "out":
+            continue
+        key[name] = [str(value), path_fingerprint(value)] if isinstance(value, Path) and value.exists() else value
+    return key

@@ -30,6 +30,8 @@ from odqa.system.commands.args import (
     non_negative_float,
     positive_float,
     positive_int,
+    stage_key,
+    stage_parts,
 )
 
 
@@ -108,6 +110,7 @@ def cmd_retrieve(args) -> None:
     from odqa.common.corpus import PassageStore
     from odqa.common.paths import default_corpus
     from odqa.common.questions import load_questions
+    from odqa.common.ranks import current
     from odqa.common.retrieval_file import write_results
     from odqa.retriever.bm25 import BM25Index, BM25Params
     from odqa.retriever.retrieve import retrieve, retrieve_phrases
@@ -120,8 +123,10 @@ def cmd_retrieve(args) -> None:
         raise InputError(f"--memory lends answers to the phrase retriever's vote, not to {args.retriever}'s")
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
+    # Under a launcher each rank searches its share of the questions; a killed run resumes its batches.
+    split = {"parts": stage_parts(args.out), "key": stage_key(args)}
     if args.retriever == "phrase":
-        entries = retrieve_phrases(phrase_searcher(args), questions, args.k, args.batch_size)
+        entries = retrieve_phrases(phrase_searcher(args), questions, args.k, args.batch_size, **split)
     else:
         store = PassageStore(corpus)
         if args.retriever == "bm25":
@@ -130,9 +135,10 @@ def cmd_retrieve(args) -> None:
             from odqa.common.paths import default_encoder
             from odqa.retriever.dense import DenseIndex
             index = DenseIndex.open(corpus, str(args.model or default_encoder()))
-        entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size)
-    write_results(args.out, entries)
-    print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
+        entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size, **split)
+    if current().main:
+        write_results(args.out, entries)
+        print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
 
 
 def cmd_train_teacher(args) -> None:
@@ -151,10 +157,16 @@ def cmd_train_phrase(args) -> None:
 
 def cmd_dump_phrases(args) -> None:
     from odqa.common.paths import default_corpus
+    from odqa.common.ranks import current
     from odqa.retriever.phrase_dump import dump_phrases
-    summary = dump_phrases(args.model, args.corpus or default_corpus(), args.out, shard=args.shard,
+    ranks = current()
+    if ranks.world > 1 and args.shard is not None:
+        raise InputError(f"--shard {args.shard} under a launcher of {ranks.world} ranks: each rank dumps its own "
+                         "slice; --shard is for processes started one by one")
+    shard = args.shard or f"{ranks.rank + 1}/{ranks.world}"
+    summary = dump_phrases(args.model, args.corpus or default_corpus(), args.out, shard=shard,
                            batch_size=args.batch_size, chunk_passages=args.chunk_passages, threshold=args.threshold)
-    print(f"shard {args.shard}: {summary['vectors']} vectors for {summary['passages']} passages "
+    print(f"shard {shard}: {summary['vectors']} vectors for {summary['passages']} passages "
           f"({summary['vectors_per_passage']:.1f} per passage) -> {args.out}")
 
 
@@ -334,7 +346,10 @@ def add(sub) -> None:
                             "in chunk files with their metadata. Re-running resumes an interrupted shard.")
     p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint (train-phrase OUT/best)")
     p.add_argument("--out", type=Path, required=True, help="dump directory (shards go inside)")
-    p.add_argument("--shard", default="1/1", help="k/n: this process's slice of the corpus (default 1/1)")
+    p.add_argument("--shard", default=None,
+                   help="k/n: this process's slice of the corpus, for processes a scheduler starts one by one (Slurm "
+                        "arrays); under torchrun or accelerate launch each rank takes its own slice (default: 1/1, or "
+                        "the rank's)")
     p.add_argument("--threshold", type=float, default=None, help="filter logit a token needs (default: keep all)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="passages per forward pass (default 32)")
     p.add_argument("--chunk-passages", type=positive_int, default=1024, help="passages per chunk file (default 1024)")

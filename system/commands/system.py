@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from pathlib import Path
 
 from odqa.common.device import pick_device
@@ -61,9 +63,12 @@ def cmd_demo(args) -> None:
 
 
 def cmd_run(args) -> None:
+    from odqa.common.ranks import current
     from odqa.system.report import markdown
     from odqa.system.run import run
     rows = run(dataclass_from_args(RunArgs, args))
+    if not current().main:   # rank 0 writes and prints the report
+        return
     print(markdown(rows))
     print(f"report.md, report.json, questions.jsonl, em_by_k.png, topk.png -> {args.out_dir}")
 
@@ -107,22 +112,49 @@ def serve_limits(max_batch: int | None, max_queue_s: float | None, device: str) 
     return (batch if max_batch is None else max_batch), (queue_s if max_queue_s is None else max_queue_s)
 
 
+SERVE_ARGS = "ODQA_SERVE_ARGS"   # how `serve --workers N` hands its flags to each worker process
+
+
 def cmd_serve(args) -> None:
     import uvicorn
 
     from odqa.common.defaults import fill_defaults
-    from odqa.system.serve import create_app
     fill_defaults(args, reader=True)     # a missing default is refused now, not after the server is up
+    run = {"host": args.host, "port": args.port, "log_level": "info", "timeout_graceful_shutdown": args.graceful_s}
+    if args.workers == 1:
+        uvicorn.run(serve_app(args), **run)
+        return
+    # N processes behind one socket, each with its own models and limits; the indexes are memory-mapped,
+    # so their pages are in memory once for all. Prometheus' multiprocess mode sums the workers' metrics
+    # in whichever one /metrics reaches, through files in a directory of this server's own.
+    import shutil
+    import tempfile
+    metrics_dir = tempfile.mkdtemp(prefix="odqa-serve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    os.environ[SERVE_ARGS] = json.dumps({k: v for k, v in vars(args).items() if not callable(v)}, default=str)
+    try:
+        uvicorn.run("odqa.system.commands.system:serve_app_from_environment", factory=True, workers=args.workers, **run)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def serve_app(args):
+    """The service of `odqa serve`'s flags (one worker's)."""
+    from odqa.system.serve import create_app
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
     max_batch, max_queue_s = serve_limits(args.max_batch, args.max_queue_s, pick_device())
-    app = create_app(load=lambda: pipeline(args), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
-                     max_queue=args.max_queue, max_queue_s=None if max_queue_s < 0 else max_queue_s,
-                     timeout_s=args.timeout_s,
-                     info={"index": shown(args.index), "reader": shown(args.reader),
-                           "prefilter": shown(args.doc_index) if args.doc_index else None})
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=args.graceful_s)
+    return create_app(load=lambda: pipeline(args), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
+                      max_queue=args.max_queue, max_queue_s=None if max_queue_s < 0 else max_queue_s,
+                      timeout_s=args.timeout_s,
+                      info={"index": shown(args.index), "reader": shown(args.reader),
+                            "prefilter": shown(args.doc_index) if args.doc_index else None})
+
+
+def serve_app_from_environment():
+    """A worker's app under `serve --workers N` (uvicorn imports this in each worker process)."""
+    return serve_app(argparse.Namespace(**json.loads(os.environ[SERVE_ARGS])))
 
 
 def add(sub) -> None:
@@ -183,3 +215,6 @@ def add(sub) -> None:
                         "other processes on the machine")
     p.add_argument("--graceful-s", type=float, default=60.0, help="on shutdown, how long requests in flight may "
                                                                   "take to finish (default 60)")
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="server processes sharing the port, each with its own models and the limits above, the "
+                        "memory-mapped indexes shared; /metrics sums them all (default 1)")

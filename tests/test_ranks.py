@@ -1,0 +1,147 @@
+"""Stages split by rank (common/ranks.py): under torchrun with 2 processes (gloo, one thread each)
+every split stage leaves the output one process leaves, byte for byte, and a stage cut short resumes
+its unfinished batches only, with any number of ranks."""
+import json
+
+import numpy as np
+import pytest
+from loop_checks import torchrun
+from tiny_data import TINY_QUESTIONS, synthetic_dump, write_jsonl
+from tiny_models import make_tiny_system
+
+from odqa.common.ranks import Ranks, split_map
+from odqa.system.cli import main
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    world = make_tiny_system(tmp_path_factory.mktemp("ranks"))
+    # enough questions for several batches a rank
+    world["questions"] = write_jsonl(world["root"] / "tiny-q.jsonl",
+                                     [{**q, "id": f"{q['id']}-{i}"} for i in range(3) for q in TINY_QUESTIONS])
+    return world
+
+
+def test_split_map_resumes_only_the_batches_it_had_not_finished(tmp_path):
+    parts, calls = tmp_path / ".out.parts", []
+
+    def square(batch, fail_at=None):
+        calls.append(list(batch))
+        if fail_at is not None and batch[0] == fail_at:
+            raise KeyboardInterrupt   # as a kill would stop it
+        return [x * x for x in batch]
+    items = list(range(10))
+    with pytest.raises(KeyboardInterrupt):
+        split_map(lambda b: square(b, fail_at=6), items, 3, parts, key="a")
+    assert sorted(p.name for p in parts.glob("batch-*")) == ["batch-0000000.json", "batch-0000001.json"]
+    calls.clear()
+    assert split_map(square, items, 3, parts, key="a") == [x * x for x in items]
+    assert calls == [[6, 7, 8], [9]]            # the finished batches were not computed again
+    assert not parts.exists()                    # merged: the parts are gone
+    # parts made from other inputs are not taken for this stage's
+    with pytest.raises(KeyboardInterrupt):
+        split_map(lambda b: square(b, fail_at=3), items, 3, parts, key="a")
+    calls.clear()
+    assert split_map(lambda b: [-x for x in b], items, 3, parts, key="b") == [-x for x in items]
+    assert split_map(square, [], 3, None) == []
+    with pytest.raises(ValueError, match="needs a directory"):
+        split_map(square, items, 3, None, ranks=Ranks(0, 2, 0))
+
+
+def _run_args(world, out):
+    return ["run", "--index", str(world["index"]), "--model", str(world["phrase"]), "--reader", str(world["t5"]),
+            "--out", str(out), "--questions", str(world["questions"]), "--k", "1", "3", "--corpus",
+            str(world["corpus"]), "--dense-encoder", str(world["bert"]), "--batch-size", "2"]
+
+
+def test_run_retrieve_and_read_under_two_ranks_write_what_one_process_writes(world, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(_run_args(world, one)) == 0
+    torchrun(_run_args(world, two), nproc=2)
+    made = sorted(p.name for p in one.iterdir() if p.suffix in (".json", ".jsonl", ".md") and p.name != "run_args.json")
+    assert {"retrieval-tiny-q.json", "pred-tiny-q-k3.jsonl", "bm25-tiny-q.json", "dense-tiny-q.json"} <= set(made)
+    for name in made:
+        assert (two / name).read_bytes() == (one / name).read_bytes(), name
+    assert not list(two.glob(".*.parts"))    # merged and removed
+
+    phrase = ["retrieve", "--retriever", "phrase", "--index", str(world["index"]), "--model", str(world["phrase"]),
+              "--corpus", str(world["corpus"]), "--questions", str(world["questions"]), "--k", "3", "--batch-size", "2"]
+    assert main([*phrase, "--out", str(one / "phrase.json")]) == 0
+    torchrun([*phrase, "--out", str(two / "phrase.json")], nproc=2)
+    assert (two / "phrase.json").read_bytes() == (one / "phrase.json").read_bytes()
+
+    read = ["read", "--model", str(world["t5"]), "--input", str(one / "phrase.json"), "--k", "3", "--batch-size", "2"]
+    assert main([*read, "--out", str(one / "pred.jsonl")]) == 0
+    torchrun([*read, "--out", str(two / "pred.jsonl")], nproc=2)
+    assert (two / "pred.jsonl").read_bytes() == (one / "pred.jsonl").read_bytes()
+
+
+def test_a_retrieval_cut_short_resumes_its_batches_under_two_ranks(world, tmp_path, monkeypatch):
+    from odqa.retriever.searcher import Searcher
+    args = ["retrieve", "--retriever", "phrase", "--index", str(world["index"]), "--model", str(world["phrase"]),
+            "--corpus", str(world["corpus"]), "--questions", str(world["questions"]), "--k", "3", "--batch-size", "2"]
+    assert main([*args, "--out", str(tmp_path / "whole.json")]) == 0
+    search, searched = Searcher.search, []
+
+    def killed_after_three(self, questions, *a, **kw):
+        if len(searched) == 3:
+            raise KeyboardInterrupt
+        searched.append(questions)
+        return search(self, questions, *a, **kw)
+    monkeypatch.setattr(Searcher, "search", killed_after_three)
+    out = tmp_path / "cut.json"
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--out", str(out)])
+    assert not out.exists() and len(list((tmp_path / ".cut.json.parts").glob("batch-*"))) == 3
+    done = torchrun([*args, "--out", str(out)], nproc=2, quiet=False)
+    assert "already done; resuming" in done.stderr
+    assert out.read_bytes() == (tmp_path / "whole.json").read_bytes()
+    assert json.loads(out.read_text())[0]["id"] == json.loads((tmp_path / "whole.json").read_text())[0]["id"]
+
+
+def test_dump_phrases_under_two_ranks_builds_the_index_one_process_builds(world, tmp_path):
+    from odqa.retriever.phrase_index import build_index
+    args = ["dump-phrases", "--model", str(world["phrase"]), "--corpus", str(world["corpus"]), "--chunk-passages", "2"]
+    torchrun([*args, "--out", str(tmp_path / "dump2")], nproc=2)
+    assert sorted(p.name for p in (tmp_path / "dump2").iterdir()) == ["shard-001-of-002", "shard-002-of-002"]
+    assert main([*args, "--out", str(tmp_path / "dump1")]) == 0
+    for n in (1, 2):
+        build_index(tmp_path / f"dump{n}", tmp_path / f"index{n}", world["corpus"], factory="Flat")
+    for name in ("start.faiss", "end.faiss"):
+        assert (tmp_path / "index2" / name).read_bytes() == (tmp_path / "index1" / name).read_bytes(), name
+    with np.load(tmp_path / "index1" / "meta.npz") as a, np.load(tmp_path / "index2" / "meta.npz") as b:
+        assert all(np.array_equal(a[k], b[k]) for k in a.files)
+    assert main([*args, "--out", str(tmp_path / "dump3"), "--shard", "1/2"]) == 0   # a scheduler's process
+    assert sorted(p.name for p in (tmp_path / "dump3").iterdir()) == ["shard-001-of-002"]
+
+
+def test_the_dense_baseline_encodes_the_corpus_split_by_rank_into_the_same_index(world, tmp_path):
+    import shutil
+    for n in (1, 2):   # a corpus of its own each: the dense index is built inside the corpus directory
+        shutil.copytree(world["corpus"], tmp_path / f"corpus{n}")
+    args = ["retrieve", "--retriever", "dense", "--model", str(world["bert"]), "--questions", str(world["questions"]),
+            "--k", "3"]
+    assert main([*args, "--corpus", str(tmp_path / "corpus1"), "--out", str(tmp_path / "one.json")]) == 0
+    torchrun([*args, "--corpus", str(tmp_path / "corpus2"), "--out", str(tmp_path / "two.json")], nproc=2)
+    built = [tmp_path / f"corpus{n}" / "dense-bert" / "passages.faiss" for n in (1, 2)]
+    assert built[0].read_bytes() == built[1].read_bytes()
+    assert (tmp_path / "two.json").read_bytes() == (tmp_path / "one.json").read_bytes()
+    assert not list((tmp_path / "corpus2").glob(".*"))    # no parts or vectors left behind
+
+
+def test_build_index_under_two_ranks_writes_the_codes_one_process_writes(tmp_path):
+    """Rank 0 trains the quantisers; each rank encodes every other chunk into the codes and lists files,
+    at its vectors' ids: every file of the index is the one a single process writes."""
+    dump, corpus = synthetic_dump(tmp_path, 600, 10, 32, chunks=4)
+    args = ["build-index", "--dump", str(dump), "--corpus", str(corpus), "--keep", "1", "--factory", "OPQ8,IVF16,PQ8"]
+    # one process under the same launcher: one thread, as each rank has (faiss's k-means sums in the
+    # order its threads give)
+    torchrun([*args, "--out", str(tmp_path / "one")], nproc=1)
+    torchrun([*args, "--out", str(tmp_path / "two")], nproc=2)
+    files = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert {"start.codes.npy", "start.lists.npy", "start.order.npy", "end.codes.npy"} <= set(files)
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == files
+    for name in files:
+        if name != "manifest.json":
+            assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    assert not list(tmp_path.glob(".two*"))     # nothing of the ranks' left beside it
