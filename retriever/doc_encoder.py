@@ -89,13 +89,18 @@ def tokenize_questions(tokenizer, questions: list[str], max_tokens: int) -> dict
     return dict(tokenizer(questions, truncation=True, max_length=max_tokens, padding=True, return_tensors="pt"))
 
 
+def doc_batch_order(docs: list[dict]) -> np.ndarray:
+    """The documents by summary length: batches of like lengths pad less."""
+    return np.argsort([len(doc_summary(d)[1]) + len(doc_summary(d)[0]) for d in docs], kind="stable")
+
+
 @torch.no_grad()
 def encode_all_docs(model: DocEncoder, tokenizer, docs: list[dict], batch_size: int = 64,
                     device: str = "cpu", desc: str | None = "encode documents") -> np.ndarray:
     """Vectors of every document, in input order (batched by summary length)."""
     was_training = model.training
     model.eval()
-    order = np.argsort([len(doc_summary(d)[1]) + len(doc_summary(d)[0]) for d in docs], kind="stable")
+    order = doc_batch_order(docs)
     out = np.zeros((len(docs), model.doc_lm.config.hidden_size), dtype=np.float32)
     for a in tqdm(range(0, len(order), batch_size), desc=desc, disable=None if desc else True):
         idx = order[a:a + batch_size]

@@ -16,12 +16,20 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import torch
 
 from odqa.common.artifact import build_dir
 from odqa.common.corpus import DocumentTable, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, check_checksums, loading, read_json, write_json
-from odqa.retriever.doc_encoder import DocEncoder, doc_encoder_hash, encode_all_docs, encode_questions
+from odqa.common.ranks import current, split_arrays
+from odqa.retriever.doc_encoder import (
+    DocEncoder,
+    doc_batch_order,
+    doc_encoder_hash,
+    encode_questions,
+    tokenize_docs,
+)
 from odqa.retriever.lm import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -29,23 +37,42 @@ log = logging.getLogger(__name__)
 
 def build_doc_index(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, out_dir: str | os.PathLike,
                     factory: str = "Flat", batch_size: int = 64, seed: int = 0) -> dict:
-    out_dir = Path(out_dir)
+    """Under a launcher each rank encodes its share of the documents' batches (the batches
+    `encode_all_docs` makes), and rank 0 builds and writes the index; a build cut short resumes from
+    its finished batches (common/ranks.py)."""
+    out_dir, ranks = Path(out_dir), current()
     device = pick_device()
-    model = DocEncoder.from_pretrained(model_dir).to(device)
+    model = DocEncoder.from_pretrained(model_dir).to(device).eval()
     tokenizer = load_tokenizer(model_dir)
     table = DocumentTable(corpus_dir)
-    vecs = encode_all_docs(model, tokenizer, table.docs, batch_size, device)
-    index = faiss.index_factory(vecs.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-    if not index.is_trained:
-        index.train(vecs[np.random.default_rng(seed).permutation(len(vecs))[:200_000]])
-    index.add(vecs)
     encoder_hash, corpus = doc_encoder_hash(model_dir), corpus_info(corpus_dir)["fingerprint"]
-    with build_dir(out_dir, {"encoder_hash": encoder_hash, "corpus": corpus, "factory": factory},
-                   encoder_hash=encoder_hash, encoder=str(model_dir), factory=factory, documents=len(table),
-                   dim=int(vecs.shape[1]), fingerprint=corpus) as (tmp, manifest):
-        faiss.write_index(index, str(tmp / "docs.faiss"))
-    log.info("document index %s: %d documents (%s)", out_dir, len(table), factory)
-    return manifest
+    key = {"encoder_hash": encoder_hash, "corpus": corpus, "factory": factory}
+    order = doc_batch_order(table.docs)
+    kind = torch.device(device).type
+    dtype = search_dtype(device) if kind == "cuda" else torch.float32   # the CPU's documents stay float32's
+
+    @torch.no_grad()
+    def encode(rows) -> np.ndarray:
+        enc = tokenize_docs(tokenizer, [table.docs[i] for i in rows], model.config.max_doc_tokens)
+        with torch.autocast(kind, dtype=dtype, enabled=dtype != torch.float32):
+            return model.encode_docs(**{k: v.to(device) for k, v in enc.items()}).float().cpu().numpy()
+    vecs = np.zeros((len(order), model.doc_lm.config.hidden_size), np.float32) if ranks.main else None
+    at = 0
+    for part in split_arrays(encode, order, batch_size, out_dir.with_name(f".{out_dir.name}.parts"),
+                             {**key, "batch_size": batch_size}, desc="encode documents"):
+        vecs[order[at:at + len(part)]] = part
+        at += len(part)
+    if ranks.main:
+        index = faiss.index_factory(vecs.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+        if not index.is_trained:
+            index.train(vecs[np.random.default_rng(seed).permutation(len(vecs))[:200_000]])
+        index.add(vecs)
+        with build_dir(out_dir, key, encoder_hash=encoder_hash, encoder=str(model_dir), factory=factory,
+                       documents=len(table), dim=int(vecs.shape[1]), fingerprint=corpus) as (tmp, manifest):
+            faiss.write_index(index, str(tmp / "docs.faiss"))
+        log.info("document index %s: %d documents (%s)", out_dir, len(table), factory)
+    ranks.barrier()   # the index is in place before any rank goes on
+    return read_json(out_dir / "manifest.json")
 
 
 class DocRetriever:

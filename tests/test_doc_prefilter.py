@@ -225,10 +225,10 @@ def test_prefiltered_search_is_exact_inside_the_chosen_documents(world, doc_mode
         assert [score for _, score in got] == sorted((score for _, score in got), reverse=True)
 
 
-def test_faiss_lists_are_filled_only_for_a_search_of_the_whole_index(world, doc_model):
+def test_faiss_lists_are_never_filled_on_the_cpu(world, doc_model):
     """An IVF-PQ index opens with faiss's lists empty and its codes memory-mapped: the pre-filtered search
-    scores the codes by id and never fills them; the first whole-index search does, and finds what the
-    codes score."""
+    scores the codes by id, and a whole-index search reads them list by list; neither fills faiss's
+    lists, and the whole-index search finds what the codes score."""
     index = world["root"] / "index-IVF4,PQ4"
     if not index.exists():
         build_index(world["root"] / "dump", index, world["corpus"], factory="IVF4,PQ4")
@@ -237,19 +237,22 @@ def test_faiss_lists_are_filled_only_for_a_search_of_the_whole_index(world, doc_
     ix, n = searcher.index, searcher.index.manifest["vectors"]
     assert searcher.search(world["questions"], k=3)[0]["passages"]
     assert ix._faiss["start"].ntotal == 0 and ix._faiss["end"].ntotal == 0
-    assert all(isinstance(c.codes, np.memmap) and isinstance(c.list_of, np.memmap) for c in ix._codes.values())
+    codes = ix._codes.values()
+    assert all(isinstance(c.codes, np.memmap) and isinstance(c.list_of, np.memmap) and isinstance(c.order, np.memmap)
+               for c in codes)
     q = np.random.default_rng(0).standard_normal((2, ix.manifest["dim"])).astype(np.float32)
     scores, ids = ix.search("start", q, 5)     # every list probed: exact over the codes
-    assert ix._faiss["start"].ntotal == n and ix._faiss["end"].ntotal == 0
+    assert ix._faiss["start"].ntotal == 0 and ix._faiss["end"].ntotal == 0
     every = ix.scores("start", np.arange(n), q[0])
     assert sorted(ids[0]) == sorted(np.argsort(-every)[:5])
     np.testing.assert_allclose(scores[0], every[ids[0]], rtol=1e-4, atol=1e-4)
-    assert ix.search("start", q, 5)[1].tolist() == ids.tolist()     # filled once
+    assert ix.search("start", q, 5)[1].tolist() == ids.tolist()
 
 
 def test_an_index_of_version_2_holds_its_codes_once_too(world, tmp_path):
     """An IVF-PQ written before version 3 (the codes inside the .faiss files, with their ids) opens with
-    its lists emptied, as version 3 opens, and searches as the version 3 index does."""
+    its lists emptied, as version 3 opens, and searches as the version 3 index does (its list order made
+    in memory, as it has none on disk)."""
     import json
     import shutil
 
@@ -266,8 +269,8 @@ def test_an_index_of_version_2_holds_its_codes_once_too(world, tmp_path):
         filled = faiss.read_index(str(old / f"{side}.faiss"))
         IVFPQCodes.load(filled, old, side, manifest["vectors"]).fill(filled)
         faiss.write_index(filled, str(old / f"{side}.faiss"))
-        (old / f"{side}.codes.npy").unlink()
-        (old / f"{side}.lists.npy").unlink()
+        for name in ("codes", "lists", "order"):
+            (old / f"{side}.{name}.npy").unlink()
     manifest["version"] = 2
     del manifest["files"]
     (old / "manifest.json").write_text(json.dumps(manifest))
@@ -278,7 +281,7 @@ def test_an_index_of_version_2_holds_its_codes_once_too(world, tmp_path):
     for side in ("start", "end"):
         np.testing.assert_array_equal(v2.scores(side, ids, q[0]), v3.scores(side, ids, q[0]))
         np.testing.assert_array_equal(v2.search(side, q, 7)[1], v3.search(side, q, 7)[1])
-    assert v2._faiss["start"].ntotal == manifest["vectors"]
+    assert v2._faiss["start"].ntotal == 0      # searched from the codes, as version 3 is
 
 
 def test_question_vectors_come_back_in_the_questions_order(world, doc_model):

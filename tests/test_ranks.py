@@ -145,3 +145,15 @@ def test_build_index_under_two_ranks_writes_the_codes_one_process_writes(tmp_pat
         if name != "manifest.json":
             assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
     assert not list(tmp_path.glob(".two*"))     # nothing of the ranks' left beside it
+
+
+def test_build_doc_index_under_two_ranks_writes_the_index_one_process_writes(world, tmp_path):
+    from odqa.retriever.doc_encoder import DocEncoder, DocEncoderConfig
+    from odqa.retriever.lm import load_tokenizer
+    DocEncoder(DocEncoderConfig(str(world["bert"]), max_doc_tokens=64)).save_pretrained(
+        tmp_path / "doc", load_tokenizer(world["bert"]))
+    args = ["build-doc-index", "--model", str(tmp_path / "doc"), "--corpus", str(world["corpus"])]
+    torchrun([*args, "--out", str(tmp_path / "one")], nproc=1)
+    torchrun([*args, "--out", str(tmp_path / "two")], nproc=2)
+    assert (tmp_path / "two" / "docs.faiss").read_bytes() == (tmp_path / "one" / "docs.faiss").read_bytes()
+    assert not list(tmp_path.glob(".*"))

@@ -186,11 +186,13 @@ def cmd_train_filter(args) -> None:
 
 def cmd_build_index(args) -> None:
     from odqa.common.paths import default_corpus
+    from odqa.common.ranks import current
     from odqa.retriever.phrase_index import build_index
     m = build_index(args.dump, args.out, args.corpus or default_corpus(), factory=args.factory, keep=args.keep,
                     filter_path=args.filter, train_size=args.train_size)
-    print(f"{m['factory']} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
-          f"{sum(m['bytes'].values()) / 2**20:.1f} MiB, {m['bytes_per_passage']:,.0f} bytes per passage -> {args.out}")
+    if current().main:   # under a launcher, once
+        print(f"{m['factory']} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
+              f"{sum(m['bytes'].values()) / 2**20:.1f} MiB, {m['bytes_per_passage']:,.0f} bytes per passage -> {args.out}")
 
 
 def cmd_train_query(args) -> None:
@@ -233,9 +235,11 @@ def cmd_train_reranker(args) -> None:
 
 def cmd_build_doc_index(args) -> None:
     from odqa.common.paths import default_corpus
+    from odqa.common.ranks import current
     from odqa.retriever.doc_index import build_doc_index
     m = build_doc_index(args.model, args.corpus or default_corpus(), args.out, factory=args.factory)
-    print(f"{m['factory']} index of {m['documents']} documents ({m['dim']} dims) -> {args.out}")
+    if current().main:   # under a launcher, once
+        print(f"{m['factory']} index of {m['documents']} documents ({m['dim']} dims) -> {args.out}")
 
 
 def cmd_tune_lambda(args) -> None:
