@@ -10,6 +10,9 @@ passage against 22 KB for a token list and dictionary a passage (scripts/bench_a
 DPR's 21M passages that is about 11 GB of arrays, where the lists would take hundreds. The texts are
 not kept.
 
+`AnswerIndex.open(corpus_dir)` builds it once per corpus and saves it in CORPUS/answer-index; every
+command after that memory-maps it (the vocabulary as sorted 64-bit word hashes, not a dict).
+
 A regex answer (CuratedTREC) is searched in all passages joined by newlines, built at the first regex
 answer by reading the texts again, and each passage a match touches is then checked on its own with
 `re`, as DPR does. That equals a per-passage search: a match that crosses a join and hides a match in
@@ -18,17 +21,32 @@ passage's ends.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import unicodedata
 from functools import cached_property
+from pathlib import Path
 from typing import Collection, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
+from odqa.common.artifact import build_dir, current_manifest
 from odqa.common.corpus import PassageStore, corpus_info
+from odqa.common.io import InputError, loading
 from odqa.common.metrics.answers import compile_answer_regex
 from odqa.common.metrics.has_answer import answer_words, dpr_tokenize
+from odqa.common.ranks import current
+
+log = logging.getLogger(__name__)
+
+
+def _word_hashes(words) -> np.ndarray:
+    """blake2b's 64 bits of each word: the same in every process (Python's hash is salted), and with
+    millions of words, a collision between two of them one chance in about 10^6 of 2^64."""
+    return np.array([int.from_bytes(hashlib.blake2b(w.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+                     for w in words], dtype=np.uint64)
 
 
 class CorpusTexts:
@@ -80,6 +98,43 @@ class AnswerIndex:
         order = np.argsort(pair_words, kind="stable")
         self._post_rows = pair_rows[order]
         self._post_bounds = np.concatenate([[0], np.cumsum(np.bincount(pair_words, minlength=len(self._vocab)))])
+        # the vocabulary as sorted 64-bit hashes of its words beside their ids: 12 bytes a word, saved
+        # and memory-mapped as the rest are, where a dict of millions of strings is rebuilt per process
+        hashes = _word_hashes(self._vocab)
+        order = np.argsort(hashes)
+        self._hashes, self._hash_ids = hashes[order], np.fromiter(self._vocab.values(), np.int32, len(self._vocab))[order]
+        del self._vocab
+
+    ARRAYS = ("tokens", "bounds", "post_rows", "post_bounds", "hashes", "hash_ids")
+
+    @classmethod
+    def open(cls, corpus_dir: str | os.PathLike) -> "AnswerIndex":
+        """The answer index of a built corpus, saved in CORPUS/answer-index and memory-mapped, so every
+        command (and every process of a node) shares one copy; built and saved at its first use, by
+        rank 0 alone under a launcher."""
+        out = Path(corpus_dir) / "answer-index"
+        key = {"corpus": corpus_info(corpus_dir)["fingerprint"], "format": 1}
+        ranks = current()
+        if ranks.main and not current_manifest(out, key):
+            built = cls(CorpusTexts(corpus_dir))
+            try:
+                with build_dir(out, key, passages=len(built)) as (tmp, _):
+                    for name in cls.ARRAYS:
+                        np.save(tmp / f"{name}.npy", getattr(built, f"_{name}"))
+            except PermissionError:   # a corpus others own, read-only: the index lives in this process only
+                if ranks.world > 1:
+                    raise InputError(f"{out}: cannot write the answer index the ranks share") from None
+                log.warning("%s is read-only: the answer index is not saved", corpus_dir)
+                return built
+        ranks.barrier()
+        index = cls.__new__(cls)
+        index._texts = CorpusTexts(corpus_dir)
+        for name in cls.ARRAYS:
+            with loading(out / f"{name}.npy", "the corpus's answer index"):
+                setattr(index, f"_{name}", np.load(out / f"{name}.npy", mmap_mode="r", allow_pickle=False))
+        if len(index) != len(index._texts):
+            raise InputError(f"{out}: an answer index of {len(index)} passages for a corpus of {len(index._texts)}")
+        return index
 
     @staticmethod
     def _flush(ids: list[int], lengths: list[int], first_row: int, pairs: list) -> np.ndarray:
@@ -92,6 +147,11 @@ class AnswerIndex:
 
     def __len__(self) -> int:
         return len(self._bounds) - 1
+
+    def _word_id(self, word: str) -> int | None:
+        h = _word_hashes([word])[0]
+        at = int(np.searchsorted(self._hashes, h))
+        return int(self._hash_ids[at]) if at < len(self._hashes) and self._hashes[at] == h else None
 
     def _rows_of(self, word: int) -> np.ndarray:
         return self._post_rows[self._post_bounds[word]:self._post_bounds[word + 1]]
@@ -107,7 +167,7 @@ class AnswerIndex:
         return len(at) > 0
 
     def _rows_with_tokens(self, answer: str) -> list[int]:
-        ans = [self._vocab.get(w) for w in answer_words(answer)]
+        ans = [self._word_id(w) for w in answer_words(answer)]
         if not ans or None in ans:
             return []
         lists = sorted((self._rows_of(w) for w in set(ans)), key=len)

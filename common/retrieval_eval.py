@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from odqa.common.answer_index import AnswerIndex, CorpusTexts
+from odqa.common.answer_index import AnswerIndex
 from odqa.common.artifact import fingerprint
 from odqa.common.corpus import corpus_info
 from odqa.common.io import read_json, write_json
@@ -27,7 +27,7 @@ def answerable_flags(entries: Sequence[dict], corpus_dir: str | os.PathLike) -> 
     cache = corpus_dir / "answerable" / f"{key}.json"
     if cache.exists():
         return read_json(cache)
-    index = AnswerIndex(CorpusTexts(corpus_dir))
+    index = AnswerIndex.open(corpus_dir)
     flags = [bool(index.find(e["answers"], bool(e.get("regex")))) for e in entries]
     write_json(cache, flags, indent=None)
     log.info("%d of %d questions have an answer-bearing passage in %s", sum(flags), len(flags), corpus_dir)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from odqa.common.answer_index import AnswerIndex, CorpusTexts
+from odqa.common.answer_index import AnswerIndex
 from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_jsonl, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
@@ -160,7 +160,7 @@ def train_doc(args: DocTrainArgs) -> dict:
               for _, ex in read_jsonl(path) if isinstance(ex, dict)}
     store = PassageStore(args.corpus)
     row_of_passage = store.rows_of(wanted)
-    answers = AnswerIndex(CorpusTexts(args.corpus))
+    answers = AnswerIndex.open(args.corpus)
     store.close()
     train_ex = load_doc_examples(args.train_file, table, row_of_passage, answers, args.max_train_examples)
     val_ex = load_doc_examples(args.validation_file, table, row_of_passage, answers, args.max_validation_examples)

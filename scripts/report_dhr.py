@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from odqa.common.answer_index import AnswerIndex, CorpusTexts
+from odqa.common.answer_index import AnswerIndex
 from odqa.common.io import write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
 from odqa.common.paths import default_corpus
@@ -57,7 +57,7 @@ def main() -> int:
             open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=lam,
                           bm25_weight=mu)}
     names = list(searchers)
-    answers = AnswerIndex(CorpusTexts(corpus))
+    answers = AnswerIndex.open(corpus)
     report = {"top_docs": args.top_docs, "lambda": lam, "bm25_weight": mu, "datasets": {}}
     for name in args.questions:
         questions = load_questions(name, limit=args.limit or None)

@@ -1,5 +1,6 @@
 import random
 
+import numpy as np
 import pytest
 
 from odqa.common.answer_index import AnswerIndex, CorpusTexts
@@ -75,3 +76,23 @@ def test_a_corpus_on_disk_is_read_again_only_for_a_regex_answer(tiny_corpus):
     assert index.find([r"nobel\s+prize"], regex=True) == brute_force_in(want, [r"nobel\s+prize"]) != []
     with pytest.raises(TypeError, match="not an iterator"):
         AnswerIndex(iter(want))
+
+
+def test_the_answer_index_is_built_once_a_corpus_and_memory_mapped_after(tiny_corpus, monkeypatch):
+    store = PassageStore(tiny_corpus)
+    want = [p["text"] for p in store]
+    store.close()
+    built = AnswerIndex.open(tiny_corpus)
+    assert (tiny_corpus / "answer-index" / "manifest.json").exists()
+    monkeypatch.setattr(AnswerIndex, "__init__", lambda *a, **k: pytest.fail("built again"))
+    saved = AnswerIndex.open(tiny_corpus)
+    assert all(isinstance(getattr(saved, f"_{name}"), np.memmap) for name in AnswerIndex.ARRAYS)
+    for answers, regex in ((["1901"], False), (["Eiffel Tower", "paris"], False), (["no such words"], False),
+                           ([r"nobel\s+prize"], True)):
+        expected = brute_force_in(want, answers) if regex else [i for i, t in enumerate(want) if has_answer(t, answers)]
+        assert built.find(answers, regex) == saved.find(answers, regex) == expected
+    monkeypatch.undo()
+    # a damaged file is not trusted: the index is built again
+    tokens = tiny_corpus / "answer-index" / "tokens.npy"
+    tokens.write_bytes(tokens.read_bytes()[:-4] + b"\0\0\0\0")
+    assert AnswerIndex.open(tiny_corpus).find(["1901"]) == built.find(["1901"])
