@@ -6,7 +6,7 @@ the one a single process leaves.
 computes batches r, r + world, r + 2 world, ...; each finished batch is written, atomically, to
 its own part file in a directory named for the stage's key, so a killed rank (or a whole job,
 restarted with any number of ranks) recomputes only the batches that have no part yet. Once every
-rank is done (a barrier over gloo, which needs no GPU), every rank reads the parts back in batch
+rank is done (a barrier: gloo on CPUs, NCCL on GPUs), every rank reads the parts back in batch
 order, and rank 0 removes them: each rank holds the whole result, and only rank 0 writes the
 stage's output (`Ranks.main`). `split_arrays` does the same for results too large to hold (a
 corpus's vectors): .npy parts, handed to rank 0 alone a batch at a time.
@@ -81,9 +81,13 @@ def current() -> Ranks:
 
 @lru_cache(maxsize=1)
 def _process_group() -> None:
+    """The default process group, with the backend the trainers' engines choose (NCCL on GPUs, gloo on
+    CPUs), so that a trainer started after a barrier (train-doc builds its answer index first) finds
+    the group it would have made."""
+    import torch
     import torch.distributed as dist
     if not dist.is_initialized():   # a trainer's engine may have made it already
-        dist.init_process_group("gloo", timeout=BARRIER_TIMEOUT)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=BARRIER_TIMEOUT)
 
 
 def split_map(fn: Callable[[Sequence], list], items: Sequence, batch_size: int, parts: str | os.PathLike | None,

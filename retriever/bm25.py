@@ -22,6 +22,7 @@ from tqdm import tqdm
 from odqa.common.artifact import build_dir, current_manifest, read_manifest
 from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.io import InputError, loading
+from odqa.common.ranks import current
 
 log = logging.getLogger(__name__)
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on its logger when imported
@@ -124,10 +125,16 @@ class BM25Index:
 
     @classmethod
     def open(cls, corpus_dir: str | os.PathLike, params: BM25Params = BM25Params(), mmap: bool = False) -> "BM25Index":
-        """The saved index if it matches the corpus and the parameters (`load`), else a freshly built one."""
-        if current_manifest(Path(corpus_dir) / "bm25", cls.key(corpus_info(corpus_dir)["fingerprint"], params)):
+        """The saved index if it matches the corpus and the parameters (`load`), else a freshly built one
+        (under a launcher, built by rank 0 while the others wait, then loaded by them)."""
+        key, ranks = cls.key(corpus_info(corpus_dir)["fingerprint"], params), current()
+        saved = current_manifest(Path(corpus_dir) / "bm25", key)
+        ranks.barrier()   # every rank has looked before rank 0 writes: all take the same branch
+        if saved:
             return cls.load(corpus_dir, mmap)
-        return cls.build(corpus_dir, params)
+        built = cls.build(corpus_dir, params) if ranks.main else None
+        ranks.barrier()
+        return built or cls.load(corpus_dir, mmap)
 
     @property
     def num_passages(self) -> int:

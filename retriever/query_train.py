@@ -10,7 +10,8 @@ contains an answer; "document" if its document has a passage that does ("Too" pa
 `passage_weight` adds that much of the "passage" loss to the label's, on the same questions.
 With a document index (`doc_index`), the top phrases are mined behind that pre-filter, as the
 pipeline scores them: the best phrase starting at each token of the question's top documents.
-An epoch's candidates are kept in OUT/candidates/, so a resumed run trains on the ones it was given.
+An epoch's candidates are kept in OUT/candidates/, so a resumed run trains on the ones it was given;
+under a launcher the ranks mine them split (every rank the same model), each its share of the questions.
 """
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from odqa.common.io import InputError, read_json, write_json
 from odqa.common.metrics.answers import answer_em
 from odqa.common.metrics.has_answer import has_answer
 from odqa.common.questions import load_questions
+from odqa.common.ranks import split_map
 from odqa.common.trainer import Task, check_resumed_settings, make_engine, seeded, train
 from odqa.retriever.args import QueryTrainArgs
 from odqa.retriever.phrase_data import encode_questions
@@ -60,29 +61,40 @@ class NoPositives(InputError):
     """No training question has a positive among its top phrases: the model has nothing to learn from."""
 
 
-def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: int) -> list[dict]:
-    """The questions with a positive among the current model's top phrases: their phrase ids and labels."""
+def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: int,
+                    parts: Path | None = None) -> list[dict]:
+    """The questions with a positive among the current model's top phrases: their phrase ids and labels.
+    Under a launcher each rank mines its share of the batches of 64 questions, and every rank gets
+    every question's (common/ranks.py); `parts` keeps the finished batches of a mining cut short."""
     was_training = searcher.model.training
     searcher.model.eval()
     with torch.no_grad():
         q_start, q_end = searcher.encode([q.question for q in questions])
     searcher.model.train(was_training)
-    retrieved, doc_cache, found = [], {}, []
-    for a in tqdm(range(0, len(questions), 64), desc=f"train-query candidates {epoch + 1}", disable=None):
+    doc_cache: dict = {}
+
+    def mine(rows: list[int]) -> list[dict | None]:
+        a, b = rows[0], rows[-1] + 1
         if searcher.prefilter is None:
-            retrieved += searcher.search_phrases(q_start[a:a + 64], q_end[a:a + 64], args.top_k)  # batched MIPS
+            retrieved = searcher.search_phrases(q_start[a:b], q_end[a:b], args.top_k)   # batched MIPS
         else:   # the phrases of the top documents, as the pipeline scores them: every start, its best end
-            doc_rows, _ = searcher.prefilter.search([q.question for q in questions[a:a + 64]], searcher.top_docs)
-            retrieved += searcher.phrases_in_documents(q_start[a:a + 64], q_end[a:a + 64], doc_rows)
-    for i, (q, phrases) in enumerate(zip(questions, retrieved)):
-        phrases = phrases[:args.top_k]
-        pos = positives(searcher, phrases, q, args.label, doc_cache)
-        if pos.any():   # the passage term rides on the questions --label trains, never adds its own
-            found.append({"question": i, "start": [int(p.start_vec) for p in phrases],
-                          "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist()})
+            doc_rows, _ = searcher.prefilter.search([q.question for q in questions[a:b]], searcher.top_docs)
+            retrieved = searcher.phrases_in_documents(q_start[a:b], q_end[a:b], doc_rows)
+        out = []
+        for i, phrases in zip(rows, retrieved):
+            q, phrases = questions[i], phrases[:args.top_k]
+            pos = positives(searcher, phrases, q, args.label, doc_cache)
+            if not pos.any():   # the passage term rides on the questions --label trains, never adds its own
+                out.append(None)
+                continue
+            out.append({"question": i, "start": [int(p.start_vec) for p in phrases],
+                        "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist()})
             if args.passage_weight:
-                found[-1]["passage_positive"] = (pos if args.label == "passage" else
-                                                 positives(searcher, phrases, q, "passage", doc_cache)).tolist()
+                out[-1]["passage_positive"] = (pos if args.label == "passage" else
+                                               positives(searcher, phrases, q, "passage", doc_cache)).tolist()
+        return out
+    mined = split_map(mine, range(len(questions)), 64, parts, {"epoch": epoch}, desc=f"train-query candidates {epoch + 1}")
+    found = [c for c in mined if c is not None]
     log.info("epoch %d: %d of %d questions have a positive among the top %d phrases",
              epoch + 1, len(found), len(questions), args.top_k)
     if not found:
@@ -167,7 +179,7 @@ def train_query(args: QueryTrainArgs) -> dict:
             if path.exists():
                 mined[epoch] = read_json(path)
             else:
-                mined[epoch] = mine_candidates(searcher, questions, args, epoch)
+                mined[epoch] = mine_candidates(searcher, questions, args, epoch, cache / f".epoch-{epoch + 1}.parts")
                 if engine.rank == 0:
                     cache.mkdir(exist_ok=True)
                     write_json(path, mined[epoch], indent=None)

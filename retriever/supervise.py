@@ -11,6 +11,7 @@ machine and every run, and one question's examples never straddle it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,13 +19,13 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from tqdm import tqdm
 
-from odqa.common.answer_index import AnswerIndex, CorpusTexts
+from odqa.common.answer_index import AnswerIndex
 from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.io import atomic_path, write_json
 from odqa.common.metrics.has_answer import answer_spans
-from odqa.common.questions import load_questions, question_set_name, split_of
+from odqa.common.questions import Question, load_questions, question_set_name, split_of
+from odqa.common.ranks import current, split_map
 from odqa.retriever.bm25 import BM25Index
 
 log = logging.getLogger(__name__)
@@ -35,50 +36,69 @@ RELEVANT_RANK = 20
 
 def supervise(question_sets: Sequence[str], corpus_dir: str | os.PathLike, out_dir: str | os.PathLike,
               positives_per_question: int = 1, validation_percent: float = 10.0) -> dict:
-    corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
+    """Under a launcher each rank searches its share of each set's questions, and rank 0 writes the
+    files (common/ranks.py); a search cut short resumes from its finished batches."""
+    corpus_dir, out_dir, ranks = Path(corpus_dir), Path(out_dir), current()
     store = PassageStore(corpus_dir)
-    answers_index = AnswerIndex(CorpusTexts(corpus_dir))
+    answers_index = AnswerIndex.open(corpus_dir)
     bm25 = BM25Index.open(corpus_dir)
-    stats = {"corpus": str(corpus_dir), "fingerprint": corpus_info(corpus_dir)["fingerprint"],
+    fingerprint = corpus_info(corpus_dir)["fingerprint"]
+    stats = {"corpus": str(corpus_dir), "fingerprint": fingerprint,
              "positives_per_question": positives_per_question, "validation_percent": validation_percent,
              "datasets": {}, "examples": {"train": 0, "validation": 0}}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "train.jsonl") as train_tmp, atomic_path(out_dir / "validation.jsonl") as val_tmp, \
-            open(train_tmp, "w", encoding="utf-8") as train_f, open(val_tmp, "w", encoding="utf-8") as val_f:
-        files = {"train": train_f, "validation": val_f}
+
+    def examples_of(q: Question, dataset: str) -> list[dict]:
+        rows = answers_index.find(q.answers, q.regex)
+        if not rows:
+            return []
+        every = bm25.scores(q.question)
+        scores = every[rows]
+        out = []
+        for i in np.argsort(-scores, kind="stable")[:positives_per_question]:
+            p = store[rows[i]]
+            out.append({"id": q.id, "question": q.question, "answers": q.answers, "regex": q.regex,
+                        "passage_id": p["id"], "title": p["title"], "text": p["text"],
+                        "answer_char_spans": answer_spans(p["text"], q.answers, q.regex),
+                        "bm25_score": float(scores[i]), "bm25_rank": int((every > scores[i]).sum()) + 1,
+                        "dataset": dataset})
+        return out
+    if ranks.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    ranks.barrier()
+    with contextlib.ExitStack() as stack:
+        if ranks.main:
+            files = {split: stack.enter_context(open(stack.enter_context(atomic_path(out_dir / f"{split}.jsonl")), "w",
+                                                     encoding="utf-8"))
+                     for split in ("train", "validation")}
         for name in question_sets:
             dataset = question_set_name(name)
             questions = load_questions(name)
-            found = {"train": 0, "validation": 0}
+            found = split_map(lambda batch: [examples_of(q, dataset) for q in batch], questions, 256,
+                              out_dir / f".{dataset}.parts", {"questions": name, "corpus": fingerprint,
+                                                               "positives": positives_per_question},
+                              desc=f"supervise {dataset}")
+            counts = {"train": 0, "validation": 0}
             asked = {"train": 0, "validation": 0}
             in_top = 0
-            for q in tqdm(questions, desc=f"supervise {dataset}", unit=" q", mininterval=2, disable=None):
+            for q, examples in zip(questions, found):
                 split = split_of(q.question, validation_percent)
                 asked[split] += 1
-                rows = answers_index.find(q.answers, q.regex)
-                if not rows:
-                    continue
-                found[split] += 1
-                every = bm25.scores(q.question)
-                scores = every[rows]
-                for i in np.argsort(-scores, kind="stable")[:positives_per_question]:
-                    p = store[rows[i]]
-                    example = {"id": q.id, "question": q.question, "answers": q.answers, "regex": q.regex,
-                               "passage_id": p["id"], "title": p["title"], "text": p["text"],
-                               "answer_char_spans": answer_spans(p["text"], q.answers, q.regex),
-                               "bm25_score": float(scores[i]), "bm25_rank": int((every > scores[i]).sum()) + 1,
-                               "dataset": dataset}
+                counts[split] += bool(examples)
+                for example in examples:
                     in_top += example["bm25_rank"] <= RELEVANT_RANK
-                    files[split].write(json.dumps(example, ensure_ascii=False) + "\n")
+                    if ranks.main:
+                        files[split].write(json.dumps(example, ensure_ascii=False) + "\n")
                     stats["examples"][split] += 1
             stats["datasets"][dataset] = {
-                "questions": len(questions), "with_positive": sum(found.values()),
-                "with_positive_percent": 100.0 * sum(found.values()) / len(questions),
-                "train_questions": found["train"], "validation_questions": found["validation"],
+                "questions": len(questions), "with_positive": sum(counts.values()),
+                "with_positive_percent": 100.0 * sum(counts.values()) / len(questions),
+                "train_questions": counts["train"], "validation_questions": counts["validation"],
                 "train_asked": asked["train"], "validation_asked": asked["validation"],
                 f"examples_in_bm25_top{RELEVANT_RANK}": in_top}
             log.info("%s: %d of %d questions have a positive passage; %d of the passages rank in BM25's top %d for "
-                     "their question", dataset, sum(found.values()), len(questions), in_top, RELEVANT_RANK)
+                     "their question", dataset, sum(counts.values()), len(questions), in_top, RELEVANT_RANK)
     store.close()
-    write_json(out_dir / "stats.json", stats)
+    if ranks.main:
+        write_json(out_dir / "stats.json", stats)
+    ranks.barrier()
     return stats

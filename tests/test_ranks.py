@@ -157,3 +157,16 @@ def test_build_doc_index_under_two_ranks_writes_the_index_one_process_writes(wor
     torchrun([*args, "--out", str(tmp_path / "two")], nproc=2)
     assert (tmp_path / "two" / "docs.faiss").read_bytes() == (tmp_path / "one" / "docs.faiss").read_bytes()
     assert not list(tmp_path.glob(".*"))
+
+
+def test_supervise_under_two_ranks_writes_what_one_process_writes(tiny_corpus, tiny_questions, tmp_path):
+    """Each rank finds the answer-bearing passages of its share of the questions; the BM25 and answer
+    indexes the ranks share are built once, by rank 0."""
+    args = ["supervise", "--questions", str(tiny_questions), "--corpus", str(tiny_corpus), "--validation-percent", "50"]
+    torchrun([*args, "--out", str(tmp_path / "two")], nproc=2)
+    assert (tiny_corpus / "answer-index" / "manifest.json").exists() and (tiny_corpus / "bm25").is_dir()
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    for name in ("train.jsonl", "validation.jsonl", "stats.json"):
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    assert (tmp_path / "one" / "train.jsonl").stat().st_size > 0
+    assert not list((tmp_path / "two").glob(".*"))
