@@ -129,14 +129,19 @@ def tiny_models(root: Path, words: list[str]) -> dict[str, Path]:
     return {"bert": bert, "phrase": root / "phrase", "reader": root / "reader", "filter": root / "filter.pt"}
 
 
-def put_filter(dump: Path, models: dict) -> None:
-    """A random phrase filter, recorded as fitted on this dump's encoder: build-index keeps 20% by it."""
-    from odqa.retriever.phrase_dump import dump_shards
+def put_filter(dump: Path, corpus: Path, models: dict) -> None:
+    """A random phrase filter, recorded as fitted on this dump's encoder, with every token's score saved
+    as `train-filter` saves them: build-index keeps 20% by it, reading the scores, not the dump."""
+    from odqa.retriever.phrase_dump import dump_chunks
+    from odqa.retriever.phrase_filter import chunk_scores, chunk_stamps, load_filter
     filt = dump / "filter"
     filt.mkdir(exist_ok=True)
     shutil.copy(models["filter"], filt / "filter.pt")
-    (filt / "filter.json").write_text(json.dumps({"dim": 32, "hidden": 64,
-                                                  "encoder_hash": dump_shards(dump)[1]["encoder_hash"]}))
+    chunks, summary = dump_chunks(dump, corpus)
+    info = {"dim": 32, "hidden": 64, "encoder_hash": summary["encoder_hash"]}
+    (filt / "filter.json").write_text(json.dumps(info))
+    np.save(filt / "scores.npy", np.concatenate(chunk_scores(load_filter(filt)[0], chunks)))
+    (filt / "filter.json").write_text(json.dumps({**info, "scores_of": chunk_stamps(chunks)}))
 
 
 # --- search timing ------------------------------------------------------------------------------
@@ -190,7 +195,7 @@ def rehearse(root: Path, n: int, words, lengths, models: dict, n_questions: int)
         dump = root / f"dump{r}"
         rows[f"dump-phrases x{r}"] = {**measure(odqa("dump-phrases", "--model", str(models["phrase"]), "--corpus",
                                                      str(corpus), "--out", str(dump), ranks=r)), "disk_mb": disk_mb(dump)}
-        put_filter(dump, models)
+    put_filter(root / "dump2", corpus, models)
     shutil.rmtree(root / "dump1")   # the two dumps build the same index; one is enough on disk
     dump = root / "dump2"
     for r in (1, 2):
@@ -312,8 +317,27 @@ def report(results: list[dict], fits: dict) -> str:
     return "\n".join(lines)
 
 
+def search_only(root: Path, n: int, tokens: int, dim: int, n_questions: int) -> dict:
+    """Search timed over a synthetic dump of random vectors (`tokens` a passage, the rehearsal's 15)
+    indexed with the default factory, beside a Flat index of random passage vectors."""
+    import faiss
+    from bench_build_memory import synthetic_dump
+
+    from odqa.retriever.phrase_index import build_index
+    root.mkdir(parents=True)
+    dump, corpus, _ = synthetic_dump(root, n, tokens, dim)
+    manifest = build_index(dump, root / "index", corpus, factory=None)
+    flat = faiss.IndexFlatIP(64)
+    flat.add(np.random.default_rng(0).standard_normal((n, 64), dtype=np.float32))
+    faiss.write_index(flat, str(root / "dense.faiss"))
+    return {"passages": n, "index_vectors": manifest["vectors"], "factory": manifest["factory"],
+            "search": time_search(root / "index", root / "dense.faiss", n_questions)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--search-only", action="store_true",
+                   help="time search alone, over synthetic indexes of random vectors (15 a passage, 32 dims)")
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 300_000])
     p.add_argument("--questions", type=int, default=256, help="questions a size (default 256)")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-scale"), help="scratch directory (removed after)")
@@ -321,6 +345,19 @@ def main() -> int:
     args = p.parse_args()
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
+    if args.search_only:
+        rows = [search_only(args.out / str(n), n, 15, 32, args.questions) for n in args.sizes]
+        shutil.rmtree(args.out)
+        for r in rows:
+            s = r["search"]
+            print(f"| {r['passages']:,} | {r['index_vectors']:,} ({r['factory']}) | {1000 * s['phrase_s']:.2f} | "
+                  f"{1000 * s['flat_s']:.2f} | {1000 * s['ivf_s']:.2f} ({s['ivf']}) |")
+        exponent = np.log(rows[-1]["search"]["phrase_s"] / rows[0]["search"]["phrase_s"]) / np.log(
+            rows[-1]["passages"] / rows[0]["passages"])
+        print(f"whole-index phrase search time a question grows as N^{exponent:.2f}")
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0
     words, lengths = real_passages()
     os.environ["ODQA_HOME"] = str(args.out / "home")   # no default pipeline: every path is given
     models = tiny_models(args.out / "models", words)
