@@ -124,7 +124,6 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
         if all(IVFPQCodes.encodes(index) for index in indexes.values()):
             # The default: each vector's list and code straight into the codes files (`sa_encode` gives
             # what `add` would store), never filling faiss's lists only to read the codes back out.
-            nlist = faiss.extract_index_ivf(indexes["start"]).nlist
             _encode_codes(indexes, chunks, kept, ids, n_vec, add_chunk, work, ranks)
             if ranks.main:
                 for side, index in indexes.items():
@@ -133,7 +132,7 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
                             os.replace(shared / name, tmp / name)
                     # the ids list by list, for whole-index search to read the codes a list at a time
                     lists = np.load(tmp / f"{side}.lists.npy", mmap_mode="r")
-                    np.save(tmp / f"{side}.order.npy", IVFPQCodes.list_order(lists, nlist))
+                    np.save(tmp / f"{side}.order.npy", IVFPQCodes.list_order(lists))
                     del lists
                     faiss.write_index(index, str(tmp / f"{side}.faiss"))   # what was trained; its lists empty
         if ranks.main:   # rank 0 alone fills any other kind of index, and writes the metadata
@@ -532,7 +531,7 @@ class IVFPQCodes:
         ivfpq.ntotal = index.ntotal = len(ids)
 
     @staticmethod
-    def list_order(list_of: np.ndarray, nlist: int) -> np.ndarray:
+    def list_order(list_of: np.ndarray) -> np.ndarray:
         """The ids grouped by list, in id order within one (a stable sort), as narrow as the ids."""
         return np.argsort(list_of, kind="stable").astype(_position_type(len(list_of)))
 
@@ -591,7 +590,7 @@ class IVFPQCodes:
         if self.order is None:
             log.warning("this phrase index has no list order (built before it was stored): making it in memory; "
                         "rebuild the index to have it memory-mapped")
-            self.order = self.list_order(self.list_of, len(self.centroids))
+            self.order = self.list_order(self.list_of)
         if self._bounds is None:
             self._bounds = np.concatenate([[0], np.cumsum(np.bincount(self.list_of, minlength=len(self.centroids)))])
         return self.order, self._bounds
