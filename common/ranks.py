@@ -90,12 +90,19 @@ def _process_group() -> None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=BARRIER_TIMEOUT)
 
 
+def parts_beside(output: str | os.PathLike) -> Path:
+    """Where a stage's finished batches wait, until merged into `output`: the hidden `.NAME.parts`
+    beside it."""
+    output = Path(output)
+    return output.with_name(f".{output.name}.parts")
+
+
 def split_map(fn: Callable[[Sequence], list], items: Sequence, batch_size: int, parts: str | os.PathLike | None,
               key: Any = None, desc: str = "batches", ranks: Ranks | None = None) -> list:
     """`fn` over `items` a batch at a time, this rank's batches only, and every rank's results in item
     order, on every rank; `fn(batch)` returns a list of one JSON-serialisable result an item.
 
-    `parts`: the directory of the part files (beside the output: OUT.parts), resumed only when it was
+    `parts`: the directory of the part files (`parts_beside(OUTPUT)`), resumed only when it was
     made with the same `key` (the stage's inputs and settings) and batch size, else emptied. Alone and
     without `parts`, `fn` simply runs over every batch."""
     ranks = ranks or current()

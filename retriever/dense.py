@@ -20,7 +20,7 @@ from odqa.common.artifact import build_dir, current_manifest
 from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, loading
-from odqa.common.ranks import current, split_arrays
+from odqa.common.ranks import current, parts_beside, split_arrays
 from odqa.retriever.lm import load_lm, load_tokenizer
 from odqa.retriever.pooling import mean_pool
 
@@ -91,7 +91,7 @@ class DenseIndex:
         vectors = np.lib.format.open_memmap(vectors_path, mode="w+", dtype=np.float32, shape=(len(order), dim)) \
             if ranks.main else None
         at = 0
-        for part in split_arrays(encode, order, batch_size, out.with_name(f".{out.name}.parts"), key,
+        for part in split_arrays(encode, order, batch_size, parts_beside(out), key,
                                  desc="dense passages"):
             vectors[order[at:at + len(part)]] = part
             at += len(part)

@@ -22,7 +22,7 @@ from odqa.common.artifact import build_dir
 from odqa.common.corpus import DocumentTable, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, check_checksums, loading, read_json, write_json
-from odqa.common.ranks import current, split_arrays
+from odqa.common.ranks import current, parts_beside, split_arrays
 from odqa.retriever.doc_encoder import (
     DocEncoder,
     doc_batch_order,
@@ -58,7 +58,7 @@ def build_doc_index(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
             return model.encode_docs(**{k: v.to(device) for k, v in enc.items()}).float().cpu().numpy()
     vecs = np.zeros((len(order), model.doc_lm.config.hidden_size), np.float32) if ranks.main else None
     at = 0
-    for part in split_arrays(encode, order, batch_size, out_dir.with_name(f".{out_dir.name}.parts"),
+    for part in split_arrays(encode, order, batch_size, parts_beside(out_dir),
                              {**key, "batch_size": batch_size}, desc="encode documents"):
         vecs[order[at:at + len(part)]] = part
         at += len(part)

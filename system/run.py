@@ -29,7 +29,7 @@ from odqa.common.io import InputError, read_jsonl, write_json, write_jsonl
 from odqa.common.metrics.answers import answer_em
 from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
-from odqa.common.ranks import current
+from odqa.common.ranks import current, parts_beside
 from odqa.common.retrieval_file import read_results, write_results
 from odqa.reader.read import ECHO_RETRIES, load_reader, read_with_ks
 from odqa.retriever.args import ANSWER_FILTER_RULES
@@ -103,7 +103,7 @@ def run(args: RunArgs) -> list[dict]:
                                          answer_temperature=args.answer_temperature, memory=args.memory,
                                          memory_threshold=args.memory_threshold, memory_weight=args.memory_weight,
                                          memory_neighbours=args.memory_neighbours)
-            entries = retrieve_phrases(searcher, questions, max_k, parts=_parts(retrieval), key=r_key)
+            entries = retrieve_phrases(searcher, questions, max_k, parts=parts_beside(retrieval), key=r_key)
             if ranks.main:
                 write_results(retrieval, entries)
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
@@ -138,7 +138,7 @@ def run(args: RunArgs) -> list[dict]:
             if not read_now:
                 read_with_ks(*reader(), fid_files[stale[-1]], {k: pred_files[k] for k in stale},
                              batch_size=args.batch_size, text_maxlength=args.text_maxlength, device=device,
-                             decoding=args.decoding, parts=_parts(pred_files[stale[-1]]),
+                             decoding=args.decoding, parts=parts_beside(pred_files[stale[-1]]),
                              key=[p_keys[k] for k in stale])
                 read_now.update(stale)
         for k in sorted(args.k):
@@ -156,11 +156,6 @@ def run(args: RunArgs) -> list[dict]:
         return []
     write_jsonl(out / "questions.jsonl", records)
     return write_report(records, out, curves, max_k)
-
-
-def _parts(path: Path) -> Path:
-    """Where the finished batches of `path`'s stage wait, split by rank or cut short, to be merged."""
-    return path.with_name(f".{path.name}.parts")
 
 
 BASELINES = ("bm25", "dense", "none")
@@ -182,7 +177,7 @@ def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k:
 
         def make():
             store = PassageStore(corpus)
-            entries = retrieve(open_index(), store, questions, max_k, parts=_parts(path), key=[key, max_k])
+            entries = retrieve(open_index(), store, questions, max_k, parts=parts_beside(path), key=[key, max_k])
             if current().main:
                 write_results(path, entries)
             store.close()

@@ -1,6 +1,6 @@
 """What every group of commands shares: argparse types for counts and shares, flags made from a
 settings dataclass (help in its fields' metadata), old flag spellings kept for one release, the
-common --corpus flag, and where a stage split by rank keeps its parts."""
+common --corpus flag, and what a stage split by rank is keyed on."""
 from __future__ import annotations
 
 import argparse
@@ -132,12 +132,6 @@ def corpus_arg(p: argparse.ArgumentParser) -> None:
     from odqa.common.paths import default_corpus
     p.add_argument("--corpus", type=Path, default=None,
                    help=f"a directory built by `odqa corpus build` (default: {default_corpus()})")
-
-
-def stage_parts(out: Path) -> Path:
-    """Where a stage split by rank keeps its finished batches until they are merged into `out`."""
-    out = Path(out)
-    return out.with_name(f".{out.name}.parts")
 
 
 def stage_key(args) -> dict:

@@ -14,7 +14,6 @@ from odqa.system.commands.args import (
     dataclass_from_args,
     positive_int,
     stage_key,
-    stage_parts,
 )
 
 LAUNCH = ("Runs as one process as is; for several, launch with `deepspeed`, `torchrun` or `accelerate launch` "
@@ -81,12 +80,12 @@ def cmd_train_reader(args) -> None:
 
 
 def cmd_read(args) -> None:
-    from odqa.common.ranks import current
+    from odqa.common.ranks import current, parts_beside
     from odqa.reader.read import read
     # Under a launcher each rank reads its share of the questions; a killed run resumes its batches.
     r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=args.batch_size,
              text_maxlength=args.text_maxlength, max_new_tokens=args.answer_maxlength, num_beams=args.num_beams,
-             limit=args.limit, decoding=args.decoding, parts=stage_parts(args.out), key=stage_key(args))
+             limit=args.limit, decoding=args.decoding, parts=parts_beside(args.out), key=stage_key(args))
     if current().main:
         print(f"EM {r['em']:.2f} on {r['questions']} questions (k={r['k']}, {r['questions'] / r['seconds']:.1f} "
               f"questions/s) -> {args.out}")

@@ -31,7 +31,6 @@ from odqa.system.commands.args import (
     positive_float,
     positive_int,
     stage_key,
-    stage_parts,
 )
 
 
@@ -110,7 +109,7 @@ def cmd_retrieve(args) -> None:
     from odqa.common.corpus import PassageStore
     from odqa.common.paths import default_corpus
     from odqa.common.questions import load_questions
-    from odqa.common.ranks import current
+    from odqa.common.ranks import current, parts_beside
     from odqa.common.retrieval_file import write_results
     from odqa.retriever.bm25 import BM25Index, BM25Params
     from odqa.retriever.retrieve import retrieve, retrieve_phrases
@@ -124,7 +123,7 @@ def cmd_retrieve(args) -> None:
     corpus = args.corpus or default_corpus()
     questions = load_questions(args.questions, limit=args.limit)
     # Under a launcher each rank searches its share of the questions; a killed run resumes its batches.
-    split = {"parts": stage_parts(args.out), "key": stage_key(args)}
+    split = {"parts": parts_beside(args.out), "key": stage_key(args)}
     if args.retriever == "phrase":
         entries = retrieve_phrases(phrase_searcher(args), questions, args.k, args.batch_size, **split)
     else:
