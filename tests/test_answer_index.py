@@ -3,7 +3,7 @@ import random
 import numpy as np
 import pytest
 
-from odqa.common.answer_index import AnswerIndex, CorpusTexts
+from odqa.common.answer_index import AnswerIndex, CorpusTexts, requirement
 from odqa.common.corpus import PassageStore
 from odqa.common.metrics.has_answer import has_answer
 
@@ -60,6 +60,45 @@ def test_regex_scan_agrees_with_re_at_a_zero_width_joiner():
     assert AnswerIndex(texts).find([r"\b2[78]\b"], regex=True) == [0, 2] == brute_force_in(texts, [r"\b2[78]\b"])
 
 
+@pytest.mark.parametrize("pattern, need", [
+    (r"Jack(ie)? Kennedy", ("all", ["Jack", "Kennedy"])),
+    (r"After the Fall|Finishing", ("any", [("all", ["After", "the", "Fall"]), "Finishing"])),
+    (r"20\s?,?\s?(32|40)0\s?f(ee|oo)t|6,194-meter",
+     ("any", [("all", ["20", ("any", ["32", "40"]), "0", "f", ("any", ["ee", "oo"]), "t"]), ("all", ["6", "194", "meter"])])),
+    (r"(?:ab)+c?", "ab"),
+    (r"x*yz", "yz"),                         # a repeat that may be absent holds nothing
+    (r"\b4\b", "4"),
+    (r"four|.*", None),                      # one branch needs nothing, so the pattern does not
+    (r"(ten|10)\s*(percent|%)", ("any", ["ten", "10"])),
+    (r"Röntgen", ("all", ["R", "ntgen"])),   # ASCII runs only
+    (r"[Kk]ansas", "ansas"),
+    (r"(unclosed", None),
+])
+def test_requirement(pattern, need):
+    assert requirement(pattern) == need
+
+
+@pytest.mark.parametrize("scan_above", [1.0, 0.0])
+def test_regex_by_candidates_equals_the_scan_and_brute_force(scan_above, monkeypatch):
+    """With every pattern's candidates read one by one (1.0), or every pattern scanned (0.0), the rows
+    are DPR's per-passage search: case, Unicode case folding (the Kelvin sign, the long s and the dotless i
+    match k, s and i), accents and the joins included."""
+    rng = random.Random(1)
+    words = ["Kennedy", "kennedy's", "Jackie", "Jack", "Fall", "after", "the", "play", "4", "44", "BC", "27",
+             "\u212aelvin", "ſpring", "\u0131ndia", "Röntgen", "Rontgen", "feet", "20,320", "x-rays", "\u200d"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for _ in range(300)] + [""]
+    index = AnswerIndex(texts)
+    monkeypatch.setattr(AnswerIndex, "SCAN_ABOVE", scan_above)
+    scans = []
+    monkeypatch.setattr(AnswerIndex, "_scan", lambda self, exact, scan=AnswerIndex._scan: scans.append(1) or scan(self, exact))
+    patterns = [r"Jack(ie)? Kennedy", r"After the Fall|Finishing the Play", r"\b4\b", r"kelvin", r"spring", r"india",
+                r"r(ö|o)ntgen", r"20,?320\s*f(ee|oo)t", r"\d+ BC", r"^the", r"play$", r"s\s+the", r"x-rays?",
+                r"four|4", r"(?-i:JACK)", r"nothing here", r"\b2[78]\b"]
+    for pattern in patterns:
+        assert index.find([pattern], regex=True) == brute_force_in(texts, [pattern]), pattern
+    assert len(scans) == (0 if scan_above else len(patterns) - 1)   # but "nothing here": no candidate to scan
+
+
 def brute_force_in(texts, patterns):
     return [i for i, t in enumerate(texts) if has_answer(t, patterns, True)]
 
@@ -72,7 +111,6 @@ def test_a_corpus_on_disk_is_read_again_only_for_a_regex_answer(tiny_corpus):
     assert len(texts) == len(want) and list(texts) == want == list(texts)   # a fresh read each time
     index = AnswerIndex(texts)
     assert index.find(["1901"]) == [i for i, t in enumerate(want) if has_answer(t, ["1901"])] != []
-    assert "_joined" not in index.__dict__          # token answers never hold the texts
     assert index.find([r"nobel\s+prize"], regex=True) == brute_force_in(want, [r"nobel\s+prize"]) != []
     with pytest.raises(TypeError, match="not an iterator"):
         AnswerIndex(iter(want))
