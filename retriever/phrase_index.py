@@ -90,14 +90,17 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
 
     key = {"corpus": first["fingerprint"], "encoder_hash": first["encoder_hash"], "factory": factory, "keep": keep,
            "filter_threshold": threshold, "train_size": train_size, "seed": seed}
-    # Under a launcher rank 0 trains and writes the index; every rank encodes its share of the chunks
-    # into the codes files, beside the index until it is complete (the other ranks never see its
-    # temporary directory).
+    # Under a launcher rank 0 trains the start side and rank 1 the end side (each on its own sample's
+    # side: the same vectors a single process trains on), and every rank encodes its share of the
+    # chunks into the codes files, beside the index until it is complete (the other ranks never see its
+    # temporary directory); rank 0 writes the index.
     ranks = current()
     shared = out_dir.with_name(f".{out_dir.name}.ranks-{fingerprint(key)}") if ranks.world > 1 else None
-    if shared is not None and ranks.main:
-        shutil.rmtree(shared, ignore_errors=True)
-        shared.mkdir(parents=True)
+    if shared is not None:
+        if ranks.main:
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir(parents=True)
+        ranks.barrier()   # before any rank writes its trained side there
     with build_dir(out_dir, key) if ranks.main else contextlib.nullcontext((None, None)) as (tmp, manifest):
         work = shared or tmp
         indexes = {side: faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT) for side in ("start", "end")}
@@ -107,20 +110,19 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
                 # faiss reorders each PQ codebook for Hamming-distance filtering unless told not to; search
                 # here never filters (polysemous_ht stays 0), and the reordering is a quarter of the training
                 faiss.downcast_index(ivf).do_polysemous_training = False
-        if not indexes["start"].is_trained and ranks.main:
+        mine = [side for i, side in enumerate(indexes) if i % ranks.world == ranks.rank]
+        if not indexes["start"].is_trained and mine:
             pick = np.random.default_rng(seed).choice(n_vec, min(train_size, n_vec), replace=False)
-            sample = _gathered(chunks, kept, ids, pick, dim, "sample")
-            for side, index in indexes.items():
+            sample = _gathered(chunks, kept, ids, pick, dim, "sample", sides=mine)
+            for side in mine:
                 log.info("training %s index (%s) on %d vectors", side, factory, len(pick))
-                _train(index, sample[side])
-            del sample
-        if shared is not None:   # the other ranks encode with rank 0's quantisers
-            if ranks.main:
-                for side, index in indexes.items():
-                    faiss.write_index(index, str(shared / f"{side}.faiss"))
+                _train(indexes[side], sample.pop(side))
+        if shared is not None:   # every rank encodes with the same quantisers
+            for side in mine:
+                faiss.write_index(indexes[side], str(shared / f"{side}.faiss"))
             ranks.barrier()
-            if not ranks.main:
-                indexes = {side: faiss.read_index(str(shared / f"{side}.faiss")) for side in indexes}
+            indexes = {side: index if side in mine else faiss.read_index(str(shared / f"{side}.faiss"))
+                       for side, index in indexes.items()}
         if all(IVFPQCodes.encodes(index) for index in indexes.values()):
             # The default: each vector's list and code straight into the codes files (`sa_encode` gives
             # what `add` would store), never filling faiss's lists only to read the codes back out.
@@ -270,9 +272,9 @@ def _kept_batches(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarr
 
 
 def _gathered(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], want: np.ndarray, dim: int,
-              desc: str, dtype=np.float32) -> dict[str, np.ndarray]:
-    """The start and end vectors of the ids `want`, in that order."""
-    out = {side: np.empty((len(want), dim), dtype) for side in ("start", "end")}
+              desc: str, dtype=np.float32, sides=("start", "end")) -> dict[str, np.ndarray]:
+    """The start and end vectors (or the `sides` named) of the ids `want`, in that order."""
+    out = {side: np.empty((len(want), dim), dtype) for side in sides}
     order = np.argsort(want, kind="stable")
     sorted_want = want[order]
     for i, c in enumerate(tqdm(chunks, desc=desc, disable=None)):
@@ -280,7 +282,7 @@ def _gathered(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray],
         hit = at < len(want)
         hit[hit] = sorted_want[at[hit]] == ids[i][hit]
         if hit.any():
-            vectors = read_chunk(c, ("start", "end"))
+            vectors = read_chunk(c, tuple(sides))
             for side in out:
                 out[side][order[at[hit]]] = vectors[side][kept[i]][hit]
     return out

@@ -183,43 +183,48 @@ def time_search(index: Path, dense: Path, n_q: int) -> dict:
 
 # --- the rehearsal ------------------------------------------------------------------------------
 
-def rehearse(root: Path, n: int, words, lengths, models: dict, n_questions: int) -> dict:
+def rehearse(root: Path, n: int, words, lengths, models: dict, n_questions: int, only: set[str] | None = None) -> dict:
+    """Every stage, or the split stages in `only` under 1 and 2 ranks and what they need under 2."""
     root.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict] = {}
+    timed = lambda stage: only is None or stage in only                       # noqa: E731
+    ranks = lambda stage: (1, 2) if timed(stage) else (2,)                    # noqa: E731
     source, corpus, questions = root / "passages.jsonl.gz", root / "corpus", root / "questions.jsonl"
     write_corpus(source, n, words, lengths)
     write_questions(questions, n_questions, words)
     rows["corpus build"] = {**measure(odqa("corpus", "build", "--input", str(source), "--out", str(corpus))),
                             "disk_mb": disk_mb(corpus)}
-    for r in (1, 2):
+    for r in ranks("dump-phrases"):
         dump = root / f"dump{r}"
         rows[f"dump-phrases x{r}"] = {**measure(odqa("dump-phrases", "--model", str(models["phrase"]), "--corpus",
                                                      str(corpus), "--out", str(dump), ranks=r)), "disk_mb": disk_mb(dump)}
     put_filter(root / "dump2", corpus, models)
-    shutil.rmtree(root / "dump1")   # the two dumps build the same index; one is enough on disk
+    shutil.rmtree(root / "dump1", ignore_errors=True)   # the two dumps build the same index; one is enough on disk
     dump = root / "dump2"
-    for r in (1, 2):
+    for r in ranks("build-index"):
         rows[f"build-index x{r}"] = {**measure(odqa("build-index", "--dump", str(dump), "--corpus", str(corpus),
                                                     "--keep", "0.2", "--out", str(root / f"index{r}"), ranks=r)),
                                      "disk_mb": disk_mb(root / f"index{r}")}
     index = root / "index2"
     phrase = ("--index", str(index), "--model", str(models["phrase"]), "--corpus", str(corpus))
-    for r in (1, 2):
+    for r in ranks("retrieve phrase") if timed("retrieve phrase") or timed("read") else ():
         out = root / f"phrase{r}.json"
         rows[f"retrieve phrase x{r}"] = {**measure(odqa("retrieve", "--retriever", "phrase", *phrase, "--questions",
                                                         str(questions), "--k", "10", "--batch-size", "16",
                                                         "--out", str(out), ranks=r)), "disk_mb": disk_mb(out)}
-    for r in (1, 2):
+    for r in (1, 2) if timed("retrieve dense") else ():
         shutil.rmtree(corpus / "dense-bert", ignore_errors=True)   # each run encodes the corpus
         out = root / f"dense{r}.json"
         rows[f"retrieve dense x{r}"] = {**measure(odqa("retrieve", "--retriever", "dense", "--model", str(models["bert"]),
                                                        "--corpus", str(corpus), "--questions", str(questions),
                                                        "--k", "10", "--out", str(out), ranks=r)),
                                         "disk_mb": disk_mb(corpus / "dense-bert")}
-    for r in (1, 2):
+    for r in (1, 2) if timed("read") else ():
         out = root / f"pred{r}.jsonl"
         rows[f"read x{r}"] = {**measure(odqa("read", "--model", str(models["reader"]), "--input", str(root / "phrase2.json"),
                                              "--k", "5", "--out", str(out), ranks=r)), "disk_mb": disk_mb(out)}
+    if only is not None:   # run, serve and search come with every stage only
+        return {"passages": n, "stages": rows}
     rows["run x2"] = {**measure(odqa("run", *phrase, "--reader", str(models["reader"]), "--questions", str(questions),
                                      "--k", "5", "--baselines", "none", "--out", str(root / "run"), ranks=2)),
                       "disk_mb": disk_mb(root / "run")}
@@ -279,6 +284,8 @@ def fit(results: list[dict]) -> dict:
     ns = np.array([r["passages"] for r in results], float)
     out = {}
     for stage in results[0]["stages"]:
+        if len(results) < 2:
+            break
         t = np.array([r["stages"][stage]["seconds"] for r in results])
         rss = np.array([r["stages"][stage]["rss_mb"] for r in results])
         slope, intercept = np.polyfit(ns, rss, 1)
@@ -287,6 +294,8 @@ def fit(results: list[dict]) -> dict:
                       "rss_ratio": float(rss[-1] / rss[0]), "bytes_per_passage": float(slope * 2**20),
                       "rss_21m_gb": float((intercept + slope * TARGET) / 1024),
                       "seconds_per_passage": float(time_slope), "fixed_seconds": float(time_icpt)}
+    if "search" not in results[0] or len(results) < 2:
+        return out
     s = np.array([r["search"]["phrase_s"] for r in results])
     out["search"] = {"phrase_exponent": float(np.log(s[-1] / s[0]) / np.log(ns[-1] / ns[0]))}
     return out
@@ -296,16 +305,19 @@ def report(results: list[dict], fits: dict) -> str:
     lines = ["| stage | " + " | ".join(f"{r['passages']:,}: s / peak RSS MB / disk MB" for r in results)
              + " | RSS x (smallest -> largest) | bytes a passage | RSS at 21M (GB) |",
              "|---|" + "---:|" * (len(results) + 3)]
-    for stage, f in ((s, fits[s]) for s in results[0]["stages"]):
+    for stage in results[0]["stages"]:
+        f = fits.get(stage)
         cells = [f"{r['stages'][stage]['seconds']:.1f} / {r['stages'][stage]['rss_mb']:.0f} / "
                  f"{r['stages'][stage].get('disk_mb', 0):.0f}" for r in results]
-        lines.append(f"| {stage} | " + " | ".join(cells) + f" | {f['rss_ratio']:.2f} | {f['bytes_per_passage']:.0f} | "
-                     f"{f['rss_21m_gb']:.1f} |")
+        lines.append(f"| {stage} | " + " | ".join(cells) + (f" | {f['rss_ratio']:.2f} | {f['bytes_per_passage']:.0f} | "
+                                                           f"{f['rss_21m_gb']:.1f} |" if f else " | | | |"))
     lines += ["", "| split stage | " + " | ".join(f"{r['passages']:,}: 2 ranks / 1 rank" for r in results) + " |",
               "|---|" + "---:|" * len(results)]
-    for stage in SPLIT:
+    for stage in (s for s in SPLIT if f"{s} x1" in results[0]["stages"]):
         lines.append(f"| {stage} | " + " | ".join(
             f"{r['stages'][f'{stage} x2']['seconds'] / r['stages'][f'{stage} x1']['seconds']:.2f}x" for r in results) + " |")
+    if "search" not in fits:
+        return "\n".join(lines)
     lines += ["", "| passages | index vectors | phrase search ms/question | dense Flat | dense IVF | phrase / Flat q/s | "
                   "phrase / IVF q/s |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -342,6 +354,9 @@ def main() -> int:
     p.add_argument("--questions", type=int, default=256, help="questions a size (default 256)")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-scale"), help="scratch directory (removed after)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--stages", nargs="+", default=None, choices=SPLIT,
+                   help="time only these split stages, under 1 and 2 ranks, running what they need under 2; "
+                        "default: every stage, run, serve and search included")
     args = p.parse_args()
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
@@ -364,7 +379,8 @@ def main() -> int:
     results = []
     try:
         for n in args.sizes:
-            results.append(rehearse(args.out / str(n), n, words, lengths, models, args.questions))
+            results.append(rehearse(args.out / str(n), n, words, lengths, models, args.questions,
+                                    set(args.stages) if args.stages else None))
             print(f"{n:,} passages done", file=sys.stderr)
             shutil.rmtree(args.out / str(n))
     finally:
