@@ -273,9 +273,9 @@ class JsonLines(Sequence):
         return parse_json(os.pread(self._fd, end - start, start).decode("utf-8", errors="replace"),
                           f"{self.path}, row {row}")
 
-    def close(self) -> None:
+    def close(self, _close=os.close) -> None:   # bound now: at interpreter exit `os` may be gone before __del__
         if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
+            _close(self._fd)
             self._fd = None
 
     def __getstate__(self) -> dict:

@@ -3,10 +3,12 @@
 that every trainer embeds. No torch here: building the CLI's parser imports this.
 
 Field metadata: "help"; "flag" where the flag is not --field-name; "aliases" for old spellings that
-still work, with a deprecation line.
+still work, with a deprecation line; "range", "positive" or "non_negative", which both the flag's
+parser and `check_ranges` (a dataclass's __post_init__, for settings made in Python) enforce.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +18,32 @@ from odqa.common.io import InputError
 def arg(default=None, help: str = "", **meta):
     """A settings field with a default and its help text (and flag metadata)."""
     return field(default=default, metadata={"help": help, **meta})
+
+
+def flag_of(f) -> str:
+    """The command-line flag of a settings field."""
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
+def range_error(rule: str, value) -> str | None:
+    """What is wrong with `value` under a field's "range" rule, as the flag's parser says it; None if nothing."""
+    if rule == "positive" and isinstance(value, int) and not isinstance(value, bool):
+        return None if value >= 1 else f"must be at least 1, not {value}"
+    if rule == "positive":
+        return None if value > 0 else f"must be above 0, not {value:g}"
+    if rule == "non_negative":
+        return None if value >= 0 else f"must be at least 0, not {value:g}"
+    raise ValueError(f"unknown range rule {rule!r}")
+
+
+def check_ranges(settings) -> None:
+    """Refuse a settings object whose field is outside its "range", naming the flag."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if "range" in f.metadata and value is not None:
+            said = range_error(f.metadata["range"], value)
+            if said:
+                raise InputError(f"{flag_of(f)}: {said}")
 
 
 def required(help: str, **meta):

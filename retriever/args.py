@@ -7,10 +7,11 @@ Fields are made by `odqa.common.settings` (help in their metadata); the optimise
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from odqa.common.io import InputError
-from odqa.common.settings import OUT, OptimArgs, arg, required
+from odqa.common.settings import OUT, OptimArgs, arg, check_ranges, required
 
 DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
 # The pipeline's longest answer phrase, in word pieces. The index keeps L = 20 (DensePhrases'), but
@@ -34,6 +35,39 @@ MEMORY_NEIGHBOURS = 3
 # a phrase's edges (2026-11-28); 1: whole words and brackets, not an echo.
 ANSWER_FILTER_RULES = 2
 BM25_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # `odqa tune-lambda`'s rerank weights of the passage's BM25 score
+
+
+@dataclass(kw_only=True)
+class SearchConfig:
+    """How the pipeline searches its phrase index: the one home of each search setting, its default and
+    its help. `Searcher` holds one; the flags of `retrieve`, `ask`, `serve` and `run` are made from it,
+    and `Pipeline.ask` / `odqa.load` take its fields as overrides."""
+    nprobe: int = arg(64, "IVF lists probed per search", range="positive")
+    top_docs: int = arg(100, "K: documents kept by the pre-filter", range="positive")
+    lam: float | None = arg(None, "rerank weight of the document score (default: the value tune-lambda stored with "
+                                  "the document index, else 0)")
+    bm25_weight: float | None = arg(None, "rerank weight of the passage's BM25 score (default: the value tune-lambda "
+                                          "stored with the document index, else 0)")
+    rerank_depth: int = arg(20, "passages the reranker reads: the top max(k, N)", range="positive")
+    max_answer_tokens: int | None = arg(MAX_ANSWER_TOKENS, "longest phrase returned, in word pieces, at most the "
+                                                           "index's L (None, in Python: L)", range="positive")
+    answer_filter: bool = arg(True, "each passage's phrase is its best span that can answer: whole words, no word "
+                                    "of the question at its edges")
+    answer_depth: int = arg(ANSWER_DEPTH, "the extractive answer is the phrase string the top N passages vote for "
+                                          "most, each weighted by exp((score - best score) / --answer-temperature); "
+                                          "1: the first passage's phrase", range="positive")
+    answer_temperature: float = arg(ANSWER_TEMPERATURE, "temperature of that vote, in the ranking's score units", range="positive")
+    memory_threshold: float = arg(MEMORY_THRESHOLD, "cosine a memory question needs to lend its answers")
+    memory_weight: float = arg(MEMORY_WEIGHT, "votes a memory question lends, times its cosine", range="non_negative")
+    memory_neighbours: int = arg(MEMORY_NEIGHBOURS, "nearest memory questions consulted", range="positive")
+
+    @classmethod
+    def of(cls, settings) -> "SearchConfig":
+        """The search settings of an object that holds them among others (`RunArgs`, parsed flags)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
+
+    def __post_init__(self):
+        check_ranges(self)
 
 
 @dataclass(kw_only=True)

@@ -311,7 +311,7 @@ def mine_hard_negatives(examples: list[dict], args: PhraseTrainArgs) -> None:
     cache = Path(args.out_dir) / "hard_negatives.json"
     mined = read_json(cache) if cache.exists() else {}
     if mined.get("key") != key:
-        searcher = Searcher(args.hard_negatives, args.encoder, args.corpus)
+        searcher = Searcher(args.hard_negatives, args.encoder, args.corpus, max_answer_tokens=None)   # spans up to L
         rows, _ = searcher.search_passages(questions, MINE_DEPTH)
         searcher.store.close()
         mined = {"key": key, "rows": dict(zip(questions, rows.tolist()))}

@@ -78,7 +78,7 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
         if searcher.prefilter is None:
             retrieved = searcher.search_phrases(q_start[a:b], q_end[a:b], args.top_k)   # batched MIPS
         else:   # the phrases of the top documents, as the pipeline scores them: every start, its best end
-            doc_rows, _ = searcher.prefilter.search([q.question for q in questions[a:b]], searcher.top_docs)
+            doc_rows, _ = searcher.prefilter.search([q.question for q in questions[a:b]], searcher.config.top_docs)
             retrieved = searcher.phrases_in_documents(q_start[a:b], q_end[a:b], doc_rows)
         out = []
         for i, phrases in zip(rows, retrieved):
@@ -156,7 +156,7 @@ def train_query(args: QueryTrainArgs) -> dict:
     if args.resume:   # before anything is written over, or mined candidates are read back
         check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
-    searcher = open_searcher(args.index, args.model, args.corpus, args.doc_index, args.doc_model, args.top_docs,
+    searcher = open_searcher(args.index, args.model, args.corpus, args.doc_index, args.doc_model, top_docs=args.top_docs,
                              max_answer_tokens=args.max_answer_tokens, dtype=torch.float32)   # its model is trained
     model = searcher.model
     for n, p in model.named_parameters():

@@ -37,6 +37,8 @@ read from the title.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
 import re
@@ -52,14 +54,7 @@ from odqa.common.io import InputError
 from odqa.common.metrics.answers import echoes_at_edge, normalize_answer
 from odqa.retriever.answer_aggregation import aggregate_answer
 from odqa.retriever.answer_memory import AnswerMemory, Neighbour, question_vectors
-from odqa.retriever.args import (
-    ANSWER_DEPTH,
-    ANSWER_TEMPERATURE,
-    MAX_ANSWER_TOKENS,
-    MEMORY_NEIGHBOURS,
-    MEMORY_THRESHOLD,
-    MEMORY_WEIGHT,
-)
+from odqa.retriever.args import SearchConfig
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import passage_title
 from odqa.retriever.phrase_index import PhraseIndex
@@ -111,41 +106,27 @@ class Phrases(Sequence):
 
 class Searcher:
     def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
-                 nprobe: int = 64, device: str | None = None, batch_size: int = 64,
-                 prefilter=None, top_docs: int = 100, lam: float | None = None, rerank_pool: int = 100,
-                 max_answer_tokens: int | None = None, answer_filter: bool = True, dtype=None,
-                 bm25_weight: float | None = None, reranker=None, rerank_depth: int = 20,
-                 answer_depth: int = ANSWER_DEPTH, answer_temperature: float = ANSWER_TEMPERATURE,
-                 memory: AnswerMemory | None = None, memory_threshold: float = MEMORY_THRESHOLD,
-                 memory_weight: float = MEMORY_WEIGHT, memory_neighbours: int = MEMORY_NEIGHBOURS):
-        """`prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus; `lam` and `bm25_weight`
-        (the rerank's weights of the document score and of the passage's BM25 score) default to the
-        values `odqa tune-lambda` stored with its index, else 0. `max_answer_tokens`: the longest phrase
-        returned, in tokens; the index's L when None or larger (no longer phrase is indexed).
-        `answer_filter`: a passage's (document's) phrase is its best span that `can_answer` the question
-        (whole words, no question word at its edges), found over all its indexed tokens, not only among
-        the phrases search hit; phrase results skip the others. `dtype`: the model's (default `search_dtype`:
-        bfloat16 where the hardware has it; a model that will be trained needs float32).
-        `reranker`: a `retriever.cross_encoder.CrossEncoder` that reorders each question's top
-        max(k, `rerank_depth`) passages by z(search score) + its weight x z(its score) (passages only).
-        `answer_depth`, `answer_temperature`: the extractive answer's vote (`aggregate_answer`); depth 1
-        makes it the first unit's phrase. `memory`: an `AnswerMemory` built with this model's question
-        encoders, whose `memory_neighbours` nearest questions at cosine >= `memory_threshold` each add
+                 config: SearchConfig | None = None, *, device: str | None = None, batch_size: int = 64,
+                 prefilter=None, rerank_pool: int = 100, dtype=None, reranker=None, memory: AnswerMemory | None = None,
+                 **settings):
+        """`config`: the search settings (`SearchConfig`'s defaults where None), with `settings` (its fields
+        by name) in their place. `prefilter`: a `retriever.doc_index.DocRetriever` over the same corpus;
+        the rerank's weights of the document score and of the passage's BM25 score (`lam`,
+        `bm25_weight`) default to the values `odqa tune-lambda` stored with its index, else 0.
+        `max_answer_tokens` is capped at the index's L (no longer phrase is indexed). `answer_filter`: a
+        passage's (document's) phrase is its best span that `can_answer` the question (whole words, no
+        question word at its edges), found over all its indexed tokens, not only among the phrases
+        search hit; phrase results skip the others. `dtype`: the model's (default `search_dtype`:
+        bfloat16 where the hardware has it; a model that will be trained needs float32). `reranker`: a
+        `retriever.cross_encoder.CrossEncoder` that reorders each question's top max(k, `rerank_depth`)
+        passages by z(search score) + its weight x z(its score) (passages only). `answer_depth`,
+        `answer_temperature`: the extractive answer's vote (`aggregate_answer`); depth 1 makes it the
+        first unit's phrase. `memory`: an `AnswerMemory` built with this model's question encoders,
+        whose `memory_neighbours` nearest questions at cosine >= `memory_threshold` each add
         `memory_weight` x cosine to their answers' votes."""
-        if max_answer_tokens is not None and max_answer_tokens < 1:
-            raise InputError(f"max_answer_tokens must be positive, not {max_answer_tokens}")
-        if answer_depth < 1 or not answer_temperature > 0:
-            raise InputError(f"answer_depth and answer_temperature must be positive, not {answer_depth} "
-                             f"and {answer_temperature}")
-        self.answer_depth, self.answer_temperature = answer_depth, answer_temperature
-        if memory_neighbours < 1 or memory_weight < 0:
-            raise InputError(f"memory_neighbours must be positive and memory_weight not negative, not "
-                             f"{memory_neighbours} and {memory_weight}")
-        self.memory, self.memory_threshold = memory, memory_threshold
-        self.memory_weight, self.memory_neighbours = memory_weight, memory_neighbours
-        self.index = PhraseIndex(index_dir, nprobe)
-        L = self.index.max_span_len
-        self.max_answer_tokens = min(max_answer_tokens or L, L)
+        config = dataclasses.replace(config or SearchConfig(), **settings)
+        self.memory = memory
+        self.index = PhraseIndex(index_dir, config.nprobe)
         if phrase_encoder_hash(model_dir) != self.index.manifest["encoder_hash"]:
             raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}: search with the "
                              f"model it was built from, or rebuild it from this one (`odqa dump-phrases`, then "
@@ -162,33 +143,49 @@ class Searcher:
         # Popular passages come back for many questions: each is read (and parsed) once while it stays popular.
         self._passage = lru_cache(maxsize=65_536)(self.store.__getitem__)
         self.batch_size = batch_size
-        self.answer_filter = answer_filter
         # Passage row r's vectors are ids passage_vec[r] .. passage_vec[r + 1] - 1.
         self.passage_vec = np.concatenate([[0], np.cumsum(self.index.meta["passage_count"])]).astype(np.int64)
         self.corpus_dir, self._table = corpus_dir, None
-        self.prefilter, self.top_docs, self.rerank_pool = prefilter, top_docs, rerank_pool
-        if rerank_depth < 1:
-            raise InputError(f"rerank_depth must be positive, not {rerank_depth}")
-        self.reranker, self.rerank_depth = reranker, rerank_depth
+        self.prefilter, self.rerank_pool = prefilter, rerank_pool
+        self.reranker = reranker
         if reranker is not None:
             reranker.to(self.device).eval()
-        self.lam, self.bm25_weight, self.bm25 = 0.0, 0.0, None
-        if prefilter is None and bm25_weight:
-            raise InputError("a BM25 weight needs the document pre-filter: the BM25 score is a term of its rerank")
         if prefilter is not None:
-            if top_docs < 1:
-                raise InputError(f"top_docs must be positive, not {top_docs}")
             if prefilter.manifest["fingerprint"] != self.index.manifest["fingerprint"]:
                 raise InputError(f"{prefilter.dir} and {index_dir} were built from different corpora")
-            self.lam = lam if lam is not None else (prefilter.tuned_lambda or 0.0)
-            self.bm25_weight = bm25_weight if bm25_weight is not None else (prefilter.tuned_bm25_weight or 0.0)
-            if self.bm25_weight:
-                from odqa.retriever.bm25 import BM25Index
-                self.bm25 = BM25Index.open(corpus_dir, mmap=True)   # the rerank reads its candidates' scores only
             # Document d's vectors are ids doc_vec_start[d] .. doc_vec_end[d] - 1.
             table = prefilter.table
             self.doc_vec_start = self.passage_vec[table.first]
             self.doc_vec_end = self.passage_vec[table.first + table.count]
+        self.bm25 = None
+        self.config = self._resolved(config)
+
+    def _resolved(self, config: SearchConfig) -> SearchConfig:
+        """`config` as this searcher runs it: the rerank's weights tuned where not given, the answer cap
+        at most the index's L; BM25 opened when its weight is first set."""
+        L = self.index.max_span_len
+        tuned = (0.0, 0.0) if self.prefilter is None else (self.prefilter.tuned_lambda or 0.0,
+                                                           self.prefilter.tuned_bm25_weight or 0.0)
+        lam = config.lam if config.lam is not None else tuned[0]
+        bm25_weight = config.bm25_weight if config.bm25_weight is not None else tuned[1]
+        if self.prefilter is None and (config.lam or config.bm25_weight):
+            raise InputError("a rerank weight (lam, bm25_weight) weighs the document pre-filter's scores: this "
+                             "search has no pre-filter")
+        if bm25_weight and self.bm25 is None:
+            from odqa.retriever.bm25 import BM25Index
+            self.bm25 = BM25Index.open(self.corpus_dir, mmap=True)   # the rerank reads its candidates' scores only
+        return dataclasses.replace(config, lam=lam, bm25_weight=bm25_weight,
+                                   max_answer_tokens=min(config.max_answer_tokens or L, L))
+
+    def with_settings(self, **settings) -> "Searcher":
+        """This searcher with other settings (`SearchConfig`'s fields but nprobe, which the index is opened
+        with): the same index, model and corpus, shared, not loaded again, and this one left as it is
+        (the server searches for other requests meanwhile)."""
+        if "nprobe" in settings and settings["nprobe"] != self.config.nprobe:
+            raise InputError("nprobe is set when the index opens: open another searcher (odqa.load(nprobe=...))")
+        other = copy.copy(self)
+        other.config = other._resolved(dataclasses.replace(self.config, **settings))
+        return other
 
     def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return question_vectors_of(self.model, self.tokenizer, questions, self.batch_size, self.device)
@@ -216,7 +213,7 @@ class Searcher:
     def _every_phrase(self, qs: np.ndarray, qe: np.ndarray, ids: np.ndarray) -> Phrases:
         """Each of `ids` (whole passages, each in id order) as a start, with its best end within the
         span limit: the best phrase starting there. A passage's best phrase is the best of its own."""
-        meta, L = self.index.meta, self.max_answer_tokens
+        meta, L = self.index.meta, self.config.max_answer_tokens
         start, end = self.index.scores("start", ids, qs), self.index.scores("end", ids, qe)
         self._check_scores(start, end)
         rows, tokens, title = meta["passage_row"][ids], meta["token"][ids].astype(np.int32), meta["in_title"][ids]
@@ -232,7 +229,7 @@ class Searcher:
         return Phrases(score[order], ps, pe, rows[order], *_offsets(meta, ps, pe), meta["in_title"][ps])
 
     def _phrases_of(self, qs: np.ndarray, qe: np.ndarray, start_hits: np.ndarray, end_hits: np.ndarray) -> Phrases:
-        meta, L, n_vec = self.index.meta, self.max_answer_tokens, self.index.manifest["vectors"]
+        meta, L, n_vec = self.index.meta, self.config.max_answer_tokens, self.index.manifest["vectors"]
         rows, title = meta["passage_row"], meta["in_title"]
 
         def tokens(ids):   # stored unsigned: widened before any subtraction
@@ -310,19 +307,19 @@ class Searcher:
         if unit == "phrase":
             return self._search(questions, q_start, q_end, k, unit, max_phrases)
         # The answer must not depend on how many passages the caller reads: search as deep as it votes.
-        n = max(k, self.answer_depth)
+        n = max(k, self.config.answer_depth)
         if self.reranker is not None and unit == "passage":
-            results = self._search(questions, q_start, q_end, max(n, self.rerank_depth), unit, max_phrases)
+            results = self._search(questions, q_start, q_end, max(n, self.config.rerank_depth), unit, max_phrases)
             results = [self._cross_rerank(q, r, n) for q, r in zip(questions, results)]
         else:
             results = self._search(questions, q_start, q_end, n, unit, max_phrases)
         key = unit + "s"
         neighbours = ([[] for _ in questions] if self.memory is None else
-                      self.memory.neighbours(question_vectors(q_start, q_end), self.memory_neighbours,
-                                             self.memory_threshold))
+                      self.memory.neighbours(question_vectors(q_start, q_end), self.config.memory_neighbours,
+                                             self.config.memory_threshold))
         for i, r in enumerate(results):
-            prior = self._memory_votes(questions[i], q_start[i], q_end[i], r[key][:self.answer_depth], neighbours[i])
-            r["answer"] = aggregate_answer(r[key], self.answer_depth, self.answer_temperature, prior)
+            prior = self._memory_votes(questions[i], q_start[i], q_end[i], r[key][:self.config.answer_depth], neighbours[i])
+            r["answer"] = aggregate_answer(r[key], self.config.answer_depth, self.config.answer_temperature, prior)
             r[key] = r[key][:k]
             if self.memory is not None:
                 r["memory"] = [{"question": nb.question, "answers": nb.answers, "similarity": nb.similarity}
@@ -346,7 +343,7 @@ class Searcher:
                                        (p := self._indexed_phrase(u["phrase"]["row"], answer, question, qs, qe))), None)
                 if found[key] is not None:
                     seen.add(key)
-                    votes.append((found[key], self.memory_weight * nb.similarity))
+                    votes.append((found[key], self.config.memory_weight * nb.similarity))
         return votes
 
     def _indexed_phrase(self, row: int, answer: str, question: str, qs: np.ndarray, qe: np.ndarray) -> dict | None:
@@ -362,9 +359,9 @@ class Searcher:
             if not len(starts) or not len(ends):
                 continue
             i, j = a + int(starts[0]), a + int(ends[-1])
-            if not 0 <= int(meta["token"][j]) - int(meta["token"][i]) < self.max_answer_tokens:
+            if not 0 <= int(meta["token"][j]) - int(meta["token"][i]) < self.config.max_answer_tokens:
                 continue
-            if self.answer_filter and not can_answer(passage["text"], m.start(), m.end(), question):
+            if self.config.answer_filter and not can_answer(passage["text"], m.start(), m.end(), question):
                 continue
             ids = np.array([i, j], dtype=np.int64)
             score = float(self.index.scores("start", ids[:1], qs)[0] + self.index.scores("end", ids[1:], qe)[0])
@@ -375,7 +372,7 @@ class Searcher:
                 max_phrases: int | None) -> list[dict]:
         if self.prefilter is not None:
             pool = k if not self.reranks or unit == "phrase" else max(k, self.rerank_pool)
-            doc_rows, doc_scores = self.prefilter.search(questions, self.top_docs)
+            doc_rows, doc_scores = self.prefilter.search(questions, self.config.top_docs)
             phrases = self.phrases_in_documents(q_start, q_end, doc_rows)
             return [self._result(ph, self._group(ph, unit), k, unit, pool, (doc_rows[i], doc_scores[i]),
                                  (questions[i], q_start[i], q_end[i])) for i, ph in enumerate(phrases)]
@@ -412,7 +409,7 @@ class Searcher:
 
     @property
     def reranks(self) -> bool:
-        return bool(self.lam or self.bm25_weight)
+        return bool(self.config.lam or self.config.bm25_weight)
 
     def _group(self, phrases: Phrases, unit: str) -> tuple[np.ndarray, np.ndarray]:
         """Passage rows (document rows) in order of their best phrase, and the index of that phrase: Eq. 3,
@@ -440,7 +437,7 @@ class Searcher:
         can. The rows' vectors are scored together: one lookup table a side for all of them."""
         if not rows:
             return []
-        meta, L = self.index.meta, self.max_answer_tokens
+        meta, L = self.index.meta, self.config.max_answer_tokens
         ranges = [(int(self.passage_vec[r]), int(self.passage_vec[r + 1])) for r in rows]
         ids = _id_ranges(*zip(*ranges))
         start, end = self.index.scores("start", ids, qs), self.index.scores("end", ids, qe)
@@ -474,7 +471,7 @@ class Searcher:
             """The phrases shown by the units whose best hits are phrases[hits]: each hit, or with
             `answer_filter` the best span of its passage that can answer (the hit when none can)."""
             ps = phrases.take(np.asarray(hits, dtype=np.int64))
-            redo = [n for n, p in enumerate(ps) if self.answer_filter
+            redo = [n for n, p in enumerate(ps) if self.config.answer_filter
                     and not can_answer(self.source(p, passage(p.row)), p.char_start, p.char_end, query[0])]
             spans = self._best_spans([ps[n].row for n in redo], [passage(ps[n].row) for n in redo], query[1], query[2],
                                      query[0])
@@ -487,7 +484,7 @@ class Searcher:
             for p in phrases:
                 if len(kept) == k:
                     break
-                if not self.answer_filter or can_answer(self.source(p, passage(p.row)), p.char_start, p.char_end, query[0]):
+                if not self.config.answer_filter or can_answer(self.source(p, passage(p.row)), p.char_start, p.char_end, query[0]):
                     kept.append(self._phrase_json(p, passage(p.row)))
             return {"phrases": kept}
         result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases.take(slice(k))]}
@@ -497,10 +494,10 @@ class Searcher:
         if doc_info is not None and len(keys):
             docs = self.table.doc_of_passage[keys] if unit == "passage" else keys
             c = Candidates(scores, doc_z_of(*doc_info, docs))
-            if self.bm25_weight:
+            if self.config.bm25_weight:
                 c.bm25_z = standardise(self.bm25.scores_of(query[0], phrases.row[best]))
             if self.reranks:
-                order, final = rerank_order(c, self.lam, self.bm25_weight), combined(c, self.lam, self.bm25_weight)
+                order, final = rerank_order(c, self.config.lam, self.config.bm25_weight), combined(c, self.config.lam, self.config.bm25_weight)
                 keys, best, scores = keys[order], best[order], final[order]
                 c = Candidates(c.passage_scores[order], c.doc_z[order],
                                bm25_z=None if c.bm25_z is None else c.bm25_z[order])
@@ -569,34 +566,23 @@ def top_phrase(result: dict) -> dict | None:
 
 def open_searcher(index: str | os.PathLike, model: str | os.PathLike, corpus: str | os.PathLike,
                   doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
-                  top_docs: int = 100, lam: float | None = None, nprobe: int = 64,
-                  max_answer_tokens: int | None = MAX_ANSWER_TOKENS, answer_filter: bool = True,
-                  dtype=None, bm25_weight: float | None = None, reranker: str | os.PathLike | None = None,
-                  rerank_depth: int = 20, answer_depth: int = ANSWER_DEPTH,
-                  answer_temperature: float = ANSWER_TEMPERATURE, memory: str | os.PathLike | None = None,
-                  memory_threshold: float = MEMORY_THRESHOLD, memory_weight: float = MEMORY_WEIGHT,
-                  memory_neighbours: int = MEMORY_NEIGHBOURS) -> Searcher:
-    """A pipeline's searcher: the phrase index and model, behind the document pre-filter when
-    `doc_index` is given (with the `doc_model` it was built with), answers capped at
-    `max_answer_tokens` (None: the index's L), and with `reranker` (an `odqa train-reranker` checkpoint)
-    each question's top max(k, `rerank_depth`) passages reordered by it; the extractive answer voted by
-    the top `answer_depth` at `answer_temperature`, with the answer memory at `memory` (`odqa build-memory`)
-    lending its answers where given. The CLI (and so the server),
-    `odqa run`, the demo and `train-query` make theirs here."""
+                  config: SearchConfig | None = None, *, reranker: str | os.PathLike | None = None,
+                  memory: str | os.PathLike | None = None, dtype=None, **settings) -> Searcher:
+    """A pipeline's searcher, the one place one is made from paths: the phrase index and model, behind
+    the document pre-filter when `doc_index` is given (with the `doc_model` it was built with), with
+    `reranker` (an `odqa train-reranker` checkpoint) reordering each question's top passages and the
+    answer memory at `memory` (`odqa build-memory`) lending its answers, where given; searching by
+    `config` with `settings` (`SearchConfig`'s fields) in its place. `odqa.load`, the CLI (and so the
+    server), `odqa run`, the demo and `train-query` make theirs here."""
     prefilter = None
     if doc_index:
         if not doc_model:
             raise InputError("--doc-index needs --doc-model (the document encoder it was built with)")
         from odqa.retriever.doc_index import DocRetriever
         prefilter = DocRetriever(doc_index, doc_model, corpus)
-    return Searcher(index, model, corpus, nprobe=nprobe, prefilter=prefilter, top_docs=top_docs, lam=lam,
-                    max_answer_tokens=max_answer_tokens, answer_filter=answer_filter, dtype=dtype,
-                    bm25_weight=bm25_weight, rerank_depth=rerank_depth,
+    return Searcher(index, model, corpus, config, prefilter=prefilter, dtype=dtype,
                     reranker=_load_reranker(reranker) if reranker else None,
-                    answer_depth=answer_depth, answer_temperature=answer_temperature,
-                    memory=AnswerMemory(memory) if memory else None,
-                    memory_threshold=memory_threshold, memory_weight=memory_weight,
-                    memory_neighbours=memory_neighbours)
+                    memory=AnswerMemory(memory) if memory else None, **settings)
 
 
 def _load_reranker(path: str | os.PathLike):

@@ -6,6 +6,8 @@ at lambda = mu = 0, so each pair only re-sorts them.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from odqa.common.io import InputError
@@ -60,7 +62,7 @@ def tune_searcher_lambda(searcher, questions, metric_k: int = 20, limit: int | N
     for q in questions:
         unique.setdefault(q.question, q)
     questions = list(unique.values())[:limit]
-    searcher.lam, searcher.bm25_weight, results = 0.0, 0.0, []
+    searcher.config, results = dataclasses.replace(searcher.config, lam=0.0, bm25_weight=0.0), []
     for a in tqdm(range(0, len(questions), batch_size), desc="tune-lambda search", disable=None):
         results += searcher.search([q.question for q in questions[a:a + batch_size]], k=searcher.rerank_pool,
                                    unit="passage")
@@ -69,9 +71,10 @@ def tune_searcher_lambda(searcher, questions, metric_k: int = 20, limit: int | N
         from odqa.retriever.bm25 import BM25Index
         bm25 = searcher.bm25 or BM25Index.open(searcher.corpus_dir, mmap=True)
     result = tune_lambda(candidates_from_results(results, questions, bm25), k=metric_k, bm25_grid=bm25_grid)
-    result.update(top_docs=searcher.top_docs, phrase_index=str(searcher.index.dir), **(info or {}))
+    result.update(top_docs=searcher.config.top_docs, phrase_index=str(searcher.index.dir), **(info or {}))
     searcher.prefilter.save_lambda(result)
-    searcher.lam, searcher.bm25_weight = result["lambda"], result["bm25_weight"]
-    if searcher.bm25_weight:
-        searcher.bm25 = bm25
+    if bm25 is not None:
+        searcher.bm25 = bm25   # opened for the grid: the rerank reads the same
+    searcher.config = searcher._resolved(dataclasses.replace(searcher.config, lam=result["lambda"],
+                                                             bm25_weight=result["bm25_weight"]))
     return result

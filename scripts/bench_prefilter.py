@@ -21,6 +21,7 @@ import time
 import faiss
 import numpy as np
 
+from odqa.retriever.args import SearchConfig
 from odqa.retriever.phrase_index import PhraseIndex
 from odqa.retriever.searcher import Searcher
 
@@ -41,7 +42,7 @@ def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim
                   "char_start": np.zeros(n_vec, np.int64), "char_end": np.zeros(n_vec, np.int64),
                   "in_title": np.zeros(n_vec, bool)}
     searcher = Searcher.__new__(Searcher)
-    searcher.index, searcher.max_answer_tokens = index, 20
+    searcher.index, searcher.config = index, SearchConfig(max_answer_tokens=20)
     n_docs = n_passages // per_doc
     searcher.doc_vec_start = np.arange(n_docs, dtype=np.int64) * per_doc * vecs_per_passage
     searcher.doc_vec_end = searcher.doc_vec_start + per_doc * vecs_per_passage

@@ -51,11 +51,11 @@ def main() -> int:
     searchers = {
         "phrase, no pre-filter": open_searcher(args.index, args.model, corpus),
         f"phrase, pre-filter K={args.top_docs}":
-            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=0.0,
-                          bm25_weight=0.0),
+            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, top_docs=args.top_docs,
+                          lam=0.0, bm25_weight=0.0),
         f"phrase, pre-filter K={args.top_docs} + rerank (lambda {lam:.1f}, BM25 weight {mu:g})":
-            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, args.top_docs, lam=lam,
-                          bm25_weight=mu)}
+            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, top_docs=args.top_docs,
+                          lam=lam, bm25_weight=mu)}
     names = list(searchers)
     answers = AnswerIndex.open(corpus)
     report = {"top_docs": args.top_docs, "lambda": lam, "bm25_weight": mu, "datasets": {}}

@@ -5,18 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odqa.common.settings import OUT, arg, listed, required
-from odqa.retriever.args import (
-    ANSWER_DEPTH,
-    ANSWER_TEMPERATURE,
-    MAX_ANSWER_TOKENS,
-    MEMORY_NEIGHBOURS,
-    MEMORY_THRESHOLD,
-    MEMORY_WEIGHT,
-)
+from odqa.retriever.args import SearchConfig
 
 
 @dataclass
-class RunArgs:
+class RunArgs(SearchConfig):
+    """`odqa run`'s own settings, and every search setting (`SearchConfig`, embedded)."""
     out_dir: str = required("where the files and the report go", **OUT)
     index: str | None = arg(None, "phrase index directory (default: the default pipeline's)")
     model: str | None = arg(None, "phrase model checkpoint (default: the default pipeline's)")
@@ -27,12 +21,8 @@ class RunArgs:
     limit: int | None = arg(None, "first N questions of each set")
     doc_index: str | None = arg(None, "document index (pre-filter; default: the default pipeline's)")
     doc_model: str | None = arg(None, "document encoder of --doc-index")
-    top_docs: int = arg(100, "K: documents kept by the pre-filter")
-    lam: float | None = arg(None, "rerank weight of the document score (default: the tuned value, else 0)")
-    bm25_weight: float | None = arg(None, "rerank weight of the passage's BM25 score (default: the tuned value, else 0)")
     reranker: str | None = arg(None, "passage reranker (`odqa train-reranker` OUT/best; default: the default "
                                      "pipeline's, where it has one)")
-    rerank_depth: int = arg(20, "passages the reranker reads: the top max(k, N)")
     no_reranker: bool = arg(False, "without the default pipeline's passage reranker")
     corpus: str | None = arg(None, "`odqa corpus build` output (default: the default corpus)")
     baselines: list[str] = listed(["bm25", "dense"], "other retrievers on the Top-k plot: bm25, dense, or none")
@@ -41,16 +31,7 @@ class RunArgs:
     text_maxlength: int = arg(200, "reader tokens per question+passage")
     decoding: str = arg("spans", "the reader's decoding: spans (answers are passage spans), free, or phrases "
                                  "(the spans answer or a passage's best phrase, reader/fusion.py)")
-    nprobe: int = arg(64, "IVF lists probed per search")
-    max_answer_tokens: int = arg(MAX_ANSWER_TOKENS, "longest phrase returned, in word pieces, at most the index's L")
-    answer_filter: bool = arg(True, "each passage's phrase is its best span that can answer: whole words, no "
-                                    "word of the question at its edges")
-    answer_depth: int = arg(ANSWER_DEPTH, "the extractive answer is the phrase string the top N passages vote for "
-                                          "most; 1: the first passage's phrase")
-    answer_temperature: float = arg(ANSWER_TEMPERATURE, "temperature of that vote, in the ranking's score units")
     memory: str | None = arg(None, "answer memory (`odqa build-memory`; default: the default pipeline's, with its "
                                    "model): nearby training questions lend their answers to the vote")
     no_memory: bool = arg(False, "without the default pipeline's answer memory")
-    memory_threshold: float = arg(MEMORY_THRESHOLD, "cosine a memory question needs to lend its answers")
-    memory_weight: float = arg(MEMORY_WEIGHT, "votes a memory question lends, times its cosine")
-    memory_neighbours: int = arg(MEMORY_NEIGHBOURS, "nearest memory questions consulted")
+

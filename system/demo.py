@@ -523,7 +523,7 @@ class Demo:
         `final=False`: with the query rounds that did not see validation."""
         from odqa.retriever.searcher import open_searcher
         return open_searcher(self.p["phrase-index"], self.phrase_model(final), self.corpus, self.p["doc-index"],
-                             self.doc_model(), self.cfg.top_docs, reranker=self.reranker() if reranked else None,
+                             self.doc_model(), top_docs=self.cfg.top_docs, reranker=self.reranker() if reranked else None,
                              rerank_depth=self.cfg.rerank_depth, memory=self.memory() if memory else None)
 
     def reranker(self) -> Path | None:
@@ -769,6 +769,9 @@ class Demo:
         forget = {} if self.cfg.reranker else {"reranker": self.p["reranker"] / "best"}
         record_pipeline(built, by=f"odqa demo -> {self.out}",
                         forget=forget if "memory" in built else {**forget, "memory": self.p["memory"]})
+        # and in the run directory, for `odqa.load(OUT)` after another demo has become the default
+        write_json(self.out / "pipeline.json", {**{k: str(Path(v).resolve()) for k, v in built.items()},
+                                                "recorded_by": f"odqa demo -> {self.out}"})
 
     def _done(self, s: Stage, key: dict) -> bool:
         marker = self.stages_dir / f"{s.name}.json"
@@ -805,11 +808,11 @@ class Demo:
                                      ReaderSettings(text_maxlength=self.cfg.text_maxlength))
             k = max(self.cfg.run_k)
             lines.append(f"\n{len(examples)} example questions (answer in the top {k}; FiD reads {k} passages):")
-            for ex, a in zip(examples, pipeline.answer([e["question"] for e in examples], k=k)):
+            for ex, a in zip(examples, pipeline.ask([e["question"] for e in examples], k=k)):
                 lines += [f"Q: {ex['question']}  (gold: {' | '.join(ex['answers'][:3])})",
-                          f"   extractive: {a['extractive']['text'] if a['extractive'] else '-'}",
-                          f"   generated:  {a['generated'] or '(empty)'}",
-                          f"   top passage: {a['passages'][0]['title']}: {a['passages'][0]['text'][:150]}..."]
+                          f"   extractive: {a.extractive.text if a.extractive else '-'}",
+                          f"   generated:  {a.generated or '(empty)'}",
+                          f"   top passage: {a.passages[0].title}: {a.passages[0].text[:150]}..."]
         return "\n".join(lines)
 
 

@@ -1,25 +1,32 @@
 """The product in one object: a question goes through one retrieval and comes back with two answers.
 
-    Pipeline(searcher, reader).answer(["who ..."], k=10) ->
-        [{"question", "extractive": {text, score, passage_id, char_start, char_end},
-          "generated": str, "passages": [{id, title, text, score, phrase}], "memory": [...], "timings": {...}}]
+    import odqa
+    qa = odqa.load()                       # the pipeline `odqa demo` built last, or a pipeline.json
+    a = qa.ask("who wrote hamlet", k=10)   # Answer: .extractive (a Phrase), .generated, .passages
+    qa.search(["who wrote hamlet"], k=5, unit="document")   # [[Document, ...]]
+    qa.read("who wrote hamlet", a.passages[:3])             # the reader's answer over those passages
 
 One phrase search (behind the document pre-filter when the searcher has one) yields both the top
 passage's phrase, the extractive answer, and the top-k passages, which the FiD reader reads to
-generate the other answer. With an answer memory, "memory" lists the training questions whose answers
-the extractive answer's vote consulted. Timings are per batch, in milliseconds, for each stage.
+generate the other answer. With an answer memory, `Answer.memory` lists the training questions whose
+answers the extractive answer's vote consulted. Timings are per batch, in milliseconds, for each stage.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
 
 from odqa.common.device import pick_device
-from odqa.common.io import InputError
+from odqa.common.io import InputError, read_json
+from odqa.common.results import Answer, Document, Neighbour, Passage, Phrase
 from odqa.reader.fid_data import FiDExample
 from odqa.reader.read import generate_answers, load_reader
-from odqa.retriever.searcher import top_phrase
+from odqa.retriever.args import SearchConfig
+from odqa.retriever.searcher import UNITS, open_searcher, top_phrase
 
 MAX_K = 100
 
@@ -31,6 +38,16 @@ class ReaderSettings:
     num_beams: int = 1
     batch_size: int = 8
     decoding: str = "spans"          # spans: the answer is a passage span (reader/spans.py) | free | phrases
+
+
+READER_SETTINGS = tuple(f.name for f in dataclasses.fields(ReaderSettings))
+SEARCH_SETTINGS = tuple(f.name for f in dataclasses.fields(SearchConfig))
+
+
+def _unit(d: dict, unit: str):
+    if unit == "phrase":
+        return Phrase.from_dict(d)
+    return (Passage if unit == "passage" else Document).from_dict(d)
 
 
 class Pipeline:
@@ -47,14 +64,32 @@ class Pipeline:
         model, tokenizer = load_reader(reader_path, device)
         return cls(searcher, model, tokenizer, settings, device)
 
-    def answer(self, questions: list[str], k: int = 10) -> list[dict]:
+    def _with(self, overrides: dict):
+        """The searcher and reader settings of one call: this pipeline's, with `overrides` (any of
+        `SearchConfig`'s or `ReaderSettings`' fields) in their place."""
+        unknown = set(overrides) - set(SEARCH_SETTINGS) - set(READER_SETTINGS)
+        if unknown:
+            raise InputError(f"unknown settings: {', '.join(sorted(unknown))} (search: {', '.join(SEARCH_SETTINGS)}; "
+                             f"reader: {', '.join(READER_SETTINGS)})")
+        search = {k: v for k, v in overrides.items() if k in SEARCH_SETTINGS}
+        read = {k: v for k, v in overrides.items() if k in READER_SETTINGS}
+        return (self.searcher.with_settings(**search) if search else self.searcher,
+                dataclasses.replace(self.settings, **read) if read else self.settings)
+
+    def ask(self, question: str | Sequence[str], k: int = 10, **overrides) -> Answer | list[Answer]:
+        """The answers to one question (an `Answer`) or to a list of them (a list), from the top k
+        passages; `overrides` change search or reader settings for this call only."""
+        single = isinstance(question, str)
+        questions = [question] if single else list(question)
         if not 1 <= k <= MAX_K:
             raise InputError(f"k must be in 1..{MAX_K}, not {k}")
+        if not questions:
+            return []
+        searcher, s = self._with(overrides)
         questions = [q.strip() if isinstance(q, str) else q for q in questions]
         t0 = time.perf_counter()
-        results = self.searcher.search(questions, k, unit="passage")
+        results = searcher.search(questions, k, unit="passage")
         t1 = time.perf_counter()
-        s = self.settings
         examples = [FiDExample(id=str(i), question=q, answers=[], passages=[(p["title"], p["text"]) for p in r["passages"]],
                                phrases=[(p["phrase"]["text"], p["phrase"]["score"]) if p.get("phrase") else None
                                         for p in r["passages"]])
@@ -63,15 +98,78 @@ class Pipeline:
                                      s.max_new_tokens, s.num_beams, self.device, progress=False, decoding=s.decoding)
         t2 = time.perf_counter()
         timings = {"retrieve_ms": 1000 * (t1 - t0), "read_ms": 1000 * (t2 - t1), "questions_in_batch": len(questions)}
-        out = []
-        for q, r, g in zip(questions, results, generated):
-            top = top_phrase(r)
-            out.append({"question": q,
-                        "extractive": None if top is None else {
-                            **{key: top[key] for key in ("text", "score", "passage_id", "in_title", "char_start", "char_end")},
-                            "support": top.get("support")},
-                        "generated": g,
-                        "passages": [{key: p[key] for key in ("id", "title", "text", "score", "phrase")} for p in r["passages"]],
-                        **({"memory": r["memory"]} if "memory" in r else {}),
-                        "timings": timings})
-        return out
+        answers = [Answer(question=q, extractive=Phrase.from_dict(top_phrase(r)), generated=g,
+                          passages=tuple(map(Passage.from_dict, r["passages"])),
+                          memory=tuple(map(Neighbour.from_dict, r.get("memory", ()))), timings=timings)
+                   for q, r, g in zip(questions, results, generated)]
+        return answers[0] if single else answers
+
+    def answer(self, questions: list[str], k: int = 10) -> list[dict]:
+        """`ask` as JSON-ready dicts (`Answer.to_dict`), as the server returns them."""
+        return [a.to_dict() for a in self.ask(list(questions), k)]
+
+    def search(self, questions: str | Sequence[str], k: int = 10, unit: str = "passage", **overrides) -> list:
+        """The top k phrases, passages or documents (`unit`) of one question (a list of them), or of each
+        of a list of questions (a list of lists), best first."""
+        if unit not in UNITS:
+            raise InputError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
+        single = isinstance(questions, str)
+        qs = [questions] if single else list(questions)
+        if not qs:
+            return []
+        searcher, _ = self._with(overrides)
+        results = searcher.search(qs, k, unit=unit)
+        found = [[_unit(d, unit) for d in r[unit + "s"]] for r in results]
+        return found[0] if single else found
+
+    def read(self, question: str, passages: Sequence[Passage | tuple[str, str] | str], **overrides) -> str:
+        """The reader's answer to `question` over `passages`: `Passage`s, (title, text) pairs or texts."""
+        if not passages:
+            raise InputError("read needs at least one passage")
+        _, s = self._with(overrides)
+        pairs = [(p.title, p.text) if isinstance(p, Passage) else ("", p) if isinstance(p, str) else tuple(p)
+                 for p in passages]
+        example = FiDExample(id="0", question=question.strip(), answers=[], passages=pairs)
+        decoding = "spans" if s.decoding == "phrases" else s.decoding   # no phrase scores come with given passages
+        (answer,) = generate_answers(self.model, self.tokenizer, [example], len(pairs), s.batch_size, s.text_maxlength,
+                                     s.max_new_tokens, s.num_beams, self.device, progress=False, decoding=decoding)
+        return answer
+
+
+def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, dict[str, Path]]:
+    """(the record's file, its artifacts): "default" is $ODQA_HOME/pipeline.json (what `odqa demo`
+    records); a directory is its pipeline.json (a demo's run directory has one); a file is read as is.
+    A recorded path that is gone is refused by name: a pipeline is not loaded without a part."""
+    from odqa.common.defaults import ARTIFACTS, pipeline_file
+    path = pipeline_file() if str(name_or_path) == "default" else Path(name_or_path).expanduser()
+    if path.is_dir():
+        path = path / "pipeline.json"
+    if not path.is_file():
+        hint = "run `odqa demo` to build the default pipeline" if str(name_or_path) == "default" else \
+            "give the default, a pipeline.json, or a directory holding one"
+        raise InputError(f"no pipeline record at {path}: {hint}")
+    recorded = {k: Path(v) for k, v in read_json(path).items() if k in ARTIFACTS and v}
+    for name in ("phrase_index", "phrase_model", "reader", "corpus"):
+        if name not in recorded:
+            raise InputError(f"{path} records no {ARTIFACTS[name][1]}")
+    gone = [f"{ARTIFACTS[k][1]} ({v})" for k, v in recorded.items() if k != "supervision" and not v.exists()]
+    if gone:
+        raise InputError(f"{path} records what is no longer there: {', '.join(gone)}")
+    return path, recorded
+
+
+def load(name_or_path: str | os.PathLike = "default", device: str | None = None, **settings) -> Pipeline:
+    """The pipeline a record names (`pipeline_record`), its searcher and reader loaded; `settings`
+    (search or reader settings, as `Pipeline.ask` takes them) become the pipeline's own."""
+    _, r = pipeline_record(name_or_path)
+    unknown = set(settings) - set(SEARCH_SETTINGS) - set(READER_SETTINGS)
+    if unknown:
+        raise InputError(f"unknown settings: {', '.join(sorted(unknown))}")
+    search = SearchConfig(**{k: v for k, v in settings.items() if k in SEARCH_SETTINGS})
+    reader = ReaderSettings(**{k: v for k, v in settings.items() if k in READER_SETTINGS})
+    both = {"doc_index", "doc_model"} <= set(r)
+    searcher = open_searcher(r["phrase_index"], r["phrase_model"], r["corpus"], r["doc_index"] if both else None,
+                             r["doc_model"] if both else None, search, reranker=r.get("reranker"), memory=r.get("memory"))
+    device = pick_device(device)
+    model, tokenizer = load_reader(r["reader"], device)
+    return Pipeline(searcher, model, tokenizer, reader, device)

@@ -95,14 +95,10 @@ def run(args: RunArgs) -> list[dict]:
         def make_retrieval():
             nonlocal searcher
             if searcher is None:
+                from odqa.retriever.args import SearchConfig
                 from odqa.retriever.searcher import open_searcher
                 searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
-                                         args.top_docs, args.lam, args.nprobe, args.max_answer_tokens,
-                                         args.answer_filter, bm25_weight=args.bm25_weight, reranker=args.reranker,
-                                         rerank_depth=args.rerank_depth, answer_depth=args.answer_depth,
-                                         answer_temperature=args.answer_temperature, memory=args.memory,
-                                         memory_threshold=args.memory_threshold, memory_weight=args.memory_weight,
-                                         memory_neighbours=args.memory_neighbours)
+                                         SearchConfig.of(args), reranker=args.reranker, memory=args.memory)
             entries = retrieve_phrases(searcher, questions, max_k, parts=parts_beside(retrieval), key=r_key)
             if ranks.main:
                 write_results(retrieval, entries)

@@ -357,10 +357,10 @@ def test_rerank_adds_the_passages_standardised_bm25_score(world, doc_model, tmp_
     shutil.copytree(doc_model["index"], index_dir)
     tuned = DocRetriever(index_dir, doc_model["dir"], world["corpus"])
     write_json(index_dir / "lambda.json", {"lambda": lam})
-    assert Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=tuned).bm25_weight == 0.0
+    assert Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=tuned).config.bm25_weight == 0.0
     write_json(index_dir / "lambda.json", {"lambda": lam, "bm25_weight": mu})
     searcher = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=tuned, top_docs=3)
-    assert (searcher.lam, searcher.bm25_weight) == (lam, mu)
+    assert (searcher.config.lam, searcher.config.bm25_weight) == (lam, mu)
     assert isinstance(searcher.bm25.model.scores["data"], np.memmap)   # read from disk as the rerank asks
     assert searcher.search(world["questions"], k=4, unit="passage") == reranked
     with pytest.raises(InputError, match="pre-filter"):

@@ -198,9 +198,9 @@ def test_search_dtype_is_bfloat16_only_where_the_hardware_has_it(monkeypatch):
 
 
 def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
-    full = Searcher(index, world["model"], world["corpus"])
-    assert full.max_answer_tokens == 20
-    assert Searcher(index, world["model"], world["corpus"], max_answer_tokens=50).max_answer_tokens == 20
+    full = Searcher(index, world["model"], world["corpus"], max_answer_tokens=None)   # None: the index's L
+    assert full.config.max_answer_tokens == 20
+    assert Searcher(index, world["model"], world["corpus"], max_answer_tokens=50).config.max_answer_tokens == 20
     tokens = full.index.meta["token"].astype(np.int32)
     for cap in (1, 3):
         searcher = Searcher(index, world["model"], world["corpus"], max_answer_tokens=cap)
@@ -211,7 +211,7 @@ def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
             score, row, start, end = brute_force_top_phrase(searcher, f"where was {name} born", max_len=cap)
             top = searcher.search([f"where was {name} born"], k=1, unit="phrase")[0]["phrases"][0]
             assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
-    with pytest.raises(InputError, match="max_answer_tokens"):
+    with pytest.raises(InputError, match="max-answer-tokens"):
         Searcher(index, world["model"], world["corpus"], max_answer_tokens=0)
 
 
@@ -271,7 +271,7 @@ def test_the_searcher_votes_over_its_answer_depth_whatever_k(world, index):
         assert top_phrase(r) == {**r["passages"][0]["phrase"], "support": 1.0}
     assert "answer" not in first.search(questions[:1], k=3, unit="phrase")[0]
     for bad in ({"answer_depth": 0}, {"answer_temperature": 0.0}):
-        with pytest.raises(InputError, match="answer_depth and answer_temperature"):
+        with pytest.raises(InputError, match="answer-depth|answer-temperature"):
             Searcher(index, world["model"], world["corpus"], **bad)
 
 
@@ -346,7 +346,7 @@ def passage_spans_best_first(searcher, question, row):
     s = hs[0] @ torch.from_numpy(q_start[0])
     e = he[0] @ torch.from_numpy(q_end[0])
     cand = enc.candidate[0].nonzero().ravel().tolist()
-    L = searcher.max_answer_tokens
+    L = searcher.config.max_answer_tokens
     spans = [(float(s[i] + e[j]), int(enc.offsets[0, i, 0]), int(enc.offsets[0, j, 1]))
              for i in cand for j in cand if 0 <= j - i < L]
     return [(a, b) for _, a, b in sorted(spans, key=lambda x: -x[0])], p["text"]

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from odqa.common.settings import flag_of
+
 REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
 
 
@@ -95,7 +97,7 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
     defaults = defaults or {}
     for f in dataclasses.fields(cls):
         meta = f.metadata
-        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        flag = flag_of(f)
         default = defaults.get(f.name, f.default)
         if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
@@ -110,6 +112,10 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         shown = "" if required or default is None else \
             f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
         conv = int if "int" in kind else float if "float" in kind else str
+        rule = meta.get("range")
+        if rule is not None:
+            conv = {("positive", int): positive_int, ("positive", float): positive_float,
+                    ("non_negative", float): non_negative_float}[rule, conv]
         add_flag(p, flag, meta.get("aliases", ()), required=required, dest=f.name, type=conv,
                  nargs="+" if kind.startswith("list") else None, default=None if required else default,
                  metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_ + shown)

@@ -4,22 +4,18 @@ that name a phrase index behind its optional document pre-filter, which `ask`, `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from odqa.common.io import InputError
 from odqa.retriever.args import (
-    ANSWER_DEPTH,
-    ANSWER_TEMPERATURE,
     BM25_GRID,
     DEFAULT_KEEP,
-    MAX_ANSWER_TOKENS,
-    MEMORY_NEIGHBOURS,
-    MEMORY_THRESHOLD,
-    MEMORY_WEIGHT,
     DocTrainArgs,
     PhraseTrainArgs,
     QueryTrainArgs,
     RerankerTrainArgs,
+    SearchConfig,
     TeacherTrainArgs,
 )
 from odqa.system.commands.args import (
@@ -27,8 +23,6 @@ from odqa.system.commands.args import (
     command,
     corpus_arg,
     dataclass_from_args,
-    non_negative_float,
-    positive_float,
     positive_int,
     stage_key,
 )
@@ -41,59 +35,32 @@ def phrase_searcher(args, rerank: bool = True):
     (`fill_defaults`)."""
     from odqa.common.paths import default_corpus
     from odqa.retriever.searcher import open_searcher
-    lam, bm25_weight = (args.lam, args.bm25_weight) if rerank else (0.0, 0.0)
-    return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model,
-                         args.top_docs, lam, args.nprobe, args.max_answer_tokens, args.answer_filter,
-                         bm25_weight=bm25_weight, reranker=args.reranker if rerank else None,
-                         rerank_depth=args.rerank_depth, answer_depth=args.answer_depth,
-                         answer_temperature=args.answer_temperature, memory=args.memory if rerank else None,
-                         memory_threshold=args.memory_threshold, memory_weight=args.memory_weight,
-                         memory_neighbours=args.memory_neighbours)
+    config = SearchConfig.of(args)
+    if not rerank:
+        config = dataclasses.replace(config, lam=0.0, bm25_weight=0.0)
+    return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model, config,
+                         reranker=args.reranker if rerank else None, memory=args.memory if rerank else None)
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nprobe", type=positive_int, default=64, help="IVF lists probed per search (default 64)")
-    p.add_argument("--max-answer-tokens", type=positive_int, default=MAX_ANSWER_TOKENS,
-                   help=f"longest phrase returned, in word pieces, at most the index's L "
-                        f"(default {MAX_ANSWER_TOKENS})")
-    p.add_argument("--answer-filter", action=argparse.BooleanOptionalAction, default=True,
-                   help="each passage's phrase is its best span that can answer: whole words, no word of the "
-                        "question at its edges (default on; --no-answer-filter shows the search's best phrase)")
-    p.add_argument("--answer-depth", type=positive_int, default=ANSWER_DEPTH,
-                   help=f"the extractive answer is the phrase string the top N passages vote for most, each "
-                        f"weighted by exp((score - best score) / --answer-temperature); 1: the first passage's "
-                        f"phrase (default {ANSWER_DEPTH})")
-    p.add_argument("--answer-temperature", type=positive_float, default=ANSWER_TEMPERATURE,
-                   help=f"temperature of that vote, in the ranking's score units (default {ANSWER_TEMPERATURE:g})")
+    """Every `SearchConfig` setting as a flag, and the answer memory's path."""
+    add_dataclass_args(p, SearchConfig)
     p.add_argument("--memory", type=Path, default=None,
                    help="answer memory (`odqa build-memory`): the nearest training questions lend their answers to "
-                        "that vote where a top passage holds them as a phrase (default: the default pipeline's, "
-                        "when its model searches)")
+                        "the extractive answer's vote where a top passage holds them as a phrase (default: the "
+                        "default pipeline's, when its model searches)")
     p.add_argument("--no-memory", action="store_true", help="without the default pipeline's answer memory")
-    p.add_argument("--memory-threshold", type=float, default=MEMORY_THRESHOLD,
-                   help=f"cosine a memory question needs to lend its answers (default {MEMORY_THRESHOLD:g})")
-    p.add_argument("--memory-weight", type=non_negative_float, default=MEMORY_WEIGHT,
-                   help=f"votes a memory question lends, times its cosine (default {MEMORY_WEIGHT:g})")
-    p.add_argument("--memory-neighbours", type=positive_int, default=MEMORY_NEIGHBOURS,
-                   help=f"nearest memory questions consulted (default {MEMORY_NEIGHBOURS})")
 
 
 def prefilter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc-index", type=Path, default=None, help="document index (`odqa build-doc-index`): search "
                                                                "phrases only inside each question's top documents")
     p.add_argument("--doc-model", type=Path, default=None, help="the document encoder the document index was built with")
-    p.add_argument("--top-docs", type=positive_int, default=100, help="K: documents kept by the pre-filter (default 100)")
-    p.add_argument("--lam", type=float, default=None, help="rerank weight of the document score (default: the "
-                                                          "value tune-lambda stored with the document index, else 0)")
-    p.add_argument("--bm25-weight", type=float, default=None,
-                   help="rerank weight of the passage's BM25 score (default: the value tune-lambda stored with the "
-                        "document index, else 0)")
     p.add_argument("--no-prefilter", action="store_true", help="search every phrase, without the default "
                                                                 "pipeline's document pre-filter")
     p.add_argument("--reranker", type=Path, default=None,
                    help="passage reranker (`odqa train-reranker` OUT/best): reorders the top max(k, --rerank-depth) "
                         "passages (default: the default pipeline's, where it has one)")
-    p.add_argument("--rerank-depth", type=positive_int, default=20, help="passages the reranker reads (default 20)")
     p.add_argument("--no-reranker", action="store_true", help="without the default pipeline's passage reranker")
 
 

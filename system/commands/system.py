@@ -74,28 +74,26 @@ def cmd_run(args) -> None:
 
 
 def cmd_ask(args) -> None:
-    (a,) = pipeline(args).answer([args.question], k=args.k)
-    ex = a["extractive"]
-    print(f"question:   {a['question']}")
-    votes = f", {ex['support']:.0%} of the top passages' votes" if ex and ex.get("support") is not None else ""
-    print(f"extractive: {ex['text'] if ex else '-'}" + (f"  (phrase score {ex['score']:.2f}, {ex['passage_id']}{votes})"
-                                                         if ex else ""))
-    for m in a.get("memory", []):
-        print(f"memory:     {m['question']!r} (cosine {m['similarity']:.2f}): {' | '.join(m['answers'][:3])}")
+    a = pipeline(args).ask(args.question, k=args.k)
+    ex = a.extractive
+    print(f"question:   {a.question}")
+    votes = f", {ex.support:.0%} of the top passages' votes" if ex and ex.support is not None else ""
+    print(f"extractive: {ex.text if ex else '-'}" + (f"  (phrase score {ex.score:.2f}, {ex.passage_id}{votes})" if ex else ""))
+    for m in a.memory:
+        print(f"memory:     {m.question!r} (cosine {m.similarity:.2f}): {' | '.join(m.answers[:3])}")
     how = ", chosen among their phrases" if args.decoding == "phrases" else ""
-    print(f"generated:  {a['generated']}  (FiD over {len(a['passages'])} passages{how})")
-    for i, p in enumerate(a["passages"], 1):
-        title, text = marked(p["title"], p["phrase"], True), marked(p["text"], p["phrase"], False)
-        print(f"{i:>2}. {title} ({p['score']:.2f}): {text[:300]}")
-    t = a["timings"]
-    print(f"retrieve {t['retrieve_ms']:.0f} ms, read {t['read_ms']:.0f} ms")
+    print(f"generated:  {a.generated}  (FiD over {len(a.passages)} passages{how})")
+    for i, p in enumerate(a.passages, 1):
+        title, text = marked(p.title, p.phrase, True), marked(p.text, p.phrase, False)
+        print(f"{i:>2}. {title} ({p.score:.2f}): {text[:300]}")
+    print(f"retrieve {a.timings['retrieve_ms']:.0f} ms, read {a.timings['read_ms']:.0f} ms")
 
 
-def marked(s: str, phrase: dict, title: bool) -> str:
-    """`s` (a passage's title or text) with `phrase` in [[...]] where it lies in `s`."""
-    if phrase.get("in_title", False) != title:
+def marked(s: str, phrase, title: bool) -> str:
+    """`s` (a passage's title or text) with `phrase` (a `Phrase`) in [[...]] where it lies in `s`."""
+    if phrase is None or phrase.in_title != title:
         return s
-    a, b = phrase["char_start"], phrase["char_end"]
+    a, b = phrase.char_start, phrase.char_end
     return s[:a] + "[[" + s[a:b] + "]]" + s[b:]
 
 

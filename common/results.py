@@ -1,0 +1,105 @@
+"""What a question gets back, as typed values: the phrases, passages and documents of a search and the
+answers of the pipeline. The server's responses, `odqa ask`'s printout and `odqa run`'s per-question
+file are made from these, and `to_dict` / `from_dict` round-trip them through JSON.
+
+    Answer(question, extractive: Phrase | None, generated: str, passages: tuple[Passage, ...],
+           memory: tuple[Neighbour, ...], timings: dict)
+
+Only the standard library here: `import odqa` stays light.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+def _known(cls, d: dict) -> dict:
+    """`d`'s keys that are `cls`'s fields: the searcher's dicts carry internals (a passage's row)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+@dataclass(frozen=True)
+class Phrase:
+    """A span of a passage (or of its title, `in_title`), in the passage's own characters."""
+    text: str
+    score: float
+    passage_id: str
+    char_start: int
+    char_end: int
+    in_title: bool = False
+    support: float | None = None   # the extractive answer's share of the top passages' votes
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Phrase | None":
+        return None if d is None else cls(**_known(cls, d))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Passage:
+    id: str
+    title: str
+    text: str
+    score: float
+    phrase: Phrase | None = None   # its best phrase for the question
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Passage":
+        return cls(**{**_known(cls, d), "phrase": Phrase.from_dict(d.get("phrase"))})
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "phrase": None if self.phrase is None else self.phrase.to_dict()}
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    score: float
+    phrase: Phrase | None = None   # its best phrase for the question
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Document":
+        return cls(**{**_known(cls, d), "phrase": Phrase.from_dict(d.get("phrase"))})
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "phrase": None if self.phrase is None else self.phrase.to_dict()}
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A training question of the answer memory that lent its answers to the extractive answer's vote."""
+    question: str
+    answers: tuple[str, ...]
+    similarity: float
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Neighbour":
+        return cls(d["question"], tuple(d["answers"]), d["similarity"])
+
+    def to_dict(self) -> dict:
+        return {"question": self.question, "answers": list(self.answers), "similarity": self.similarity}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One question's two answers from one retrieval: the top phrase (`extractive`) and the reader's
+    (`generated`) over the k `passages`."""
+    question: str
+    extractive: Phrase | None
+    generated: str
+    passages: tuple[Passage, ...] = ()
+    memory: tuple[Neighbour, ...] = ()
+    timings: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Answer":
+        return cls(question=d["question"], extractive=Phrase.from_dict(d.get("extractive")), generated=d["generated"],
+                   passages=tuple(map(Passage.from_dict, d.get("passages", ()))),
+                   memory=tuple(map(Neighbour.from_dict, d.get("memory", ()))), timings=dict(d.get("timings", {})))
+
+    def to_dict(self) -> dict:
+        return {"question": self.question, "extractive": None if self.extractive is None else self.extractive.to_dict(),
+                "generated": self.generated, "passages": [p.to_dict() for p in self.passages],
+                "memory": [m.to_dict() for m in self.memory], "timings": dict(self.timings)}

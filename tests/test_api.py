@@ -1,0 +1,130 @@
+"""odqa as a notebook user meets it: `odqa.load` a pipeline, ask one question and many, search at each
+unit, read given passages, and round-trip an `Answer` through JSON."""
+import json
+import subprocess
+import sys
+
+import pytest
+from tiny_data import TINY_QUESTIONS
+from tiny_models import make_tiny_system
+
+import odqa
+from odqa.common.io import InputError
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+    """A pipeline directory: the tiny system's parts, recorded as `odqa demo` records its own."""
+    world = make_tiny_system(tmp_path_factory.mktemp("api"))
+    paths = {"corpus": world["corpus"], "phrase_model": world["phrase"], "phrase_index": world["index"],
+             "reader": world["t5"]}
+    (world["root"] / "pipeline.json").write_text(json.dumps({k: str(v) for k, v in paths.items()}))
+    return world["root"]
+
+
+@pytest.fixture(scope="module")
+def qa(record):
+    return odqa.load(record)
+
+
+QUESTIONS = [q["question"] for q in TINY_QUESTIONS[:3]]
+
+
+def test_ask_one_question_and_many(qa):
+    one = qa.ask(QUESTIONS[0], k=3)
+    assert isinstance(one, odqa.Answer) and one.question == QUESTIONS[0]
+    assert isinstance(one.generated, str) and len(one.passages) == 3
+    assert all(isinstance(p, odqa.Passage) for p in one.passages)
+    ex = one.extractive
+    assert isinstance(ex, odqa.Phrase) and 0 < ex.support <= 1
+    source = next(p for p in one.passages if p.id == ex.passage_id)
+    assert (source.title if ex.in_title else source.text)[ex.char_start:ex.char_end] == ex.text != ""
+    many = qa.ask(QUESTIONS, k=3)
+    assert [a.question for a in many] == QUESTIONS
+    # the same search (scores differ in the last bits: the question encoder reads a batch)
+    assert (many[0].extractive.text, [p.id for p in many[0].passages]) == (ex.text, [p.id for p in one.passages])
+    assert qa.ask([], k=3) == []
+
+
+def test_an_answer_round_trips_through_json(qa):
+    a = qa.ask(QUESTIONS[1], k=2)
+    back = odqa.Answer.from_dict(json.loads(json.dumps(a.to_dict())))
+    assert back == a and back.timings == a.timings
+    with pytest.raises(Exception):
+        a.generated = "changed"        # frozen
+
+
+@pytest.mark.parametrize("unit, kind", [("phrase", odqa.Phrase), ("passage", odqa.Passage), ("document", odqa.Document)])
+def test_search_at_each_unit(qa, unit, kind):
+    one = qa.search(QUESTIONS[0], k=2, unit=unit)
+    assert 1 <= len(one) <= 2 and all(isinstance(x, kind) for x in one)
+    many = qa.search(QUESTIONS, k=2, unit=unit)
+    assert len(many) == 3 and [type(x) for x in many[0]] == [type(x) for x in one]
+    if unit != "phrase":
+        assert [x.score for x in one] == sorted((x.score for x in one), reverse=True)
+
+
+def test_read_given_passages(qa):
+    a = qa.ask(QUESTIONS[0], k=2)
+    assert qa.read(QUESTIONS[0], a.passages) == a.generated     # the same passages, the same reader
+    assert isinstance(qa.read(QUESTIONS[0], ["Mount Everest is 8,849 metres tall."]), str)
+    with pytest.raises(InputError, match="at least one passage"):
+        qa.read(QUESTIONS[0], [])
+
+
+def test_overrides_apply_to_one_call(qa):
+    voted = qa.ask(QUESTIONS[0], k=3)
+    first = qa.ask(QUESTIONS[0], k=3, answer_depth=1)            # the first passage's phrase, no vote
+    assert first.extractive.text == first.passages[0].phrase.text
+    assert qa.searcher.config.answer_depth != 1 and qa.ask(QUESTIONS[0], k=3) == voted   # the pipeline is unchanged
+    assert isinstance(qa.ask(QUESTIONS[0], k=3, decoding="free", max_new_tokens=4).generated, str)
+    with pytest.raises(InputError, match="unknown settings: depth"):
+        qa.ask(QUESTIONS[0], depth=3)
+    with pytest.raises(InputError, match="--answer-depth: must be at least 1"):
+        qa.ask(QUESTIONS[0], answer_depth=0)
+    with pytest.raises(InputError, match="unit must be one of"):
+        qa.search(QUESTIONS[0], unit="sentence")
+
+
+def test_load_takes_the_default_a_directory_or_a_file_and_names_what_is_missing(record, isolated_home):
+    with pytest.raises(InputError, match="run `odqa demo`"):
+        odqa.load()
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    recorded = json.loads((record / "pipeline.json").read_text())
+    (isolated_home / "pipeline.json").write_text(json.dumps(recorded))
+    assert odqa.load().ask(QUESTIONS[0], k=1).passages          # "default": $ODQA_HOME/pipeline.json
+    assert odqa.load(record / "pipeline.json", answer_depth=1).searcher.config.answer_depth == 1
+    gone = isolated_home / "gone.json"
+    gone.write_text(json.dumps({**recorded, "reader": str(record / "no-reader")}))
+    with pytest.raises(InputError, match="no-reader"):
+        odqa.load(gone)
+    partial = isolated_home / "partial.json"
+    partial.write_text(json.dumps({k: v for k, v in recorded.items() if k != "phrase_index"}))
+    with pytest.raises(InputError, match="records no phrase index"):
+        odqa.load(partial)
+
+
+def test_import_odqa_loads_no_torch():
+    code = "import sys, odqa; print(sorted({'torch', 'transformers', 'faiss', 'numpy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_each_search_setting_is_one_flag_of_every_command_that_searches():
+    """SearchConfig is the one declaration: every field is exactly one flag of each command that searches,
+    with the field's default, and `odqa run`'s settings embed it whole."""
+    import dataclasses
+
+    from odqa.retriever.args import SearchConfig
+    from odqa.system.args import RunArgs
+    from odqa.system.cli import build_parser
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name in ("retrieve", "ask", "serve", "run", "tune-lambda"):
+        parser = commands[name]
+        for f in dataclasses.fields(SearchConfig):
+            flag = "--" + f.name.replace("_", "-")
+            owners = [a for a in parser._actions if flag in a.option_strings]
+            assert len(owners) == 1 and owners[0].dest == f.name, (name, flag)
+            assert owners[0].default == f.default, (name, flag)
+    assert {f.name for f in dataclasses.fields(SearchConfig)} <= {f.name for f in dataclasses.fields(RunArgs)}
+    assert issubclass(RunArgs, SearchConfig)
