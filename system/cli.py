@@ -42,8 +42,26 @@ def quiet_checkpoint_loading() -> None:
     hf_logging.set_tqdm_hook(lambda factory, bar_args, bar_kwargs: factory(*bar_args, **{**bar_kwargs, "disable": True}))
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with a training command's --config file read in (flags on the line win)."""
+    from odqa.system.commands.args import expand_config
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        expanded, config = expand_config(argv)
+    except InputError as e:
+        parser.error(str(e))
+    args, unknown = parser.parse_known_args(expanded)
+    if unknown:
+        from_file = [t for t in unknown if config and t in config[1] and t not in argv]
+        if from_file:
+            parser.error(f"--config {config[0]}: not settings of `odqa {args.command}`: {' '.join(from_file)}")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     configure_logging(args.quiet)
     loads = args.loads_checkpoints
     if loads(args) if callable(loads) else loads:

@@ -157,3 +157,52 @@ def test_commands_log_no_faiss_loader_chatter():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "INFO odqa: still shown" in out.stderr
     assert "faiss.loader" not in out.stderr
+
+
+TRAINING = ["train-teacher", "train-phrase", "train-query", "train-doc", "train-reranker", "pretrain-reader",
+            "train-reader"]
+
+
+@pytest.mark.parametrize("command", TRAINING)
+def test_every_training_command_takes_a_config_file(command):
+    option_strings = {s for a in build_parser()._subparsers._group_actions[0].choices[command]._actions
+                      for s in a.option_strings}
+    assert "--config" in option_strings
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_a_config_file_sets_a_commands_flags_and_the_command_line_overrides_it(tmp_path, suffix):
+    from odqa.system.cli import parse_args
+    settings = {"train-file": "t.jsonl", "validation_file": "v.jsonl", "out": "runs/p", "lr": 1e-4, "epochs": 3,
+                "title-phrases": True, "unified": False, "encoder": "some/bert"}
+    path = tmp_path / f"phrase{suffix}"
+    path.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items()) if suffix == ".toml"
+                    else json.dumps(settings))
+    args = parse_args(["train-phrase", "--config", str(path), "--lr", "2e-4"])   # required flags from the file
+    assert (args.train_file, args.validation_file, args.out_dir, args.encoder) == ("t.jsonl", "v.jsonl", "runs/p", "some/bert")
+    assert (args.lr, args.epochs, args.title_phrases, args.unified) == (2e-4, 3, True, False)
+    assert parse_args(["-q", "train-phrase", f"--config={path}"]).lr == 1e-4
+
+
+def test_a_bad_config_file_is_refused_naming_it(tmp_path, capsys):
+    from odqa.system.cli import parse_args
+    cases = {"unknown.json": ('{"train-file": "t", "validation-file": "v", "out": "o", "encoder": "e", "lr_rate": 1}',
+                              "not settings of `odqa train-phrase`: --lr-rate"),
+             "broken.toml": ("lr = = 1", "not valid TOML"),
+             "list.json": ("[1, 2]", "a table of settings")}
+    for name, (text, said) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SystemExit) as refused:
+            parse_args(["train-phrase", "--config", str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and said in err and name in err, (name, err)
+    # a value out of range is the settings' own check, as for the flag, before anything is loaded
+    (tmp_path / "range.json").write_text('{"train-file": "t", "validation-file": "v", "out": "o", "encoder": "e", '
+                                         '"epochs": 0}')
+    assert main(["train-phrase", "--config", str(tmp_path / "range.json")]) == 2
+    assert "--epochs must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["train-phrase", "--config", str(tmp_path / "missing.json")])
+    assert "missing.json: no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["read", "--config", str(tmp_path / "list.json")])   # not a training command

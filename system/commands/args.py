@@ -150,3 +150,59 @@ def stage_key(args) -> dict:
             continue
         key[name] = [str(value), path_fingerprint(value)] if isinstance(value, Path) and value.exists() else value
     return key
+
+
+def config_arg(p: argparse.ArgumentParser) -> None:
+    """--config FILE, for a command whose settings are many (the training commands)."""
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="a JSON or TOML file of this command's settings, keyed by flag without its dashes "
+                        "(\"train-file\", \"lr\"; a switch as true or false); a flag given on the command line "
+                        "overrides the file")
+
+
+def config_tokens(path: Path) -> list[str]:
+    """The settings of a --config file as the flags that say the same."""
+    import json
+    import tomllib
+    from odqa.common.io import InputError
+    if not path.is_file():
+        raise InputError(f"--config {path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:   # tomllib.TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise InputError(f"--config {path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {e}") from None
+    if not isinstance(values, dict):
+        raise InputError(f"--config {path}: a table of settings, not {type(values).__name__}")
+    tokens = []
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):   # a switch: --x / --no-x, and a --no-x switch given or not
+            if flag.startswith("--no-"):
+                tokens += [flag] if value else []
+            else:
+                tokens.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            tokens += [flag, *map(str, value)]
+        elif isinstance(value, (int, float, str)):
+            tokens += [flag, str(value)]
+        else:
+            raise InputError(f"--config {path}: {key} is a {type(value).__name__}, not a value a flag takes")
+    return tokens
+
+
+def expand_config(argv: list[str]) -> tuple[list[str], tuple[Path, list[str]] | None]:
+    """`argv` with a --config file's settings put right after the command's name, so that the command
+    line's own flags, coming later, override them (argparse keeps a flag's last value); and (the file,
+    its tokens), to name the file when one of them is not the command's."""
+    at = next((i for i, t in enumerate(argv) if t == "--config" or t.startswith("--config=")), None)
+    if at is None:
+        return argv, None
+    path = Path(argv[at].split("=", 1)[1] if "=" in argv[at] else (argv[at + 1] if at + 1 < len(argv) else ""))
+    if not str(path) or str(path) == ".":
+        return argv, None   # argparse names the missing value
+    tokens = config_tokens(path)
+    command_at = next(i for i, t in enumerate(argv) if not t.startswith("-"))
+    return argv[:command_at + 1] + tokens + argv[command_at + 1:], (path, tokens)

@@ -10,6 +10,7 @@ from odqa.system.commands.args import (
     add_dataclass_args,
     add_flag,
     command,
+    config_arg,
     corpus_arg,
     dataclass_from_args,
     positive_int,
@@ -134,6 +135,7 @@ def add(sub) -> None:
                 help="T5 span-corruption pretraining on the corpus (DeepSpeed)",
                 description="Mask 15%% of each passage's tokens in spans of mean length 3 and train T5 to fill "
                             "them in. " + LAUNCH)
+    config_arg(p)
     add_dataclass_args(p, PretrainArgs, {"model": str(default_reader_dir("tiny")), "corpus": str(default_corpus())})
     add_dataclass_args(p, LoopArgs, {"lr": 1e-3, "batch_size": 32, "warmup_steps": 200})
 
@@ -141,6 +143,7 @@ def add(sub) -> None:
                 help="train the Fusion-in-Decoder reader on retrieval files (DeepSpeed)",
                 description="FiD: each of the k passages encoded with the question on its own, the decoder "
                             "attends over all. Validation EM with greedy decoding; best checkpoint kept. " + LAUNCH)
+    config_arg(p)
     add_dataclass_args(p, ReaderArgs)
     add_dataclass_args(p, LoopArgs)
 

@@ -21,6 +21,7 @@ from odqa.retriever.args import (
 from odqa.system.commands.args import (
     add_dataclass_args,
     command,
+    config_arg,
     corpus_arg,
     dataclass_from_args,
     positive_int,
@@ -297,6 +298,7 @@ def add(sub) -> None:
                 help="train a cross-encoder span reader for `train-phrase --teacher` to distil from",
                 description="Question and passage read together by a BERT-family encoder with a SQuAD span "
                             "head, on the phrase model's supervision and tokens; validated by gold-passage EM.")
+    config_arg(p)
     add_dataclass_args(p, TeacherTrainArgs, {
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "encoder": str(default_encoder())})
@@ -306,6 +308,7 @@ def add(sub) -> None:
                 description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "
                             "head; AdamW with warm-up and decay, clipping; through accelerate (`accelerate "
                             "launch -m odqa.system.cli train-phrase ...` for several processes or DeepSpeed).")
+    config_arg(p)
     add_dataclass_args(p, PhraseTrainArgs, {
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "encoder": str(default_encoder()), "corpus": str(default_corpus())})
@@ -360,12 +363,14 @@ def add(sub) -> None:
                 loads_checkpoints=True, help="query-side fine-tuning against a fixed phrase index",
                 description="Maximise the retrieval probability of the top phrases that match an answer "
                             "(--label phrase), lie in an answer passage (passage) or document (document).")
+    config_arg(p)
     add_dataclass_args(p, QueryTrainArgs, {"corpus": str(default_corpus())})
 
     p = command(sub, "train-doc", cmd_train_doc, loads_checkpoints=True,
                 help="train the document retriever (DHR) that pre-filters phrase search",
                 description="A question/document dual encoder over title + table of contents + abstract, "
                             "in-batch and hard negatives; resumable; validation document Top-k each epoch.")
+    config_arg(p)
     add_dataclass_args(p, DocTrainArgs, {
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "corpus": str(default_corpus()), "encoder": str(default_encoder())})
@@ -376,6 +381,7 @@ def add(sub) -> None:
                             "answer-bearing passage against --negatives retrieved ones per question (a retrieval "
                             "file of the training questions); validated by reranking, its weight beside the "
                             "search's score tuned on validation.")
+    config_arg(p)
     add_dataclass_args(p, RerankerTrainArgs, {"encoder": str(default_encoder())})
 
     p = command(sub, "build-doc-index", cmd_build_doc_index, loads_checkpoints=True,
