@@ -163,7 +163,9 @@ def config_arg(p: argparse.ArgumentParser) -> None:
 def config_tokens(path: Path) -> list[str]:
     """The settings of a --config file as the flags that say the same."""
     import json
+
     import tomllib
+
     from odqa.common.io import InputError
     if not path.is_file():
         raise InputError(f"--config {path}: no such file")
