@@ -24,9 +24,9 @@ A stage is done when OUT/stages/NAME.json holds its key (its settings and the ke
 before it), so changing a setting reruns that stage and the ones after it. A stage that was
 interrupted resumes from its checkpoints; one started with other settings starts over.
 
-Time estimates are this stage's reference cost on a 2-core CPU (measured, REFERENCE below) times
-the speed of this machine, first taken from encoding a few passages, then corrected by how long the
-finished stages took against their estimates.
+Time estimates (system/estimate.py) are this stage's reference cost on a 2-core CPU times the speed
+of this machine, first taken from encoding a few passages, then corrected by how long the finished
+stages took against their estimates.
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_
 from odqa.common.paths import default_corpus, default_documents, default_encoder, odqa_home
 from odqa.common.questions import load_questions, question_set_name, split_limit
 from odqa.retriever.args import ANSWER_DEPTH, ANSWER_FILTER_RULES, ANSWER_TEMPERATURE, DEFAULT_KEEP
+from odqa.system.estimate import Estimates, machine_speed, refined
 
 log = logging.getLogger(__name__)
 
@@ -151,42 +152,6 @@ PRESETS = {
                        run_k=[5, 10, 25], baselines=["bm25", "dense"]),
 }
 
-# Seconds on the reference machine (2 CPU cores, AVX2), from `odqa demo` runs there; ENCODE_S is what
-# `machine_speed` measures, so the ratio of the two scales every other figure to this machine.
-REFERENCE = dict(
-    encode_s=0.034,           # one passage through the MiniLM at <= 128 tokens, batch 32 (`machine_speed`)
-    data_s=60, supervise_q_s=0.0015, index_s=240, filter_s=50, reader_init_s=40, deepspeed_start_s=30, doc_start_s=40,
-    run_start_s=30,           # loading the searcher, the reader and the baselines
-    # index_s: OPQ16,IVF256,PQ16 over 202k vectors a side took 5.8 CPU-minutes (1 thread, shared machine)
-    phrase_step_s=4.8,        # batch 16 at 192 passage tokens
-    phrase_encode_s=0.035,    # a passage through the phrase encoder (dump, validation)
-    query_q_s=0.1,            # a question an epoch of query-side tuning: its search and its share of the steps
-    doc_step_doc_s=0.2,       # per document of a training batch
-    doc_encode_s=0.031,       # a document summary at 128 tokens
-    search_q_s=0.015,         # a pre-filtered phrase search, k = 5-100 (1,000 NQ-test questions: 14 s at
-                              # k = 100, 11 s at k = 25, 1 thread; the reader's 7,489 at k = 5 in 128 s)
-    pretrain_step_s=3.0,      # batch 32 x 128 tokens, tiny preset
-    fid_token_s=0.0004,       # per (passage x token) of a training batch, tiny preset
-    read_token_s=0.00004,     # per (passage x token) read, greedy decoding, tiny preset
-    warm_fid_token_s=0.0010,  # the same for the bert2bert reader (MiniLM encoder, 2 decoder layers), span loss
-    warm_read_token_s=0.0002,
-    rerank_pair_s=0.12,       # a question-passage pair of a reranker training step (forward and backward,
-                              # <= 128 tokens; 400 steps of 8 x 4 pairs took 23 minutes on a float32-only
-                              # 2-core machine); scoring one is about encode_s
-    rerank_groups=0.45,       # share of the training questions with both kinds of passage in their top 20
-    memory_q_s=0.002,         # a question through both question encoders, batch 64 (17,595 in 33 s, bfloat16)
-)
-
-
-PRIOR_S = 300
-BF16_TRAIN_SPEEDUP = 1.4      # a FiD step under bfloat16 autocast on a CPU that computes it natively (docs/reader.md)
-# The warm reader's FiD step on a float32 CPU (docs/reader.md, "The reader's step on a float32 CPU"): ZeRO-0
-# against the reference's ZeRO-2 in one process, and the share of the step that holding the embeddings,
-# then each of the MiniLM's encoder blocks above them, fixed saves.
-ZERO0_TRAIN_SPEEDUP = 1.28
-FROZEN_EMBEDDINGS_SAVE, FROZEN_BLOCK_SAVE = 0.19, 0.085
-
-
 class Stage:
     def __init__(self, name: str, what: str, estimate_s: float, fn: Callable[[bool], dict],
                  settings: dict, outputs: list[Path], clean: list[Path] = ()):
@@ -209,30 +174,23 @@ class Demo:
             "memory", "run")}
 
     # --- the stages, in order -------------------------------------------------------------------
+    def estimates(self) -> Estimates:
+        return Estimates(self.cfg, self._sizes(), self._test_size, self._reader_bf16(), self._reader_frozen())
+
     def stages(self) -> list[Stage]:
-        c, p, ref = self.cfg, self.p, REFERENCE
-        n_pass, n_docs, n_train = self._sizes()
-        doc_s = ref["doc_encode_s"] * c.max_doc_tokens / 128      # one document summary encoded
-        phrase_epochs = c.phrase_epochs + len(c.phrase_round_lrs)
-        phrase_steps = phrase_epochs * (min(c.phrase_examples or n_train, n_train) // c.phrase_batch)
+        c, p, e = self.cfg, self.p, self.estimates()
+        n_pass, n_docs = e.n_pass, e.n_docs
         phrase_rounds = f", {1 + len(c.phrase_round_lrs)} rounds" if c.phrase_round_lrs else ""
-        doc_steps = c.doc_rounds * (min(c.doc_examples or n_train, n_train) // c.doc_batch)
-        query_questions = min(c.query_examples or n_train, n_train)
-        query_s = c.query_rounds * c.query_epochs * query_questions * ref["query_q_s"]
         query_settings = {"query_epochs": c.query_epochs, "query_examples": c.query_examples} | _set(c, "query_rounds", "seed")
-        rerank_questions = min(c.reranker_questions or n_train, n_train)
-        run_q = sum(self._test_size(name) for name in c.test_questions)
-        dev_questions = 17_600 * len(c.train_questions) / 2   # NQ-dev and TQA-dev hold 17,594 between them
         return [
-            Stage("data", "fetch the data pack, build passages and documents, BM25 index", ref["data_s"],
+            Stage("data", "fetch the data pack, build passages and documents, BM25 index", e.data(),
                   self.build_data, {"documents": c.documents, "corpus": str(self.corpus)}, [self.corpus / "bm25"]),
             Stage("supervise", "distant supervision: answer-bearing passages of the training questions",
-                  ref["supervise_q_s"] * dev_questions, self.supervise,
+                  e.supervise(), self.supervise,
                   {"questions": c.train_questions, "validation_percent": c.validation_percent},
                   [p["supervision"] / "train.jsonl"], [p["supervision"]]),
-            Stage("phrase", f"train the phrase encoder ({phrase_steps} steps of {c.phrase_batch}{phrase_rounds})",
-                  phrase_steps * ref["phrase_step_s"] * c.phrase_batch / 16 * c.max_passage_tokens / 192
-                  + c.validation_questions * ref["phrase_encode_s"] * phrase_epochs, self.train_phrase,
+            Stage("phrase", f"train the phrase encoder ({e.phrase_steps} steps of {c.phrase_batch}{phrase_rounds})",
+                  e.phrase(), self.train_phrase,
                   {k: getattr(c, k) for k in ("encoder", "phrase_examples", "phrase_epochs", "phrase_batch",
                                               "max_passage_tokens", "validation_questions")}
                   | _set(c, "phrase_round_lrs", "title_phrases", "seed"),
@@ -240,35 +198,31 @@ class Demo:
             Stage("index", f"dump the phrase vectors of {n_pass:,} passages, "
                            + (f"fit the phrase filter, keep {c.index_keep:.0%}, " if c.index_keep < 1 else "")
                            + f"{c.index_factory or 'OPQ + IVF-PQ'} index",
-                  n_pass * ref["phrase_encode_s"] * min(1.0, c.max_passage_tokens / 160) + ref["index_s"]
-                  + (ref["filter_s"] if c.index_keep < 1 else 0),
+                  e.index(),
                   # The default's kind is in the key, so a run made under an older default is rebuilt.
                   self.build_phrase_index,
                   {"factory": c.index_factory or "default: OPQ,IVF,PQ", "keep": c.index_keep} | _set(c, "seed"),
                   [p["phrase-index"]],
                   [p["phrase-dump"], p["phrase-index"]]),
             *([Stage("query", f"query-side fine-tuning against the index ({c.query_rounds * c.query_epochs} epochs "
-                              f"of {query_questions:,} questions"
+                              f"of {e.query_questions:,} questions"
                               + (f", {c.query_rounds} rounds)" if c.query_rounds > 1 else ")"),
-                     query_s, self.tune_query, query_settings,
+                     e.query(), self.tune_query, query_settings,
                      # the final fit's rounds go too: they came from this stage's settings
                      [], self.query_rounds() + self.query_rounds(final=True))]
               if c.query_epochs else []),
-            Stage("doc", f"train the document encoder ({doc_steps} steps), index {n_docs:,} documents, tune lambda",
-                  ref["doc_start_s"] + doc_steps * c.doc_batch * ref["doc_step_doc_s"] * (2 if c.doc_negatives != "none" else 1)
-                  * c.max_doc_tokens / 128
-                  + c.doc_rounds * (c.doc_validation_docs or n_docs) * doc_s + n_docs * doc_s
-                  + c.lambda_questions * ref["search_q_s"],
+            Stage("doc", f"train the document encoder ({e.doc_steps} steps), index {n_docs:,} documents, tune lambda",
+                  e.doc(),
                   self.train_doc, {k: getattr(c, k) for k in ("doc_examples", "doc_batch", "doc_rounds", "doc_negatives",
                                                               "max_doc_tokens", "doc_validation_docs", "top_docs",
                                                               "lambda_questions", "validation_questions",
                                                               "rerank_bm25")} | _set(c, "seed"),
                   [self.doc_model(), p["doc-index"]], [p["doc-r1"], p["doc-r2"], p["doc-index"]]),
             *([Stage("refit", "the query rounds again, on the training and validation questions",
-                     query_s * (1 + c.validation_percent / (100 - c.validation_percent)), self.refit_query,
+                     e.refit(), self.refit_query,
                      query_settings, [], self.query_rounds(final=True) + [p["query-final-data"]])]
               if c.query_epochs and c.query_final_fit else []),
-            Stage("reader", f"train the FiD reader ({self._reader_plan()})", self._reader_estimate(),
+            Stage("reader", f"train the FiD reader ({self._reader_plan()})", e.reader(),
                   self.train_reader, {k: getattr(c, k) for k in (
                       "reader_model", "reader_init", "reader_decoder_layers", "reader_pointer", "reader_passage_prior",
                       "reader_preset",
@@ -280,10 +234,8 @@ class Demo:
                   [p["reader-init"], p["reader-pretrain"], p["reader-data"], p["reader-gold"], p["reader"]]),
             # After the reader, so that turning it on or off reruns the run stage only.
             *([Stage("reranker", f"train the passage reranker on the top {c.rerank_depth} passages of "
-                                 f"{rerank_questions:,} training questions",
-                     (rerank_questions + c.reranker_validation) * ref["search_q_s"]
-                     + rerank_questions * ref["rerank_groups"] * 4 * ref["rerank_pair_s"]
-                     + c.reranker_validation * c.rerank_depth * ref["encode_s"],
+                                 f"{e.rerank_questions:,} training questions",
+                     e.reranker(),
                      self.train_reranker, {k: getattr(c, k) for k in ("encoder", "reranker_questions", "rerank_depth",
                                                                       "reranker_validation", "reranker_batch")}
                      | _set(c, "seed"),
@@ -291,15 +243,13 @@ class Demo:
               if c.reranker else []),
             # Before the run, after the reader: turning it on or off reruns the run stage only.
             *([Stage("memory", f"the answer memory: the questions of {', '.join(c.train_questions)}, encoded by "
-                               f"the search model", dev_questions * ref["memory_q_s"],
+                               f"the search model", e.memory(),
                      self.build_memory,
                      {"questions": c.train_questions}, [p["memory"]], [p["memory"]])]
               if c.answer_memory else []),
             Stage("run", f"`odqa run` on {c.run_limit or 'all'} questions of {', '.join(c.test_questions)}, "
                          f"k = {', '.join(map(str, c.run_k))}",
-                  # `odqa run` reads every k in one pass: the passages are encoded once, at the largest k
-                  ref["run_start_s"] + run_q * (ref["search_q_s"] + max(c.run_k) * c.text_maxlength * self._reader_token_s()[1])
-                  + (n_pass * ref["encode_s"] if "dense" in c.baselines else 0), self.run,
+                  e.run(), self.run,
                   {k: getattr(c, k) for k in ("test_questions", "run_limit", "run_k", "baselines", "examples")}
                   # the extractive answer's vote and filter: a run made under older ones is made again
                   | {"answer_vote": [ANSWER_DEPTH, ANSWER_TEMPERATURE], "answer_filter": ANSWER_FILTER_RULES},
@@ -313,12 +263,6 @@ class Demo:
             parts.append(f"{c.reader_gold_steps} gold-passage steps")
         return " + ".join(parts + [f"{c.reader_steps} FiD steps, k={c.reader_k}"])
 
-    def _reader_token_s(self) -> tuple[float, float]:
-        """Reference seconds per (passage x token) to train on and to read, for the reader the demo makes."""
-        if self.cfg.reader_model is None and self.cfg.reader_init == "warm":
-            return REFERENCE["warm_fid_token_s"], REFERENCE["warm_read_token_s"]
-        return REFERENCE["fid_token_s"], REFERENCE["read_token_s"]
-
     def _reader_bf16(self) -> bool:
         from odqa.common.device import cpu_has_bf16
         return self.cfg.reader_bf16 and cpu_has_bf16()
@@ -330,26 +274,6 @@ class Demo:
         if c.reader_init == "t5" and not c.reader_model:
             return {"freeze_embeddings": False, "freeze_layers": 0}
         return {"freeze_embeddings": c.reader_freeze_embeddings, "freeze_layers": c.reader_freeze_layers}
-
-    def _reader_estimate(self) -> float:
-        c, ref = self.cfg, REFERENCE
-        train_s, read_s = self._reader_token_s()
-        train_s /= BF16_TRAIN_SPEEDUP if self._reader_bf16() else 1.0
-        train_s /= ZERO0_TRAIN_SPEEDUP if c.reader_zero_stage == 0 else 1.0
-        frozen = self._reader_frozen()
-        if frozen["freeze_embeddings"]:
-            train_s *= 1 - FROZEN_EMBEDDINGS_SAVE - FROZEN_BLOCK_SAVE * frozen["freeze_layers"]
-        pretrain = c.pretrain_steps * ref["pretrain_step_s"] if c.reader_init == "t5" and not c.reader_model else 0
-        return ((0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"] * (2 if c.reader_gold_steps else 1)
-                + pretrain + c.text_maxlength * train_s * (c.reader_gold_steps * c.reader_gold_batch
-                                                           + c.reader_steps * c.reader_batch * c.reader_k)
-                + c.reader_validation * c.text_maxlength * read_s * (c.reader_gold_evals + c.reader_k) * 2
-                + (self._questions_searched() * ref["search_q_s"] if c.reader_passages == "phrase" else 0))
-
-    def _questions_searched(self) -> int:
-        """The training and validation questions whose passages the reader stage searches for."""
-        c, train = self.cfg, self._sizes()[2]
-        return min(c.reader_questions or train, train) + round(train * c.validation_percent / (100 - c.validation_percent))
 
     def _sizes(self) -> tuple[int, int, int]:
         """Passages, documents, training examples: as built, or the default data's before they are."""
@@ -727,9 +651,8 @@ class Demo:
                 calibrated = self.speed = machine_speed(self.encoder, self.corpus)
                 log.info("this machine takes %.2fx the reference machine's time to encode", self.speed)
             else:
-                # The calibration counts as PRIOR_S of observed stages, so one short stage cannot swing it.
                 spent, estimated = spent + took, estimated + s.estimate_s
-                self.speed = (calibrated * PRIOR_S + spent) / (PRIOR_S + estimated)
+                self.speed = refined(calibrated, spent, estimated)
             _say(f"[{i + 1}/{len(stages)}] {name} done in {_minutes(took)}: {json.dumps(result)}")
             self.record()
         if todo:
@@ -814,23 +737,6 @@ class Demo:
                           f"   generated:  {a.generated or '(empty)'}",
                           f"   top passage: {a.passages[0].title}: {a.passages[0].text[:150]}..."]
         return "\n".join(lines)
-
-
-def machine_speed(encoder: str, corpus: Path, n: int = 64) -> float:
-    """Seconds to encode a passage here over REFERENCE["encode_s"] (batch 32, <= 128 tokens), in float32
-    as on the reference machine: the stages train and dump in float32, and a CPU that computes bfloat16
-    natively would encode 2-4x faster in it than it trains, making every estimate short."""
-    import torch
-
-    from odqa.retriever.dense import MeanPoolEncoder
-    store = PassageStore(corpus)
-    texts = [f"{p['title']} {p['text']}" for _, p in zip(range(n), store)]
-    store.close()
-    enc = MeanPoolEncoder(encoder, max_tokens=128, dtype=torch.float32)
-    enc.encode(texts[:16], batch_size=16)    # warm-up
-    t0 = time.perf_counter()
-    enc.encode(texts, batch_size=32)
-    return (time.perf_counter() - t0) / max(len(texts), 1) / REFERENCE["encode_s"]
 
 
 def ensure_corpus(inputs: list[Path], out_dir: Path, max_words: int = 100) -> dict:

@@ -298,7 +298,7 @@ def test_machine_speed_times_float32_as_the_reference_machine_did(tmp_path, monk
 
     import odqa.retriever.dense as dense
     from odqa.common.corpus import build_corpus
-    from odqa.system.demo import machine_speed
+    from odqa.system.estimate import machine_speed
     dtypes = []
 
     class Timed:
@@ -566,3 +566,18 @@ def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_mo
     assert not any("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
     run_demo(world["root"] / "out", cfg=world["cfg"])   # the first demo's pipeline again, for the tests after this one
     assert default_pipeline()["memory"] == (world["root"] / "out" / "memory").resolve()
+
+
+def test_the_estimates_grow_with_the_work_and_follow_the_machine():
+    from odqa.system.estimate import PRIOR_S, Estimates, refined
+    cfg, sizes, frozen = DemoConfig(), (12_374, 10_033, 6_725), {"freeze_embeddings": False, "freeze_layers": 0}
+    base = Estimates(cfg, sizes, lambda name: 100, False, frozen)
+    assert Estimates(replace(cfg, reader_steps=2 * cfg.reader_steps), sizes, lambda name: 100, False, frozen).reader() \
+        > base.reader()
+    assert Estimates(cfg, sizes, lambda name: 100, True, frozen).reader() < base.reader()       # bf16 trains faster
+    assert Estimates(cfg, sizes, lambda name: 1000, False, frozen).run() > base.run()
+    assert Estimates(cfg, (2 * sizes[0], *sizes[1:]), lambda name: 100, False, frozen).index() > base.index()
+    assert base.phrase_steps == cfg.phrase_epochs * (min(cfg.phrase_examples or sizes[2], sizes[2]) // cfg.phrase_batch)
+    # the machine's speed: the calibration until stages finish, then pulled towards what they took
+    assert refined(2.0, 0.0, 0.0) == 2.0
+    assert refined(1.0, 3 * PRIOR_S, PRIOR_S) == 2.0
