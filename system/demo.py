@@ -30,6 +30,7 @@ stages took against their estimates.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -37,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
+
+import tomllib
 
 from odqa.common import datapack
 from odqa.common.artifact import fingerprint, read_manifest
@@ -134,23 +137,39 @@ class DemoConfig:
     examples: int = 3
 
 
-PRESETS = {
-    # Under 30 minutes on 2 CPU cores; the models are far from trained.
-    "demo": DemoConfig(),
-    # The schedules of the guides' measurements (hours on 2 CPU cores; a GPU makes them minutes):
-    # docs/retrieval.md's `phrase-e2` (two rounds) and `qft-e2-56` (three rounds of 2 query epochs),
-    # docs/prefilter.md's two-round document encoder, docs/reader.md's GPFPb (300 gold-passage steps,
-    # the best of 3 validations, then 1,800 FiD steps at k = 5 on the pipeline's own passages; the
-    # embeddings and 2 blocks held fixed, as in the demo preset: 55.3 minutes of training on a float32 CPU). It is
-    # evaluated as docs/reader.md's figures are: all of NQ-test and the first 3,000 questions of TriviaQA-test.
-    "full": DemoConfig(phrase_examples=None, phrase_round_lrs=[3e-5], max_passage_tokens=192,
-                       validation_questions=400, query_epochs=2, query_rounds=3, query_final_fit=True,
-                       doc_examples=2048, doc_rounds=2, doc_negatives="abstract", max_doc_tokens=128,
-                       doc_validation_docs=0, lambda_questions=500, reader_gold_steps=300, reader_gold_evals=3,
-                       reader_steps=1800, reader_passages="phrase", reader_questions=None, reader_validation=200,
-                       text_maxlength=160, test_questions=["nq-test", "tqa-test:3000"], run_limit=None,
-                       run_k=[5, 10, 25], baselines=["bm25", "dense"]),
-}
+PRESET_DIR = Path(__file__).parent / "presets"   # the shipped recipes: demo.toml, full.toml
+
+
+def preset_config(name_or_path: str | Path) -> DemoConfig:
+    """A recipe as a DemoConfig: a preset shipped in system/presets by name (demo, full), or a TOML or JSON
+    file of DemoConfig's fields, each one it names changed from the default. TOML has no null: "all"
+    stands for None in a count that None makes unlimited (phrase_examples, reader_questions, run_limit)."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESET_DIR / f"{name_or_path}.toml"
+        if not path.is_file():
+            names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.toml")))
+            raise InputError(f"unknown demo preset {str(name_or_path)!r}: one of {names}, or a .toml or .json file")
+    if not path.is_file():
+        raise InputError(f"{path}: no such preset file")
+    try:
+        text = path.read_text(encoding="utf-8")
+        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not a valid preset: {e}") from None
+    fields = {f.name: f for f in dataclasses.fields(DemoConfig)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise InputError(f"{path}: not demo settings: {', '.join(unknown)}")
+    values = {k: None if v == "all" and "int | None" in str(fields[k].type) else v for k, v in values.items()}
+    try:
+        return DemoConfig(**values)
+    except TypeError as e:
+        raise InputError(f"{path}: {e}") from None
+
+
+PRESETS = {p.stem: preset_config(p.stem) for p in sorted(PRESET_DIR.glob("*.toml"))}
+
 
 class Stage:
     def __init__(self, name: str, what: str, estimate_s: float, fn: Callable[[bool], dict],
@@ -767,14 +786,19 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def demo_config(preset: str | Path, out: Path, **overrides) -> DemoConfig:
+    """The preset's settings with `overrides` (those not None) in their place; a corpus of one's own
+    (`documents`) is built in the run's directory unless `corpus` says where, never over the default one."""
+    cfg = replace(preset_config(preset), **{k: v for k, v in overrides.items() if v is not None})
+    return replace(cfg, corpus=str(out / "corpus")) if cfg.documents and not cfg.corpus else cfg
+
+
 def run_demo(out_dir: str | Path | None = None, preset: str = "demo", cfg: DemoConfig | None = None,
              plan_only: bool = False, **overrides) -> str:
     """Runs (or reuses) every stage and returns the report table and the example answers."""
-    if cfg is None:
-        if preset not in PRESETS:
-            raise InputError(f"unknown demo preset {preset!r}: one of {', '.join(PRESETS)}")
-        cfg = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
-    out = Path(out_dir) if out_dir else odqa_home() / "runs" / ("demo" if preset == "demo" else f"demo-{preset}")
+    name = Path(preset).stem
+    out = Path(out_dir) if out_dir else odqa_home() / "runs" / ("demo" if name == "demo" else f"demo-{name}")
+    cfg = demo_config(preset, out, **overrides) if cfg is None else cfg
     if plan_only:
         return Demo(cfg, out).plan()
     out.mkdir(parents=True, exist_ok=True)

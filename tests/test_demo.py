@@ -581,3 +581,27 @@ def test_the_estimates_grow_with_the_work_and_follow_the_machine():
     # the machine's speed: the calibration until stages finish, then pulled towards what they took
     assert refined(2.0, 0.0, 0.0) == 2.0
     assert refined(1.0, 3 * PRIOR_S, PRIOR_S) == 2.0
+
+
+def test_the_recipes_are_files_and_a_file_of_ones_own_runs_the_same_way(tmp_path):
+    from odqa.common.io import InputError
+    from odqa.system.demo import PRESET_DIR, demo_config, preset_config
+    assert sorted(p.stem for p in PRESET_DIR.glob("*.toml")) == sorted(PRESETS) == ["demo", "full"]
+    assert preset_config("demo") == DemoConfig()                    # the demo preset changes nothing
+    full = preset_config(PRESET_DIR / "full.toml")
+    assert full == PRESETS["full"] and full.run_limit is None and full.phrase_examples is None   # "all"
+    mine = tmp_path / "mine.toml"
+    mine.write_text('reader_steps = 7\nrun_k = [3]\nrun_limit = "all"\n')
+    assert preset_config(mine) == replace(DemoConfig(), reader_steps=7, run_k=[3], run_limit=None)
+    (tmp_path / "mine.json").write_text('{"reader_steps": 7, "run_limit": null}')
+    assert preset_config(tmp_path / "mine.json") == replace(DemoConfig(), reader_steps=7, run_limit=None)
+    (tmp_path / "bad.toml").write_text("reader_stpes = 7\n")
+    with pytest.raises(InputError, match="bad.toml: not demo settings: reader_stpes"):
+        preset_config(tmp_path / "bad.toml")
+    with pytest.raises(InputError, match="unknown demo preset 'fast': one of demo, full"):
+        preset_config("fast")
+    # the recipe on a corpus of one's own: built in the run's directory, not over the default corpus
+    out = tmp_path / "out"
+    assert demo_config("full", out, documents="psgs.tsv.gz").corpus == str(out / "corpus")
+    assert demo_config("full", out, documents="psgs.tsv.gz", corpus="/data/c").corpus == "/data/c"
+    assert demo_config("demo", out).corpus is None

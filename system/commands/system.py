@@ -59,6 +59,7 @@ def shown(path) -> str:
 def cmd_demo(args) -> None:
     from odqa.system.demo import run_demo
     print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, encoder=args.encoder,
+                   documents=args.documents, corpus=args.corpus,
                    reader_model=args.reader_model, reranker=args.reranker, seed=args.seed), end="")
 
 
@@ -161,8 +162,14 @@ def add(sub) -> None:
                 description="Fetch the data, build the corpus, train the phrase, document and FiD models on "
                             "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
                             "the report and three answers. A rerun reuses every finished stage.")
-    p.add_argument("--preset", default="demo", help="demo (under 30 min on 2 CPU cores) or full (the README's "
-                                                    "schedules, whole test sets)")
+    p.add_argument("--preset", default="demo", help="demo (under 30 min on 2 CPU cores), full (the README's "
+                                                    "schedules, whole test sets), or a TOML or JSON file of the demo's "
+                                                    "settings (system/presets/*.toml are the two)")
+    p.add_argument("--documents", default=None, metavar="FILE",
+                   help="run the recipe on a corpus of your own: any `odqa corpus build` input (DPR's TSV, passages "
+                        "or documents JSONL, compressed or not), built into --corpus (default OUT/corpus)")
+    p.add_argument("--corpus", default=None, metavar="DIR",
+                   help="where the corpus is built (default: the default corpus, or OUT/corpus with --documents)")
     p.add_argument("--out", type=Path, default=None,
                    help="where the stages write (default: $ODQA_HOME/runs/demo, or demo-PRESET)")
     p.add_argument("--plan", action="store_true", help="print the stages, which are done, and the time estimate; "
