@@ -4,10 +4,11 @@ here, so that building the CLI's parser (and `odqa --help`) loads no torch. Fiel
 `odqa.common.settings`; the optimiser settings are its `OptimArgs`, embedded."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from odqa.common.io import InputError
-from odqa.common.settings import OUT, OptimArgs, arg, listed, required
+from odqa.common.settings import OUT, OptimArgs, arg, check_ranges, listed, required
 
 DECODING = ("spans", "free")     # answers are passage spans | any tokens
 # Reading may also choose among the retriever's phrases and the spans answer (reader/fusion.py);
@@ -19,6 +20,29 @@ PRESETS = {
     "small": dict(vocab=32_000, d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64),
     "base": dict(vocab=32_000, d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64),
 }
+
+
+@dataclass(kw_only=True)
+class ReaderSettings:
+    """How the FiD reader reads: the one home of each reading setting, its default and its help. `read`,
+    `ask`, `serve` and `run` make their flags from it; `Pipeline.ask` and `odqa.load` take its fields."""
+    batch_size: int = arg(8, "questions per generate() call", range="positive")
+    text_maxlength: int = arg(200, "reader tokens per question+passage", range="positive")
+    max_new_tokens: int = arg(32, "generated tokens at most", range="positive", flag="--answer-maxlength")
+    num_beams: int = arg(1, "beam size; 1 is greedy", range="positive", aliases=["--beams"])
+    decoding: str = arg("spans", "spans: the answer is a span of an input passage; free: any tokens; phrases: the "
+                                 "spans answer or a passage's best phrase, whichever the reader and the phrase scores "
+                                 "prefer (reader/fusion.py)", choices=READ_DECODING)
+
+    @classmethod
+    def of(cls, settings) -> "ReaderSettings":
+        """The reading settings of an object that holds them among others (`RunArgs`, parsed flags)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
+
+    def __post_init__(self):
+        check_ranges(self)
+        if self.decoding not in READ_DECODING:
+            raise InputError(f"--decoding must be one of {', '.join(READ_DECODING)}, not {self.decoding!r}")
 
 
 @dataclass(kw_only=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from odqa.common.settings import OUT, arg, listed, required
+from odqa.reader.args import ReaderSettings
 from odqa.retriever.args import SearchConfig
 
 
 @dataclass
-class RunArgs(SearchConfig):
-    """`odqa run`'s own settings, and every search setting (`SearchConfig`, embedded)."""
+class RunArgs(SearchConfig, ReaderSettings):
+    """`odqa run`'s own settings, and every search and reading setting (`SearchConfig`, `ReaderSettings`,
+    embedded)."""
     out_dir: str = required("where the files and the report go", **OUT)
     index: str | None = arg(None, "phrase index directory (default: the default pipeline's)")
     model: str | None = arg(None, "phrase model checkpoint (default: the default pipeline's)")
@@ -27,10 +29,6 @@ class RunArgs(SearchConfig):
     corpus: str | None = arg(None, "`odqa corpus build` output (default: the default corpus)")
     baselines: list[str] = listed(["bm25", "dense"], "other retrievers on the Top-k plot: bm25, dense, or none")
     dense_encoder: str | None = arg(None, "encoder of the dense baseline (default: the data pack's MiniLM)")
-    batch_size: int = arg(8, "questions per reader batch")
-    text_maxlength: int = arg(200, "reader tokens per question+passage")
-    decoding: str = arg("spans", "the reader's decoding: spans (answers are passage spans), free, or phrases "
-                                 "(the spans answer or a passage's best phrase, reader/fusion.py)")
     memory: str | None = arg(None, "answer memory (`odqa build-memory`; default: the default pipeline's, with its "
                                    "model): nearby training questions lend their answers to the vote")
     no_memory: bool = arg(False, "without the default pipeline's answer memory")

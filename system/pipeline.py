@@ -16,28 +16,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from odqa.common.device import pick_device
 from odqa.common.io import InputError, read_json
 from odqa.common.results import Answer, Document, Neighbour, Passage, Phrase
+from odqa.reader.args import ReaderSettings
 from odqa.reader.fid_data import FiDExample
 from odqa.reader.read import generate_answers, load_reader
 from odqa.retriever.args import SearchConfig
 from odqa.retriever.searcher import UNITS, open_searcher, top_phrase
 
 MAX_K = 100
-
-
-@dataclass
-class ReaderSettings:
-    text_maxlength: int = 200
-    max_new_tokens: int = 32
-    num_beams: int = 1
-    batch_size: int = 8
-    decoding: str = "spans"          # spans: the answer is a passage span (reader/spans.py) | free | phrases
 
 
 READER_SETTINGS = tuple(f.name for f in dataclasses.fields(ReaderSettings))

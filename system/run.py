@@ -31,6 +31,7 @@ from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
 from odqa.common.ranks import current, parts_beside
 from odqa.common.retrieval_file import read_results, write_results
+from odqa.reader.args import ReaderSettings
 from odqa.reader.read import ECHO_RETRIES, load_reader, read_with_ks
 from odqa.retriever.args import ANSWER_FILTER_RULES
 from odqa.retriever.retrieve import retrieve, retrieve_phrases
@@ -125,7 +126,10 @@ def run(args: RunArgs) -> list[dict]:
             # echo_retries: predictions of the decoding before echoes were decoded again are read anew;
             # dtype: those read in another precision too
             p_keys[k] = {"retrieval": passages_key, "k": k, "reader": reader_fp, "text_maxlength": args.text_maxlength,
-                         "decoding": args.decoding, "echo_retries": ECHO_RETRIES, "dtype": dtype}
+                         "decoding": args.decoding, "echo_retries": ECHO_RETRIES, "dtype": dtype,
+                         # in the key only when changed: the files read with the defaults stay valid
+                         **{name: getattr(args, name) for name in ("max_new_tokens", "num_beams")
+                            if getattr(args, name) != getattr(ReaderSettings, name)}}
         # Every k still to read is read in one pass over the largest one's file: the encoder runs once.
         stale = [k for k in sorted(args.k) if cached_key(pred_files[k], p_keys[k]) is None]
         read_now = set()
@@ -133,7 +137,8 @@ def run(args: RunArgs) -> list[dict]:
         def make_predictions():
             if not read_now:
                 read_with_ks(*reader(), fid_files[stale[-1]], {k: pred_files[k] for k in stale},
-                             batch_size=args.batch_size, text_maxlength=args.text_maxlength, device=device,
+                             batch_size=args.batch_size, text_maxlength=args.text_maxlength,
+                             max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, device=device,
                              decoding=args.decoding, parts=parts_beside(pred_files[stale[-1]]),
                              key=[p_keys[k] for k in stale])
                 read_now.update(stale)

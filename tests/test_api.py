@@ -110,21 +110,25 @@ def test_import_odqa_loads_no_torch():
     assert out.strip() == "[]"
 
 
-def test_each_search_setting_is_one_flag_of_every_command_that_searches():
-    """SearchConfig is the one declaration: every field is exactly one flag of each command that searches,
-    with the field's default, and `odqa run`'s settings embed it whole."""
+@pytest.mark.parametrize("config, commands", [
+    ("SearchConfig", ("retrieve", "ask", "serve", "run", "tune-lambda")),
+    ("ReaderSettings", ("read", "ask", "serve", "run"))])
+def test_each_setting_is_one_flag_of_every_command_that_uses_it(config, commands):
+    """SearchConfig and ReaderSettings are the one declaration of their settings: every field is exactly
+    one flag of each command that searches (reads), with the field's default, and `odqa run`'s settings
+    embed both whole."""
     import dataclasses
 
+    from odqa.common.settings import flag_of
+    from odqa.reader.args import ReaderSettings
     from odqa.retriever.args import SearchConfig
     from odqa.system.args import RunArgs
     from odqa.system.cli import build_parser
-    commands = build_parser()._subparsers._group_actions[0].choices
-    for name in ("retrieve", "ask", "serve", "run", "tune-lambda"):
-        parser = commands[name]
-        for f in dataclasses.fields(SearchConfig):
-            flag = "--" + f.name.replace("_", "-")
-            owners = [a for a in parser._actions if flag in a.option_strings]
-            assert len(owners) == 1 and owners[0].dest == f.name, (name, flag)
-            assert owners[0].default == f.default, (name, flag)
-    assert {f.name for f in dataclasses.fields(SearchConfig)} <= {f.name for f in dataclasses.fields(RunArgs)}
-    assert issubclass(RunArgs, SearchConfig)
+    cls = {"SearchConfig": SearchConfig, "ReaderSettings": ReaderSettings}[config]
+    parsers = build_parser()._subparsers._group_actions[0].choices
+    for name in commands:
+        for f in dataclasses.fields(cls):
+            owners = [a for a in parsers[name]._actions if flag_of(f) in a.option_strings]
+            assert len(owners) == 1 and owners[0].dest == f.name, (name, f.name)
+            assert owners[0].default == f.default, (name, f.name)
+    assert issubclass(RunArgs, cls)

@@ -116,9 +116,10 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         if rule is not None:
             conv = {("positive", int): positive_int, ("positive", float): positive_float,
                     ("non_negative", float): non_negative_float}[rule, conv]
+        choices = {"choices": meta["choices"]} if "choices" in meta else {"metavar": flag.lstrip("-").upper().replace("-", "_")}
         add_flag(p, flag, meta.get("aliases", ()), required=required, dest=f.name, type=conv,
                  nargs="+" if kind.startswith("list") else None, default=None if required else default,
-                 metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_ + shown)
+                 help=help_ + shown, **choices)
 
 
 def dataclass_from_args(cls, args):

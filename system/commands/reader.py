@@ -5,10 +5,9 @@ import argparse
 import os
 from pathlib import Path
 
-from odqa.reader.args import PRESETS, READ_DECODING, ClozeArgs, LoopArgs, PretrainArgs, ReaderArgs
+from odqa.reader.args import PRESETS, ClozeArgs, LoopArgs, PretrainArgs, ReaderArgs, ReaderSettings
 from odqa.system.commands.args import (
     add_dataclass_args,
-    add_flag,
     command,
     config_arg,
     corpus_arg,
@@ -84,9 +83,10 @@ def cmd_read(args) -> None:
     from odqa.common.ranks import current, parts_beside
     from odqa.reader.read import read
     # Under a launcher each rank reads its share of the questions; a killed run resumes its batches.
-    r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=args.batch_size,
-             text_maxlength=args.text_maxlength, max_new_tokens=args.answer_maxlength, num_beams=args.num_beams,
-             limit=args.limit, decoding=args.decoding, parts=parts_beside(args.out), key=stage_key(args))
+    s = ReaderSettings.of(args)
+    r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=s.batch_size,
+             text_maxlength=s.text_maxlength, max_new_tokens=s.max_new_tokens, num_beams=s.num_beams,
+             limit=args.limit, decoding=s.decoding, parts=parts_beside(args.out), key=stage_key(args))
     if current().main:
         print(f"EM {r['em']:.2f} on {r['questions']} questions (k={r['k']}, {r['questions'] / r['seconds']:.1f} "
               f"questions/s) -> {args.out}")
@@ -155,13 +155,5 @@ def add(sub) -> None:
     p.add_argument("--input", type=Path, required=True, help="retrieval file (DPR/FiD JSON or JSONL)")
     p.add_argument("--out", type=Path, required=True, help="predictions JSONL")
     p.add_argument("--k", type=positive_int, default=10, help="passages per question (default 10)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="questions per generate() call (default 8)")
-    p.add_argument("--text-maxlength", type=positive_int, default=200, help="tokens per question+passage (default 200)")
-    p.add_argument("--answer-maxlength", type=positive_int, default=32, help="generated tokens at most (default 32)")
-    add_flag(p, "--num-beams", ["--beams"], dest="num_beams", type=positive_int, default=1,
-             help="beam size; 1 is greedy (default 1)")
-    p.add_argument("--decoding", choices=READ_DECODING, default="spans",
-                   help="spans: the answer is a span of an input passage; free: any tokens; phrases: the spans "
-                        "answer or a passage's best phrase (ctxs[].phrase of a phrase retrieval file), whichever "
-                        "the reader and the phrase scores prefer (default spans)")
+    add_dataclass_args(p, ReaderSettings)   # --decoding phrases reads ctxs[].phrase of a phrase retrieval file
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")

@@ -7,11 +7,10 @@ import os
 from pathlib import Path
 
 from odqa.common.device import pick_device
-from odqa.reader.args import READ_DECODING
+from odqa.reader.args import ReaderSettings
 from odqa.system.args import RunArgs
 from odqa.system.commands.args import (
     add_dataclass_args,
-    add_flag,
     command,
     corpus_arg,
     dataclass_from_args,
@@ -26,23 +25,15 @@ def system_args(p: argparse.ArgumentParser) -> None:
     phrase_index_args(p)
     p.add_argument("--reader", type=Path, default=None, help="FiD reader checkpoint (train-reader OUT/best; "
                                                              "default: the default pipeline's)")
-    p.add_argument("--text-maxlength", type=positive_int, default=200, help="reader tokens per passage (default 200)")
-    add_flag(p, "--num-beams", dest="num_beams", type=positive_int, default=1,
-             help="beam size for generation (default 1: greedy)")
-    p.add_argument("--decoding", choices=READ_DECODING, default="spans",
-                   help="spans: the generated answer is a span of a passage; free: any tokens; phrases: the spans "
-                        "answer or a passage's best phrase, whichever the reader and the phrase scores prefer "
-                        "(default spans)")
+    add_dataclass_args(p, ReaderSettings)
     corpus_arg(p)
 
 
 def pipeline(args):
     from odqa.common.defaults import fill_defaults
-    from odqa.system.pipeline import Pipeline, ReaderSettings
+    from odqa.system.pipeline import Pipeline
     fill_defaults(args, reader=True)
-    return Pipeline.load(phrase_searcher(args), args.reader,
-                         ReaderSettings(text_maxlength=args.text_maxlength, num_beams=args.num_beams,
-                                        decoding=args.decoding))
+    return Pipeline.load(phrase_searcher(args), args.reader, ReaderSettings.of(args))
 
 
 def shown(path) -> str:
