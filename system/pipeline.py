@@ -127,10 +127,12 @@ class Pipeline:
         return answer
 
 
-def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, dict[str, Path]]:
-    """(the record's file, its artifacts): "default" is $ODQA_HOME/pipeline.json (what `odqa demo`
-    records); a directory is its pipeline.json (a demo's run directory has one); a file is read as is.
-    A recorded path that is gone is refused by name: a pipeline is not loaded without a part."""
+def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, dict[str, Path], dict]:
+    """(the record's file, its artifacts, its settings): "default" is $ODQA_HOME/pipeline.json (what
+    `odqa demo` records); a directory is its pipeline.json (a demo's run directory has one); a file is
+    read as is. A recorded path that is gone is refused by name: a pipeline is not loaded without a
+    part. "settings", where the record has it, holds search and reading settings (`SearchConfig`'s and
+    `ReaderSettings`' fields) that the pipeline runs with."""
     from odqa.common.defaults import ARTIFACTS, pipeline_file
     path = pipeline_file() if str(name_or_path) == "default" else Path(name_or_path).expanduser()
     if path.is_dir():
@@ -139,25 +141,34 @@ def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, 
         hint = "run `odqa demo` to build the default pipeline" if str(name_or_path) == "default" else \
             "give the default, a pipeline.json, or a directory holding one"
         raise InputError(f"no pipeline record at {path}: {hint}")
-    recorded = {k: Path(v) for k, v in read_json(path).items() if k in ARTIFACTS and v}
+    record = read_json(path)
+    recorded = {k: Path(v) for k, v in record.items() if k in ARTIFACTS and v}
     for name in ("phrase_index", "phrase_model", "reader", "corpus"):
         if name not in recorded:
             raise InputError(f"{path} records no {ARTIFACTS[name][1]}")
     gone = [f"{ARTIFACTS[k][1]} ({v})" for k, v in recorded.items() if k != "supervision" and not v.exists()]
     if gone:
         raise InputError(f"{path} records what is no longer there: {', '.join(gone)}")
-    return path, recorded
+    settings = record.get("settings", {})
+    unknown = set(settings) - set(SEARCH_SETTINGS) - set(READER_SETTINGS) if isinstance(settings, dict) else {"?"}
+    if unknown:
+        raise InputError(f"{path}: \"settings\" holds what is not a search or reading setting: {', '.join(sorted(unknown))}")
+    return path, recorded, settings
 
 
 def load(name_or_path: str | os.PathLike = "default", device: str | None = None, **settings) -> Pipeline:
-    """The pipeline a record names (`pipeline_record`), its searcher and reader loaded; `settings`
-    (search or reader settings, as `Pipeline.ask` takes them) become the pipeline's own."""
-    _, r = pipeline_record(name_or_path)
+    """The pipeline a record names (`pipeline_record`), its searcher and reader loaded, with the record's
+    settings and then `settings` (search or reading settings, as `Pipeline.ask` takes them) as its own."""
+    path, r, recorded = pipeline_record(name_or_path)
     unknown = set(settings) - set(SEARCH_SETTINGS) - set(READER_SETTINGS)
     if unknown:
         raise InputError(f"unknown settings: {', '.join(sorted(unknown))}")
-    search = SearchConfig(**{k: v for k, v in settings.items() if k in SEARCH_SETTINGS})
-    reader = ReaderSettings(**{k: v for k, v in settings.items() if k in READER_SETTINGS})
+    settings = {**recorded, **settings}
+    try:
+        search = SearchConfig(**{k: v for k, v in settings.items() if k in SEARCH_SETTINGS})
+        reader = ReaderSettings(**{k: v for k, v in settings.items() if k in READER_SETTINGS})
+    except InputError as e:
+        raise InputError(f"{path} with {settings}: {e}") from None
     both = {"doc_index", "doc_model"} <= set(r)
     searcher = open_searcher(r["phrase_index"], r["phrase_model"], r["corpus"], r["doc_index"] if both else None,
                              r["doc_model"] if both else None, search, reranker=r.get("reranker"), memory=r.get("memory"))

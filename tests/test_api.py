@@ -98,6 +98,17 @@ def test_load_takes_the_default_a_directory_or_a_file_and_names_what_is_missing(
     gone.write_text(json.dumps({**recorded, "reader": str(record / "no-reader")}))
     with pytest.raises(InputError, match="no-reader"):
         odqa.load(gone)
+    tuned = isolated_home / "tuned.json"   # a record's own settings, which load's keywords override
+    tuned.write_text(json.dumps({**recorded, "settings": {"answer_depth": 1, "decoding": "free"}}))
+    qa = odqa.load(tuned)
+    assert (qa.searcher.config.answer_depth, qa.settings.decoding) == (1, "free")
+    assert odqa.load(tuned, answer_depth=3).searcher.config.answer_depth == 3
+    tuned.write_text(json.dumps({**recorded, "settings": {"depth": 1}}))
+    with pytest.raises(InputError, match="tuned.json: \"settings\" holds what is not a search or reading setting: depth"):
+        odqa.load(tuned)
+    tuned.write_text(json.dumps({**recorded, "settings": {"answer_depth": 0}}))
+    with pytest.raises(InputError, match="--answer-depth: must be at least 1"):
+        odqa.load(tuned)
     partial = isolated_home / "partial.json"
     partial.write_text(json.dumps({k: v for k, v in recorded.items() if k != "phrase_index"}))
     with pytest.raises(InputError, match="records no phrase index"):
