@@ -95,9 +95,9 @@ class Pipeline:
                    for q, r, g in zip(questions, results, generated)]
         return answers[0] if single else answers
 
-    def answer(self, questions: list[str], k: int = 10) -> list[dict]:
+    def answer(self, questions: list[str], k: int = 10, **overrides) -> list[dict]:
         """`ask` as JSON-ready dicts (`Answer.to_dict`), as the server returns them."""
-        return [a.to_dict() for a in self.ask(list(questions), k)]
+        return [a.to_dict() for a in self.ask(list(questions), k, **overrides)]
 
     def search(self, questions: str | Sequence[str], k: int = 10, unit: str = "passage", **overrides) -> list:
         """The top k phrases, passages or documents (`unit`) of one question (a list of them), or of each

@@ -1,6 +1,7 @@
 """`odqa serve`: the pipeline over HTTP (FastAPI; OpenAPI docs at /docs).
 
-    POST /answer {"question": str, "k": int = 10} -> {"extractive", "generated", "passages", "timings"}
+    POST /answer {"question": str, "k": int = 10, "settings": {...} = {}}
+                   -> {"extractive", "generated", "passages", "timings"}
     GET  /health   200 {"status": "ready", ...}; 503 {"status": "loading"} while the models load
     GET  /metrics  Prometheus text: requests by status, queue depth, batch sizes, stage latencies
     GET  /         a page to ask questions on (system/static/index.html; ?q=...&k=... asks at once)
@@ -15,7 +16,9 @@ Retry-After, when `max_queue` requests are waiting, or when the work ahead of it
 in flight, times the measured seconds a request) exceeds `max_queue_s`. One not answered within
 `timeout_s` gets 503 and is dropped from its batch if the batch has not started (a started batch goes
 on for the others). Bad input is a 422 with pydantic's message, repeating at most 100 characters of
-the input; a body over 16 KB is a 413. An error inside the pipeline is a 500 for the bad request only:
+the input; a body over 16 KB is a 413. "settings" changes search or reading settings for one request
+(`SearchConfig`'s and `ReaderSettings`' fields, as `Pipeline.ask` takes them), within SETTING_LIMITS;
+requests are batched only with those of the same k and settings. An error inside the pipeline is a 500 for the bad request only:
 a batch that raises is answered again one request at a time. On shutdown, requests in flight are
 answered before the worker stops.
 """
@@ -37,9 +40,12 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
-from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-from odqa.system.pipeline import MAX_K
+from odqa.common.io import InputError
+from odqa.reader.args import ReaderSettings
+from odqa.retriever.args import SearchConfig
+from odqa.system.pipeline import MAX_K, READER_SETTINGS, SEARCH_SETTINGS
 
 log = logging.getLogger(__name__)
 MAX_QUESTION_CHARS = 500
@@ -47,11 +53,35 @@ MAX_BODY_BYTES = 16_384          # a question of 500 characters is at most 2 KB 
 ECHO_CHARS = 100                 # how much of a refused input a 422 repeats
 STATIC = Path(__file__).parent / "static"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# What one request may ask for: each setting's ceiling, so that no request costs the server much more
+# than its k allows (a deeper vote or pre-filter searches more; beams and tokens decode longer).
+# nprobe is the index's, set when it opens; batch_size is the server's own batching.
+SETTING_LIMITS = {"top_docs": 1000, "rerank_depth": MAX_K, "answer_depth": MAX_K, "memory_neighbours": 20,
+                  "max_answer_tokens": 20, "num_beams": 8, "max_new_tokens": 64, "text_maxlength": 512}
+REQUEST_SETTINGS = tuple(n for n in SEARCH_SETTINGS + READER_SETTINGS if n not in ("nprobe", "batch_size"))
 
 
 class AnswerRequest(BaseModel):
     question: StrictStr = Field(description="the question, 1 to 500 characters")
     k: StrictInt = Field(10, ge=1, le=MAX_K, description="passages to retrieve and read")
+    settings: dict[str, StrictBool | StrictInt | StrictFloat | StrictStr] = Field(
+        default_factory=dict, description="search or reading settings for this request: " + ", ".join(REQUEST_SETTINGS))
+
+    @field_validator("settings")
+    @classmethod
+    def _settings(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - set(REQUEST_SETTINGS))
+        if unknown:
+            raise ValueError(f"not request settings: {', '.join(unknown)[:ECHO_CHARS]} (they are: {', '.join(REQUEST_SETTINGS)})")
+        over = [f"{n} at most {SETTING_LIMITS[n]}" for n in v if n in SETTING_LIMITS and v[n] > SETTING_LIMITS[n]]
+        if over:
+            raise ValueError(f"settings over this server's limits: {', '.join(over)}")
+        try:   # the settings' own ranges and kinds, as the flags and odqa.load check them
+            SearchConfig(**{n: x for n, x in v.items() if n in SEARCH_SETTINGS})
+            ReaderSettings(**{n: x for n, x in v.items() if n in READER_SETTINGS})
+        except InputError as e:
+            raise ValueError(str(e)) from None
+        return v
 
     @field_validator("question")
     @classmethod
@@ -203,10 +233,10 @@ class Batcher:
                 except asyncio.TimeoutError:
                     break
             self.metrics.queue_depth.set(self.queue.qsize())
-            by_k: dict[int, list[_Pending]] = {}
+            alike: dict[tuple, list[_Pending]] = {}   # one pipeline call answers one k and one set of settings
             for p in batch:
-                by_k.setdefault(p.request.k, []).append(p)
-            for k, group in by_k.items():
+                alike.setdefault((p.request.k, tuple(sorted(p.request.settings.items()))), []).append(p)
+            for (k, _), group in alike.items():
                 await self._answer(k, group)
 
     async def _answer(self, k: int, group: list[_Pending]) -> None:
@@ -218,7 +248,8 @@ class Batcher:
         start = time.perf_counter()
         self.in_flight = len(group)
         try:
-            answers = await asyncio.to_thread(self.pipeline.answer, [p.request.question for p in group], k)
+            answers = await asyncio.to_thread(self.pipeline.answer, [p.request.question for p in group], k,
+                                              **group[0].request.settings)
         except Exception as e:  # noqa: BLE001 -- one failed batch must not stop the worker
             self.in_flight = 0
             if len(group) > 1:

@@ -63,6 +63,23 @@ def test_server_answers_and_validates(system):
         assert "/answer" in client.get("/openapi.json").json()["paths"]
 
 
+def test_a_request_may_change_settings_within_the_servers_limits(system):
+    from odqa.system.serve import SETTING_LIMITS
+    with TestClient(create_app(system["pipeline"], max_batch=4, max_wait_ms=5)) as client:
+        asked = {"question": "who won the first nobel prize in physics", "k": 3}
+        first = client.post("/answer", json={**asked, "settings": {"answer_depth": 1, "decoding": "free"}})
+        assert first.status_code == 200, first.text
+        body = first.json()
+        assert body["extractive"]["text"] == body["passages"][0]["phrase"]["text"]    # no vote: the first phrase
+        assert system["pipeline"].searcher.config.answer_depth != 1                 # the server's own are unchanged
+        for bad, said in (({"depth": 1}, "not request settings: depth"), ({"nprobe": 8}, "not request settings: nprobe"),
+                          ({"answer_depth": 0}, "--answer-depth: must be at least 1"),
+                          ({"answer_depth": SETTING_LIMITS["answer_depth"] + 1}, "over this server's limits"),
+                          ({"decoding": "beam"}, "--decoding must be one of"), ({"num_beams": [2]}, "")):
+            r = client.post("/answer", json={**asked, "settings": bad})
+            assert r.status_code == 422 and said in r.text, (bad, r.text)
+
+
 def test_a_reader_error_is_a_500_and_the_server_keeps_serving(system, monkeypatch):
     pipeline = system["pipeline"]
     with TestClient(create_app(pipeline)) as client:
@@ -199,7 +216,7 @@ class SlowPipeline:
     def __init__(self, seconds: float):
         self.seconds, self.asked = seconds, []
 
-    def answer(self, questions, k=10):
+    def answer(self, questions, k=10, **settings):
         import time
         time.sleep(self.seconds)
         self.asked += questions
@@ -338,10 +355,10 @@ def test_the_page_asks_and_shows_both_answers_in_headless_chromium(system):
 class FussyPipeline(SlowPipeline):
     """Raises for a whole batch when any question in it contains "boom", as a tokenizer does on bad text."""
 
-    def answer(self, questions, k=10):
+    def answer(self, questions, k=10, **settings):
         if any("boom" in q for q in questions):
             raise ValueError("cannot encode this question")
-        return super().answer(questions, k)
+        return super().answer(questions, k, **settings)
 
 
 def test_a_bad_request_batched_with_good_ones_fails_alone_and_input_is_checked_at_the_edge():
