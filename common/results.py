@@ -37,34 +37,31 @@ class Phrase:
         return asdict(self)
 
 
+class _Unit:
+    """A passage's or a document's dict form: its phrase nested as `Phrase`'s."""
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        return cls(**{**_known(cls, d), "phrase": Phrase.from_dict(d.get("phrase"))})
+
+    def to_dict(self) -> dict:
+        return asdict(self)   # the phrase, a dataclass too, becomes its dict
+
+
 @dataclass(frozen=True)
-class Passage:
+class Passage(_Unit):
     id: str
     title: str
     text: str
     score: float
     phrase: Phrase | None = None   # its best phrase for the question
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Passage":
-        return cls(**{**_known(cls, d), "phrase": Phrase.from_dict(d.get("phrase"))})
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "phrase": None if self.phrase is None else self.phrase.to_dict()}
-
 
 @dataclass(frozen=True)
-class Document:
+class Document(_Unit):
     id: str
     score: float
     phrase: Phrase | None = None   # its best phrase for the question
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Document":
-        return cls(**{**_known(cls, d), "phrase": Phrase.from_dict(d.get("phrase"))})
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "phrase": None if self.phrase is None else self.phrase.to_dict()}
 
 
 @dataclass(frozen=True)
