@@ -56,7 +56,8 @@ class SearchConfig:
     answer_depth: int = arg(ANSWER_DEPTH, "the extractive answer is the phrase string the top N passages vote for "
                                           "most, each weighted by exp((score - best score) / --answer-temperature); "
                                           "1: the first passage's phrase", range="positive")
-    answer_temperature: float = arg(ANSWER_TEMPERATURE, "temperature of that vote, in the ranking's score units", range="positive")
+    answer_temperature: float = arg(ANSWER_TEMPERATURE, "temperature of that vote, in the ranking's score units",
+                                    range="positive")
     memory_threshold: float = arg(MEMORY_THRESHOLD, "cosine a memory question needs to lend its answers")
     memory_weight: float = arg(MEMORY_WEIGHT, "votes a memory question lends, times its cosine", range="non_negative")
     memory_neighbours: int = arg(MEMORY_NEIGHBOURS, "nearest memory questions consulted", range="positive")

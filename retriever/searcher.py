@@ -484,7 +484,8 @@ class Searcher:
             for p in phrases:
                 if len(kept) == k:
                     break
-                if not self.config.answer_filter or can_answer(self.source(p, passage(p.row)), p.char_start, p.char_end, query[0]):
+                if not self.config.answer_filter or can_answer(self.source(p, passage(p.row)), p.char_start, p.char_end,
+                                                               query[0]):
                     kept.append(self._phrase_json(p, passage(p.row)))
             return {"phrases": kept}
         result = {"phrases": [self._phrase_json(p, passage(p.row)) for p in phrases.take(slice(k))]}
@@ -497,7 +498,8 @@ class Searcher:
             if self.config.bm25_weight:
                 c.bm25_z = standardise(self.bm25.scores_of(query[0], phrases.row[best]))
             if self.reranks:
-                order, final = rerank_order(c, self.config.lam, self.config.bm25_weight), combined(c, self.config.lam, self.config.bm25_weight)
+                weights = (self.config.lam, self.config.bm25_weight)
+                order, final = rerank_order(c, *weights), combined(c, *weights)
                 keys, best, scores = keys[order], best[order], final[order]
                 c = Candidates(c.passage_scores[order], c.doc_z[order],
                                bm25_z=None if c.bm25_z is None else c.bm25_z[order])
