@@ -35,6 +35,16 @@ READER_SETTINGS = tuple(f.name for f in dataclasses.fields(ReaderSettings))
 SEARCH_SETTINGS = tuple(f.name for f in dataclasses.fields(SearchConfig))
 
 
+def split_settings(settings: dict) -> tuple[dict, dict]:
+    """(search settings, reading settings) of `settings`, which names nothing else."""
+    unknown = set(settings) - set(SEARCH_SETTINGS) - set(READER_SETTINGS)
+    if unknown:
+        raise InputError(f"unknown settings: {', '.join(sorted(unknown))} (search: {', '.join(SEARCH_SETTINGS)}; "
+                         f"reader: {', '.join(READER_SETTINGS)})")
+    return ({k: v for k, v in settings.items() if k in SEARCH_SETTINGS},
+            {k: v for k, v in settings.items() if k in READER_SETTINGS})
+
+
 def _unit(d: dict, unit: str):
     if unit == "phrase":
         return Phrase.from_dict(d)
@@ -58,12 +68,7 @@ class Pipeline:
     def _with(self, overrides: dict):
         """The searcher and reader settings of one call: this pipeline's, with `overrides` (any of
         `SearchConfig`'s or `ReaderSettings`' fields) in their place."""
-        unknown = set(overrides) - set(SEARCH_SETTINGS) - set(READER_SETTINGS)
-        if unknown:
-            raise InputError(f"unknown settings: {', '.join(sorted(unknown))} (search: {', '.join(SEARCH_SETTINGS)}; "
-                             f"reader: {', '.join(READER_SETTINGS)})")
-        search = {k: v for k, v in overrides.items() if k in SEARCH_SETTINGS}
-        read = {k: v for k, v in overrides.items() if k in READER_SETTINGS}
+        search, read = split_settings(overrides)
         return (self.searcher.with_settings(**search) if search else self.searcher,
                 dataclasses.replace(self.settings, **read) if read else self.settings)
 
@@ -150,9 +155,10 @@ def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, 
     if gone:
         raise InputError(f"{path} records what is no longer there: {', '.join(gone)}")
     settings = record.get("settings", {})
-    unknown = set(settings) - set(SEARCH_SETTINGS) - set(READER_SETTINGS) if isinstance(settings, dict) else {"?"}
-    if unknown:
-        raise InputError(f"{path}: \"settings\" holds what is not a search or reading setting: {', '.join(sorted(unknown))}")
+    try:
+        split_settings(settings if isinstance(settings, dict) else {"(not a table)": settings})
+    except InputError as e:
+        raise InputError(f"{path}: \"settings\" holds what is not a search or reading setting: {e}") from None
     return path, recorded, settings
 
 
@@ -160,13 +166,11 @@ def load(name_or_path: str | os.PathLike = "default", device: str | None = None,
     """The pipeline a record names (`pipeline_record`), its searcher and reader loaded, with the record's
     settings and then `settings` (search or reading settings, as `Pipeline.ask` takes them) as its own."""
     path, r, recorded = pipeline_record(name_or_path)
-    unknown = set(settings) - set(SEARCH_SETTINGS) - set(READER_SETTINGS)
-    if unknown:
-        raise InputError(f"unknown settings: {', '.join(sorted(unknown))}")
+    split_settings(settings)   # load's own keywords: refused before the record's name the file
     settings = {**recorded, **settings}
+    search, read = split_settings(settings)
     try:
-        search = SearchConfig(**{k: v for k, v in settings.items() if k in SEARCH_SETTINGS})
-        reader = ReaderSettings(**{k: v for k, v in settings.items() if k in READER_SETTINGS})
+        search, reader = SearchConfig(**search), ReaderSettings(**read)
     except InputError as e:
         raise InputError(f"{path} with {settings}: {e}") from None
     both = {"doc_index", "doc_model"} <= set(r)

@@ -104,7 +104,8 @@ def test_load_takes_the_default_a_directory_or_a_file_and_names_what_is_missing(
     assert (qa.searcher.config.answer_depth, qa.settings.decoding) == (1, "free")
     assert odqa.load(tuned, answer_depth=3).searcher.config.answer_depth == 3
     tuned.write_text(json.dumps({**recorded, "settings": {"depth": 1}}))
-    with pytest.raises(InputError, match="tuned.json: \"settings\" holds what is not a search or reading setting: depth"):
+    with pytest.raises(InputError, match='tuned.json: "settings" holds what is not a search or reading setting: '
+                                         'unknown settings: depth'):
         odqa.load(tuned)
     tuned.write_text(json.dumps({**recorded, "settings": {"answer_depth": 0}}))
     with pytest.raises(InputError, match="--answer-depth: must be at least 1"):
