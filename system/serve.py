@@ -45,7 +45,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, Stric
 from odqa.common.io import InputError
 from odqa.reader.args import ReaderSettings
 from odqa.retriever.args import SearchConfig
-from odqa.system.pipeline import MAX_K, READER_SETTINGS, SEARCH_SETTINGS
+from odqa.system.pipeline import MAX_K, READER_SETTINGS, SEARCH_SETTINGS, split_settings
 
 log = logging.getLogger(__name__)
 MAX_QUESTION_CHARS = 500
@@ -76,9 +76,9 @@ class AnswerRequest(BaseModel):
         over = [f"{n} at most {SETTING_LIMITS[n]}" for n in v if n in SETTING_LIMITS and v[n] > SETTING_LIMITS[n]]
         if over:
             raise ValueError(f"settings over this server's limits: {', '.join(over)}")
+        search, read = split_settings(v)
         try:   # the settings' own ranges and kinds, as the flags and odqa.load check them
-            SearchConfig(**{n: x for n, x in v.items() if n in SEARCH_SETTINGS})
-            ReaderSettings(**{n: x for n, x in v.items() if n in READER_SETTINGS})
+            SearchConfig(**search), ReaderSettings(**read)
         except InputError as e:
             raise ValueError(str(e)) from None
         return v
