@@ -72,7 +72,7 @@ def indexed(corpus: Path, patterns: list[str]) -> tuple[list[list[int]], float, 
     t = time.perf_counter()
     found = [sorted(index._rows_matching(p)) for p in patterns]
     took = time.perf_counter() - t
-    index.__dict__.pop("_holding", None)
+    index.__dict__.pop("_holding", None)   # the vocabulary's scans timed afresh
     t = time.perf_counter()
     needs = [n for n in map(requirement, patterns) if n is not None]
     words = [index._candidates(n)[0] for n in needs]
