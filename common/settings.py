@@ -113,3 +113,22 @@ class OptimArgs:
 
     def warmup(self, total_steps: int) -> int:
         return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * total_steps)
+
+
+def read_settings_file(path: Path, label: str) -> dict:
+    """A table of settings from a TOML (.toml) or JSON file: a training command's --config, a demo
+    recipe. `label` names the file in the errors ("--config FILE", "preset FILE")."""
+    import json
+
+    import tomllib
+    if not path.is_file():
+        raise InputError(f"{label}: no such file")
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
+    try:
+        text = path.read_text(encoding="utf-8")
+        values = tomllib.loads(text) if kind == "TOML" else json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:   # tomllib.TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise InputError(f"{label}: not valid {kind}: {e}") from None
+    if not isinstance(values, dict):
+        raise InputError(f"{label}: a table of settings, not {type(values).__name__}")
+    return values

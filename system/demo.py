@@ -39,8 +39,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-import tomllib
-
 from odqa.common import datapack
 from odqa.common.artifact import fingerprint, read_manifest
 from odqa.common.corpus import PassageStore, build_corpus, corpus_info
@@ -48,6 +46,7 @@ from odqa.common.defaults import record_pipeline
 from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from odqa.common.paths import default_corpus, default_documents, default_encoder, odqa_home
 from odqa.common.questions import load_questions, question_set_name, split_limit
+from odqa.common.settings import read_settings_file
 from odqa.retriever.args import ANSWER_DEPTH, ANSWER_FILTER_RULES, ANSWER_TEMPERATURE, DEFAULT_KEEP
 from odqa.system.estimate import Estimates, machine_speed, refined
 
@@ -150,13 +149,7 @@ def preset_config(name_or_path: str | Path) -> DemoConfig:
         if not path.is_file():
             names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.toml")))
             raise InputError(f"unknown demo preset {str(name_or_path)!r}: one of {names}, or a .toml or .json file")
-    if not path.is_file():
-        raise InputError(f"{path}: no such preset file")
-    try:
-        text = path.read_text(encoding="utf-8")
-        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not a valid preset: {e}") from None
+    values = read_settings_file(path, f"preset {path}")
     fields = {f.name: f for f in dataclasses.fields(DemoConfig)}
     unknown = sorted(set(values) - set(fields))
     if unknown:

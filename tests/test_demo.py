@@ -600,6 +600,9 @@ def test_the_recipes_are_files_and_a_file_of_ones_own_runs_the_same_way(tmp_path
         preset_config(tmp_path / "bad.toml")
     with pytest.raises(InputError, match="unknown demo preset 'fast': one of demo, full"):
         preset_config("fast")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="list.json: a table of settings, not list"):
+        preset_config(tmp_path / "list.json")
     # the recipe on a corpus of one's own: built in the run's directory, not over the default corpus
     out = tmp_path / "out"
     assert demo_config("full", out, documents="psgs.tsv.gz").corpus == str(out / "corpus")

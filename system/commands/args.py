@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from odqa.common.settings import flag_of
+from odqa.common.settings import flag_of, read_settings_file
 
 REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
 
@@ -163,20 +163,8 @@ def config_arg(p: argparse.ArgumentParser) -> None:
 
 def config_tokens(path: Path) -> list[str]:
     """The settings of a --config file as the flags that say the same."""
-    import json
-
-    import tomllib
-
     from odqa.common.io import InputError
-    if not path.is_file():
-        raise InputError(f"--config {path}: no such file")
-    try:
-        text = path.read_text(encoding="utf-8")
-        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:   # tomllib.TOMLDecodeError and JSONDecodeError are ValueErrors
-        raise InputError(f"--config {path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {e}") from None
-    if not isinstance(values, dict):
-        raise InputError(f"--config {path}: a table of settings, not {type(values).__name__}")
+    values = read_settings_file(path, f"--config {path}")
     tokens = []
     for key, value in values.items():
         flag = "--" + key.replace("_", "-")
