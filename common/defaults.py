@@ -53,9 +53,11 @@ def default_path(name: str, pipeline: dict[str, Path] | None = None) -> Path:
     return path
 
 
-def record_pipeline(paths: dict[str, str | Path], by: str, forget: dict[str, str | Path] | None = None) -> None:
+def record_pipeline(paths: dict[str, str | Path], by: str, forget: dict[str, str | Path] | None = None,
+                    settings: dict | None = None) -> None:
     """Record (or update) artifacts of the default pipeline; the file is replaced atomically. Each
-    artifact of `forget` is taken out where the pipeline still records it at that path."""
+    artifact of `forget` is taken out where the pipeline still records it at that path. `settings`
+    (search and reading settings the pipeline is run with) replace those recorded."""
     unknown = (set(paths) | set(forget or {})) - set(ARTIFACTS)
     if unknown:
         raise ValueError(f"not pipeline artifacts: {sorted(unknown)}")
@@ -65,6 +67,8 @@ def record_pipeline(paths: dict[str, str | Path], by: str, forget: dict[str, str
         if recorded.get(k) == str(Path(v).resolve()):
             del recorded[k]
     recorded.update({k: str(Path(v).resolve()) for k, v in paths.items()})
+    if settings is not None:
+        recorded["settings"] = settings
     recorded.update(recorded_by=by, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, recorded)

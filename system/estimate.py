@@ -55,7 +55,7 @@ def refined(calibrated: float, spent: float, estimated: float) -> float:
 
 
 class Estimates:
-    """Reference seconds of each demo stage for a `DemoConfig`, over `sizes` (passages, documents,
+    """Reference seconds of each demo stage for a `RecipeConfig`, over `sizes` (passages, documents,
     training examples) and the test sets' sizes (`test_size`), with the reader trained in bfloat16
     (`reader_bf16`) and holding fixed what `reader_frozen` says."""
 

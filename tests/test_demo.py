@@ -13,7 +13,9 @@ from tiny_models import make_tiny_bert
 
 from odqa.common.device import cpu_has_bf16
 from odqa.common.questions import load_questions
-from odqa.system.demo import PRESETS, Demo, DemoConfig, Stage, run_demo
+from odqa.system.demo import Demo, run_demo
+from odqa.system.recipe import Recipe, Stage
+from odqa.system.recipe_config import PRESETS, RecipeConfig
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo"]
 CITIES = ["paris", "rome", "oslo", "lima", "cairo", "delhi", "tokyo", "quito", "accra", "hanoi", "dakar", "riga"]
@@ -31,7 +33,7 @@ def world(tmp_path_factory):
             for n, c in zip(NAMES, CITIES)]
     questions = [{"id": n, "question": f"where was {n} born", "answers": [c]} for n, c in zip(NAMES, CITIES)]
     texts = [p for d in docs for s in d["sections"] for p in s["paragraphs"]] + [q["question"] for q in questions]
-    cfg = DemoConfig(
+    cfg = RecipeConfig(
         documents=str(write_jsonl(root / "docs.jsonl", docs)), corpus=str(root / "corpus"),
         train_questions=[str(write_jsonl(root / "questions.jsonl", questions))],
         # the same questions under another name: the run must not evaluate the set its answer memory holds
@@ -103,7 +105,7 @@ def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, 
         questions = [{"id": n, "question": f"where was {n} born", "answers": [a]} for n, a in zip(NAMES, answers)]
         for split in ("train", "validation"):
             write_jsonl(out / "supervision" / f"{split}.jsonl", questions)
-        return [e["id"] for e in json.loads(Demo(cfg, out).reader_data()[1].read_text())]
+        return [e["id"] for e in json.loads(Recipe(cfg, out).reader_data()[1].read_text())]
 
     # The unanswerable first two are passed over (answers that no passage holds) ...
     assert validation_ids(["atlantis", "atlantis", *CITIES[2:5]]) == NAMES[2:2 + cfg.reader_validation]
@@ -113,8 +115,8 @@ def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, 
 
 def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
     for name in ("build_data", "supervise", "train_phrase", "build_phrase_index", "tune_query", "train_doc",
-                 "refit_query", "train_reader", "build_memory", "run"):
-        monkeypatch.setattr(Demo, name, lambda self, resume, name=name: pytest.fail(f"{name} ran again"))
+                 "refit_query", "train_reader", "build_memory", "evaluate"):
+        monkeypatch.setattr(Recipe, name, lambda self, resume, name=name: pytest.fail(f"{name} ran again"))
     assert run_demo(world["root"] / "out", cfg=world["cfg"]).split("example questions")[0] == \
         first_run.split("example questions")[0]
 
@@ -124,15 +126,15 @@ def test_a_changed_setting_reruns_that_stage_and_the_later_ones(world, first_run
     for name, stage in (("build_data", "data"), ("supervise", "supervise"), ("train_phrase", "phrase"),
                         ("build_phrase_index", "index"), ("tune_query", "query"), ("train_doc", "doc"),
                         ("refit_query", "refit"), ("train_reader", "reader"), ("build_memory", "memory"),
-                        ("run", "run")):
-        real = getattr(Demo, name)
-        monkeypatch.setattr(Demo, name, lambda self, resume, real=real, stage=stage: ran.append(stage) or real(self, resume))
+                        ("evaluate", "run")):
+        real = getattr(Recipe, name)
+        monkeypatch.setattr(Recipe, name, lambda self, resume, real=real, stage=stage: ran.append(stage) or real(self, resume))
     run_demo(world["root"] / "out", cfg=replace(world["cfg"], top_docs=5))
     assert ran == ["doc", "refit", "reader", "memory", "run"]
 
 
 def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
-    demo = Demo(DemoConfig(corpus=str(tmp_path / "corpus")), tmp_path / "out")
+    demo = Demo(RecipeConfig(corpus=str(tmp_path / "corpus")), tmp_path / "out")
     demo.stages_dir.mkdir(parents=True)
     work = tmp_path / "work"
     calls = []
@@ -160,7 +162,7 @@ def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
 
 def test_query_side_tuning_is_a_stage_of_the_full_preset_only(tmp_path):
     def names(cfg):
-        return [s.name for s in Demo(replace(cfg, corpus=str(tmp_path / "corpus")), tmp_path / "out").stages()]
+        return [s.name for s in Recipe(replace(cfg, corpus=str(tmp_path / "corpus")), tmp_path / "out").stages()]
     assert names(PRESETS["demo"]) == [s for s in STAGES if s not in ("query", "refit")]
     assert names(PRESETS["full"]) == STAGES
 
@@ -183,7 +185,7 @@ def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypa
     monkeypatch.setattr(query_train, "train_query", lambda a: calls.append(
         ("query", a.model, a.out_dir, a.epochs, a.seed)) or {"history": [{"questions": 9, "loss": 1.0}] * a.epochs})
     out = tmp_path / "out"
-    demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm"), out)
+    demo = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm"), out)
     assert demo.train_phrase(resume=False) == {"validation_em": [1.0, 1.0], "steps": 840}
     assert demo.tune_query(resume=False)["epochs"] == 6
     one_question_a_split(out)
@@ -208,24 +210,24 @@ def test_lambda_is_tuned_with_the_query_rounds_that_did_not_see_validation(tmp_p
     import odqa.retriever.doc_index as doc_index
     import odqa.retriever.doc_train as doc_train
     import odqa.retriever.tune_lambda as tune_lambda
-    import odqa.system.demo as demo_module
+    import odqa.system.recipe as demo_module
     from odqa.retriever.phrase_model import CONFIG_FILE
     out = tmp_path / "out"
     for name in ("query-r3", "query-final-r3"):
         (out / name / "last").mkdir(parents=True)
         (out / name / "last" / CONFIG_FILE).write_text("{}")
-    demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), out)
+    demo = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), out)
     assert demo.phrase_model() == out / "query-final-r3" / "last"
     assert demo.phrase_model(final=False) == out / "query-r3" / "last"
     # Without the final fit, rounds an earlier run left are not searched with.
-    assert Demo(replace(PRESETS["full"], query_final_fit=False), out).phrase_model() == out / "query-r3" / "last"
+    assert Recipe(replace(PRESETS["full"], query_final_fit=False), out).phrase_model() == out / "query-r3" / "last"
     tuned_with = []
     monkeypatch.setattr(doc_train, "train_doc", lambda a: {"best_top20": 1.0})
     monkeypatch.setattr(doc_index, "build_doc_index", lambda *a: None)
     monkeypatch.setattr(tune_lambda, "tune_searcher_lambda",
                         lambda searcher, *a, **kw: tuned_with.append(searcher) or {"lambda": 0.0, "bm25_weight": 0.0})
     monkeypatch.setattr(demo_module, "load_questions", lambda *a, **kw: [])
-    monkeypatch.setattr(Demo, "searcher", lambda self, reranked=False, final=True: self.phrase_model(final))
+    monkeypatch.setattr(Recipe, "searcher", lambda self, reranked=False, final=True: self.phrase_model(final))
     demo.train_doc(resume=False)
     assert tuned_with == [out / "query-r3" / "last"]
 
@@ -242,7 +244,7 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
     import odqa.retriever.query_train as query_train
     import odqa.retriever.retrieve as retrieve
     import odqa.retriever.tune_lambda as tune_lambda
-    import odqa.system.demo as demo_module
+    import odqa.system.recipe as demo_module
     seeds = []
     monkeypatch.setattr(phrase_train, "train", lambda a: seeds.append(("phrase", a.seed)) or {"best_em": 1.0, "steps": 1})
     monkeypatch.setattr(query_train, "train_query", lambda a: seeds.append(("query", a.seed)) or {"history": []})
@@ -261,7 +263,7 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
 
     def chain(seed):
         seeds.clear()
-        demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm", seed=seed),
+        demo = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm", seed=seed),
                     tmp_path / f"out{seed}")
         monkeypatch.setattr(demo, "gold_data", lambda: ("gold-train", "gold-val"))
         monkeypatch.setattr(demo, "reader_data", lambda resume: ("train", "val"))
@@ -287,7 +289,7 @@ def test_title_phrases_reach_every_phrase_round(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(phrase_train, "train", lambda a: seen.append(a.title_phrases) or {"best_em": 1.0, "steps": 1})
     cfg = replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm", title_phrases=True)
-    Demo(cfg, tmp_path / "out").train_phrase(resume=False)
+    Recipe(cfg, tmp_path / "out").train_phrase(resume=False)
     assert seen == [True, True]
 
 
@@ -316,28 +318,28 @@ def test_machine_speed_times_float32_as_the_reference_machine_did(tmp_path, monk
 
 def test_only_a_reader_with_pretrained_embeddings_holds_them_fixed(tmp_path):
     def frozen(**changes):
-        return Demo(DemoConfig(corpus=str(tmp_path / "corpus"), **changes), tmp_path / "out")._reader_frozen()
+        return Recipe(RecipeConfig(corpus=str(tmp_path / "corpus"), **changes), tmp_path / "out")._reader_frozen()
 
     assert frozen() == {"freeze_embeddings": True, "freeze_layers": 2}
     assert frozen(reader_freeze_layers=0) == {"freeze_embeddings": True, "freeze_layers": 0}
     assert frozen(reader_init="t5") == {"freeze_embeddings": False, "freeze_layers": 0}     # random embeddings
     assert frozen(reader_init="t5", reader_model="t5-base")["freeze_embeddings"]
-    full = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "full")
+    full = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "full")
     assert full._reader_frozen() == {"freeze_embeddings": True, "freeze_layers": 2} and full.cfg.reader_zero_stage == 0
 
 
 def test_the_full_preset_runs_all_of_nq_test_and_the_first_3000_of_tqa_test(tmp_path):
-    demo = Demo(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "out")
+    demo = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "out")
     assert demo.cfg.test_questions == ["nq-test", "tqa-test:3000"] and demo.cfg.run_limit is None
     assert demo._test_size("tqa-test:3000") == 3000
-    assert Demo(replace(demo.cfg, run_limit=100), tmp_path / "out")._test_size("tqa-test:3000") == 100
+    assert Recipe(replace(demo.cfg, run_limit=100), tmp_path / "out")._test_size("tqa-test:3000") == 100
 
 
 def test_settings_added_later_leave_the_keys_of_runs_made_before_them(tmp_path):
     def keys(**changes):
-        cfg = replace(DemoConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), **changes)
+        cfg = replace(RecipeConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), **changes)
         demo = Demo(cfg, tmp_path / "out")
-        return {name: json.dumps(key) for name, key in demo.keys(demo.stages()).items()}
+        return {name: json.dumps(key) for name, key in demo.keys(demo.recipe.stages()).items()}
     before = keys()
     added = {"phrase_round_lrs": [3e-5], "title_phrases": True, "query_rounds": 2, "reader_gold_evals": 3,
              "reader_passages": "phrase", "seed": 1}
@@ -356,7 +358,7 @@ def test_the_reader_can_train_on_the_pipelines_own_passages(world, first_run, mo
     from odqa.common.questions import load_questions
     from odqa.retriever.retrieve import retrieve_phrases
     out, cfg = world["root"] / "out", replace(world["cfg"], reader_passages="phrase")
-    demo = Demo(cfg, out)
+    demo = Recipe(cfg, out)
     train, validation = demo.reader_data()
     assert (train.name, validation.name) == ("phrase-train.json", "phrase-validation.json")
     entries = json.loads(train.read_text())
@@ -366,10 +368,10 @@ def test_the_reader_can_train_on_the_pipelines_own_passages(world, first_run, mo
     val = json.loads(validation.read_text())
     assert 0 < len(val) <= cfg.reader_validation and all(any(c["has_answer"] for c in e["ctxs"]) for e in val)
     # A resumed stage finds the files it wrote and searches no more.
-    monkeypatch.setattr(Demo, "searcher", lambda self: pytest.fail("searched again"))
+    monkeypatch.setattr(Recipe, "searcher", lambda self: pytest.fail("searched again"))
     assert demo.reader_data(resume=True) == (train, validation)
     with pytest.raises(InputError, match="reader_passages must be bm25 or phrase, not 'dense'"):
-        Demo(replace(cfg, reader_passages="dense"), out).reader_data()
+        Recipe(replace(cfg, reader_passages="dense"), out).reader_data()
 
 
 def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path, monkeypatch):
@@ -379,7 +381,7 @@ def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path,
         (tmp_path / "out" / "query" / "checkpoint").mkdir(parents=True)
         raise query_train.NoPositives("no training question has a positive phrase among its top 100 phrases")
     monkeypatch.setattr(query_train, "train_query", finds_none)
-    demo = Demo(DemoConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), tmp_path / "out")
+    demo = Recipe(RecipeConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), tmp_path / "out")
     assert demo.tune_query(resume=False)["epochs"] == 0
     assert not (tmp_path / "out" / "query").exists()
     assert demo.phrase_model() == tmp_path / "out" / "phrase" / "best"
@@ -396,7 +398,7 @@ def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path,
         (out / "checkpoint").mkdir(parents=True)
         raise query_train.NoPositives("none")
     monkeypatch.setattr(query_train, "train_query", second_finds_none)
-    demo = Demo(DemoConfig(corpus=str(tmp_path / "corpus"), query_epochs=1, query_rounds=2), tmp_path / "out2")
+    demo = Recipe(RecipeConfig(corpus=str(tmp_path / "corpus"), query_epochs=1, query_rounds=2), tmp_path / "out2")
     assert demo.tune_query(resume=False) == {"epochs": 1, "questions_with_positive": [3], "loss": [1.0]}
     assert not (tmp_path / "out2" / "query-r2").exists()
     assert demo.phrase_model() == tmp_path / "out2" / "query" / "last"
@@ -446,7 +448,7 @@ def test_a_model_is_recorded_with_the_index_built_from_it_never_beside_another(w
     run_demo(out, cfg=world["cfg"])   # every stage reused; records the pipeline
     before = default_pipeline()
     second = Demo(world["cfg"], tmp_path / "second")
-    model = second.phrase_checkpoint()
+    model = second.recipe.phrase_checkpoint()
     shutil.copytree(out / model.relative_to(second.out), model)
     with open(model / "phrase_heads.pt", "ab") as heads:   # another training run's phrase side
         heads.write(b"\0")
@@ -454,14 +456,14 @@ def test_a_model_is_recorded_with_the_index_built_from_it_never_beside_another(w
     second.record()                                         # no index yet
     after = default_pipeline()
     assert (after["phrase_model"], after["phrase_index"]) == (before["phrase_model"], before["phrase_index"])
-    shutil.copytree(out / "phrase-index", second.p["phrase-index"])
+    shutil.copytree(out / "phrase-index", second.recipe.p["phrase-index"])
     second.record()                                         # an index, but built from the first demo's model
     assert default_pipeline()["phrase_model"] == before["phrase_model"]
     shutil.rmtree(model)
     shutil.copytree(out / model.relative_to(second.out), model)
     second.record()                                         # the model the index was built from: the pair moves
     after = default_pipeline()
-    assert (after["phrase_model"], after["phrase_index"]) == (model.resolve(), second.p["phrase-index"].resolve())
+    assert (after["phrase_model"], after["phrase_index"]) == (model.resolve(), second.recipe.p["phrase-index"].resolve())
     assert after["doc_index"] == before["doc_index"] and after["reader"] == before["reader"]
     run_demo(out, cfg=world["cfg"])   # the first demo's pipeline again, for the tests after this one
     assert default_pipeline()["phrase_index"] == before["phrase_index"]
@@ -518,14 +520,14 @@ def test_the_reranker_is_an_opt_in_stage_before_the_run_which_reads_through_it(w
     out = tmp_path / "out"
     shutil.copytree(world["root"] / "out", out)
     for preset in PRESETS.values():     # off in both presets
-        assert "reranker" not in [s.name for s in Demo(replace(preset, corpus=str(tmp_path / "c")), out).stages()]
+        assert "reranker" not in [s.name for s in Recipe(replace(preset, corpus=str(tmp_path / "c")), out).stages()]
     ran = []
-    for name in ("train_reader", "train_reranker", "run"):
-        real = getattr(Demo, name)
-        monkeypatch.setattr(Demo, name, lambda self, resume, real=real, name=name: ran.append(name) or real(self, resume))
+    for name in ("train_reader", "train_reranker", "evaluate"):
+        real = getattr(Recipe, name)
+        monkeypatch.setattr(Recipe, name, lambda self, resume, real=real, name=name: ran.append(name) or real(self, resume))
     cfg = replace(world["cfg"], reranker=True, reranker_batch=1, reranker_validation=4, rerank_depth=20)
     run_demo(out, cfg=cfg)
-    assert ran == ["train_reranker", "run"]          # the stages before it are reused
+    assert ran == ["train_reranker", "evaluate"]          # the stages before it are reused
     result = json.loads((out / "stages" / "reranker.json").read_text())["result"]
     assert result["steps"] >= 1 and result["weight"] > 0 and "reranked MRR@20" in result
     entries = json.loads((out / "reranker-data" / "train.json").read_text())
@@ -538,7 +540,7 @@ def test_the_reranker_is_an_opt_in_stage_before_the_run_which_reads_through_it(w
     # Turned off again: the run reruns without it, and the pipeline forgets the demo's reranker.
     ran.clear()
     run_demo(out, cfg=world["cfg"])
-    assert ran == ["run"]
+    assert ran == ["evaluate"]
     assert "reranker" not in default_pipeline()
     assert json.loads((out / "run" / "run_args.json").read_text())["reranker"] is None
 
@@ -556,11 +558,11 @@ def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_mo
     assert json.loads((out / "run" / "run_args.json").read_text())["memory"] == str(world["root"] / "out" / "memory")
     assert all("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
     ran = []
-    for name in ("build_memory", "run"):
-        real = getattr(Demo, name)
-        monkeypatch.setattr(Demo, name, lambda self, resume, real=real, name=name: ran.append(name) or real(self, resume))
+    for name in ("build_memory", "evaluate"):
+        real = getattr(Recipe, name)
+        monkeypatch.setattr(Recipe, name, lambda self, resume, real=real, name=name: ran.append(name) or real(self, resume))
     run_demo(out, cfg=replace(world["cfg"], answer_memory=False))
-    assert ran == ["run"]                               # off: the run reruns without it, and the pipeline forgets it
+    assert ran == ["evaluate"]                               # off: the run reruns without it, and the pipeline forgets it
     assert "memory" not in default_pipeline()
     assert json.loads((out / "run" / "run_args.json").read_text())["memory"] is None
     assert not any("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
@@ -570,7 +572,7 @@ def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_mo
 
 def test_the_estimates_grow_with_the_work_and_follow_the_machine():
     from odqa.system.estimate import PRIOR_S, Estimates, refined
-    cfg, sizes, frozen = DemoConfig(), (12_374, 10_033, 6_725), {"freeze_embeddings": False, "freeze_layers": 0}
+    cfg, sizes, frozen = RecipeConfig(), (12_374, 10_033, 6_725), {"freeze_embeddings": False, "freeze_layers": 0}
     base = Estimates(cfg, sizes, lambda name: 100, False, frozen)
     assert Estimates(replace(cfg, reader_steps=2 * cfg.reader_steps), sizes, lambda name: 100, False, frozen).reader() \
         > base.reader()
@@ -585,26 +587,26 @@ def test_the_estimates_grow_with_the_work_and_follow_the_machine():
 
 def test_the_recipes_are_files_and_a_file_of_ones_own_runs_the_same_way(tmp_path):
     from odqa.common.io import InputError
-    from odqa.system.demo import PRESET_DIR, demo_config, preset_config
+    from odqa.system.recipe_config import PRESET_DIR, preset_config, recipe_config
     assert sorted(p.stem for p in PRESET_DIR.glob("*.toml")) == sorted(PRESETS) == ["demo", "full"]
-    assert preset_config("demo") == DemoConfig()                    # the demo preset changes nothing
+    assert preset_config("demo") == RecipeConfig()                    # the demo preset changes nothing
     full = preset_config(PRESET_DIR / "full.toml")
     assert full == PRESETS["full"] and full.run_limit is None and full.phrase_examples is None   # "all"
     mine = tmp_path / "mine.toml"
     mine.write_text('reader_steps = 7\nrun_k = [3]\nrun_limit = "all"\n')
-    assert preset_config(mine) == replace(DemoConfig(), reader_steps=7, run_k=[3], run_limit=None)
+    assert preset_config(mine) == replace(RecipeConfig(), reader_steps=7, run_k=[3], run_limit=None)
     (tmp_path / "mine.json").write_text('{"reader_steps": 7, "run_limit": null}')
-    assert preset_config(tmp_path / "mine.json") == replace(DemoConfig(), reader_steps=7, run_limit=None)
+    assert preset_config(tmp_path / "mine.json") == replace(RecipeConfig(), reader_steps=7, run_limit=None)
     (tmp_path / "bad.toml").write_text("reader_stpes = 7\n")
-    with pytest.raises(InputError, match="bad.toml: not demo settings: reader_stpes"):
+    with pytest.raises(InputError, match="bad.toml: not recipe settings: reader_stpes"):
         preset_config(tmp_path / "bad.toml")
-    with pytest.raises(InputError, match="unknown demo preset 'fast': one of demo, full"):
+    with pytest.raises(InputError, match="unknown preset 'fast': one of demo, full"):
         preset_config("fast")
     (tmp_path / "list.json").write_text("[1, 2]")
     with pytest.raises(InputError, match="list.json: a table of settings, not list"):
         preset_config(tmp_path / "list.json")
     # the recipe on a corpus of one's own: built in the run's directory, not over the default corpus
     out = tmp_path / "out"
-    assert demo_config("full", out, documents="psgs.tsv.gz").corpus == str(out / "corpus")
-    assert demo_config("full", out, documents="psgs.tsv.gz", corpus="/data/c").corpus == "/data/c"
-    assert demo_config("demo", out).corpus is None
+    assert recipe_config("full", out, documents="psgs.tsv.gz").corpus == str(out / "corpus")
+    assert recipe_config("full", out, documents="psgs.tsv.gz", corpus="/data/c").corpus == "/data/c"
+    assert recipe_config("demo", out).corpus is None
