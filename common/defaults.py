@@ -5,8 +5,8 @@ supervision it trained on, which the training commands read when no `odqa superv
     $ODQA_HOME/pipeline.json   {"corpus", "supervision", "phrase_model", "phrase_index", "doc_model",
                                 "doc_index", "reranker", "memory", "reader", "recorded_by", "updated"}
 
-A flag that names a path always wins. A default that is needed but missing is refused with one line
-that says which command makes it.
+A flag that names a path always wins (`odqa.system.pipeline.resolve_parts` fills the others). A
+default that is needed but missing is refused with one line that says which command makes it.
 """
 from __future__ import annotations
 
@@ -72,35 +72,6 @@ def record_pipeline(paths: dict[str, str | Path], by: str, forget: dict[str, str
     recorded.update(recorded_by=by, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, recorded)
-
-
-def fill_defaults(args, reader: bool = False) -> None:
-    """Set the unset paths of `args` (attributes index, model, doc_index, doc_model, corpus, reranker where
-    `args` has it, and with `reader` also reader) from the default pipeline. The pre-filter, the reranker
-    and the corpus come along only with the default phrase index: a phrase index named by a flag is
-    searched as named, and `no_prefilter` / `no_reranker` (when `args` has them) leave those out. The
-    answer memory (where `args` has `memory`) comes along with the default phrase model, unless `no_memory`."""
-    pipeline = default_pipeline()
-    own_index, own_model = args.index is None, args.model is None
-    if own_index:
-        args.index = str(default_path("phrase_index", pipeline))
-    if args.model is None:
-        args.model = str(default_path("phrase_model", pipeline))
-    if own_index and args.doc_index is None and not getattr(args, "no_prefilter", False) \
-            and {"doc_index", "doc_model"} <= set(pipeline):
-        args.doc_index, args.doc_model = str(pipeline["doc_index"]), str(pipeline["doc_model"])
-    # The reranker reorders what the default pipeline's search returns; `no_reranker` leaves it out.
-    if own_index and hasattr(args, "reranker") and args.reranker is None and not getattr(args, "no_reranker", False) \
-            and "reranker" in pipeline:
-        args.reranker = str(pipeline["reranker"])
-    # The memory's vectors are the default model's questions: it comes along only with that model.
-    if own_model and hasattr(args, "memory") and args.memory is None and not getattr(args, "no_memory", False) \
-            and "memory" in pipeline:
-        args.memory = str(pipeline["memory"])
-    if own_index and args.corpus is None and "corpus" in pipeline:
-        args.corpus = str(pipeline["corpus"])
-    if reader and args.reader is None:
-        args.reader = str(default_path("reader", pipeline))
 
 
 def default_supervision() -> Path:

@@ -27,6 +27,7 @@ from odqa.reader.fid_data import FiDExample
 from odqa.reader.read import generate_answers, load_reader
 from odqa.retriever.args import SearchConfig
 from odqa.retriever.searcher import UNITS, open_searcher, top_phrase
+from odqa.system.args import SearchParts
 
 MAX_K = 100
 
@@ -154,12 +155,46 @@ def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, 
     gone = [f"{ARTIFACTS[k][1]} ({v})" for k, v in recorded.items() if k != "supervision" and not v.exists()]
     if gone:
         raise InputError(f"{path} records what is no longer there: {', '.join(gone)}")
+    search, read = recorded_settings(path, record)
+    return path, recorded, {**search, **read}
+
+
+def recorded_settings(path: Path, record: dict) -> tuple[dict, dict]:
+    """(search settings, reading settings) of a pipeline record's "settings", refused by name if it holds
+    anything else."""
     settings = record.get("settings", {})
     try:
-        split_settings(settings if isinstance(settings, dict) else {"(not a table)": settings})
+        return split_settings(settings if isinstance(settings, dict) else {"(not a table)": settings})
     except InputError as e:
         raise InputError(f"{path}: \"settings\" holds what is not a search or reading setting: {e}") from None
-    return path, recorded, settings
+
+
+def resolve_parts(parts: SearchParts, reader: bool = False) -> tuple[SearchParts, dict]:
+    """`parts` with the default pipeline's in place of those not given, and the settings its record holds
+    that come with them: the search settings with its phrase index, the reading settings with its reader
+    (with `reader`, which also requires one). The pre-filter, the reranker and the corpus come along only
+    with the default phrase index: an index named by a flag is searched as named, and `no_prefilter` /
+    `no_reranker` leave those out. The answer memory comes along with the default phrase model (its
+    vectors are that model's questions), unless `no_memory`."""
+    from odqa.common.defaults import default_path, default_pipeline, pipeline_file
+    pipeline = default_pipeline()
+    own_index, own_model = parts.index is None, parts.model is None
+    found = {"index": parts.index or str(default_path("phrase_index", pipeline)),
+             "model": parts.model or str(default_path("phrase_model", pipeline))}
+    if own_index and parts.doc_index is None and not parts.no_prefilter and {"doc_index", "doc_model"} <= set(pipeline):
+        found.update(doc_index=str(pipeline["doc_index"]), doc_model=str(pipeline["doc_model"]))
+    if own_index and parts.reranker is None and not parts.no_reranker and "reranker" in pipeline:
+        found["reranker"] = str(pipeline["reranker"])
+    if own_model and parts.memory is None and not parts.no_memory and "memory" in pipeline:
+        found["memory"] = str(pipeline["memory"])
+    if own_index and parts.corpus is None and "corpus" in pipeline:
+        found["corpus"] = str(pipeline["corpus"])
+    own_reader = reader and parts.reader is None
+    if own_reader:
+        found["reader"] = str(default_path("reader", pipeline))
+    path = pipeline_file()
+    search, read = recorded_settings(path, read_json(path)) if (own_index or own_reader) else ({}, {})
+    return dataclasses.replace(parts, **found), {**(search if own_index else {}), **(read if own_reader else {})}
 
 
 def load(name_or_path: str | os.PathLike = "default", device: str | None = None, **settings) -> Pipeline:

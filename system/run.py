@@ -23,7 +23,6 @@ from pathlib import Path
 
 from odqa.common.artifact import cached_file, cached_key, path_fingerprint
 from odqa.common.corpus import PassageStore
-from odqa.common.defaults import fill_defaults
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, read_jsonl, write_json, write_jsonl
 from odqa.common.metrics.answers import answer_em
@@ -42,7 +41,8 @@ log = logging.getLogger(__name__)
 
 
 def run(args: RunArgs) -> list[dict]:
-    fill_defaults(args, reader=True)
+    from odqa.system.pipeline import resolve_parts
+    args = resolve_parts(args, reader=True)[0]   # the parts not given: the default pipeline's
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not args.k or min(args.k) < 1:

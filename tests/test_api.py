@@ -127,8 +127,9 @@ def test_import_odqa_loads_no_torch():
     ("ReaderSettings", ("read", "ask", "serve", "run"))])
 def test_each_setting_is_one_flag_of_every_command_that_uses_it(config, commands):
     """SearchConfig and ReaderSettings are the one declaration of their settings: every field is exactly
-    one flag of each command that searches (reads), with the field's default, and `odqa run`'s settings
-    embed both whole."""
+    one flag of each command that searches (reads), unset unless given (so that a pipeline record's
+    settings can fill it), its help showing the field's default, and `odqa run`'s settings embed both
+    whole."""
     import dataclasses
 
     from odqa.common.settings import flag_of
@@ -142,5 +143,44 @@ def test_each_setting_is_one_flag_of_every_command_that_uses_it(config, commands
         for f in dataclasses.fields(cls):
             owners = [a for a in parsers[name]._actions if flag_of(f) in a.option_strings]
             assert len(owners) == 1 and owners[0].dest == f.name, (name, f.name)
-            assert owners[0].default == f.default, (name, f.name)
+            # `read` reads with a reader it is given, not a pipeline's: its defaults are the fields'
+            assert owners[0].default == (f.default if name == "read" else None), (name, f.name)
+            assert f.default is None or "(default: " in owners[0].help or owners[0].nargs == 0, (name, f.name)
     assert issubclass(RunArgs, cls)
+
+
+def test_a_pipeline_records_settings_are_the_defaults_of_the_flags_not_given(tmp_path):
+    """`odqa demo` records the settings its report was made with (text_maxlength 128 where the field
+    says 200); `ask`, `serve`, `run` and `retrieve` then search and read with them unless a flag says
+    otherwise. The search settings come with the default phrase index, the reading ones with its reader."""
+    from odqa.common.defaults import pipeline_file, record_pipeline
+    from odqa.common.io import InputError
+    from odqa.system.args import RunArgs
+    from odqa.system.cli import build_parser
+    from odqa.system.commands.args import dataclass_from_args
+    from odqa.system.commands.retrieval import searched
+    paths = {name: tmp_path / name for name in ("phrase_index", "phrase_model", "reader", "corpus")}
+    for path in paths.values():
+        path.mkdir()
+    record_pipeline(paths, by="test", settings={"top_docs": 7, "text_maxlength": 64})
+    parser = build_parser()
+
+    def ask(*flags):
+        parts, search, reading = searched(parser.parse_args(["ask", "q", *flags]), reader=True)
+        return parts.index, search.top_docs, reading.text_maxlength
+
+    index = str(paths["phrase_index"].resolve())
+    assert ask() == (index, 7, 64)
+    assert ask("--top-docs", "9", "--text-maxlength", "32") == (index, 9, 32)
+    mine = str(tmp_path / "mine")   # an index of one's own: the record's search settings stay with its own
+    assert ask("--index", mine) == (mine, 100, 64)
+    assert ask("--reader", mine)[1:] == (7, 200)
+    parts, search, reading = searched(parser.parse_args(["retrieve", "--retriever", "phrase", "--questions", "q",
+                                                         "--out", "o"]))
+    assert (search.top_docs, reading) == (7, None)
+    # `odqa run` takes them the same way (cmd_run); in Python, RunArgs are as given
+    run = dataclass_from_args(RunArgs, parser.parse_args(["run", "--out", "o"]), {"top_docs": 7})
+    assert run.top_docs == 7 and run.text_maxlength == 200 and run.k == [5, 10, 25, 50]
+    record_pipeline({}, by="test", settings={"top_doc": 7})
+    with pytest.raises(InputError, match=f"{pipeline_file()}: \"settings\" holds .*unknown settings: top_doc"):
+        ask()

@@ -133,10 +133,13 @@ def test_no_flag_is_a_double_negation():
     parser = build_parser()
     for name, action in every_option(parser):
         assert not [f for f in action.option_strings if f.startswith("--no-no-")], (name, action.option_strings)
+    from odqa.system.args import RunArgs
+    from odqa.system.commands.args import dataclass_from_args
     run = ["run", "--out", "o"]
-    assert parser.parse_args(run + ["--no-reranker"]).no_reranker is True
-    assert parser.parse_args(run).no_reranker is False
-    assert parser.parse_args(run + ["--no-answer-filter"]).answer_filter is False
+    settings = lambda *flags: dataclass_from_args(RunArgs, parser.parse_args(run + list(flags)))  # noqa: E731
+    assert settings("--no-reranker").no_reranker is True
+    assert settings().no_reranker is False and settings().answer_filter is True
+    assert settings("--no-answer-filter").answer_filter is False
 
 
 def test_help_imports_no_torch():

@@ -1201,9 +1201,9 @@ def test_cli_build_memory_then_retrieve_and_run_refuses_to_evaluate_what_the_mem
 
 
 def test_the_default_pipelines_memory_comes_with_its_model_only(tmp_path):
-    import argparse
-
-    from odqa.common.defaults import fill_defaults, record_pipeline
+    from odqa.common.defaults import record_pipeline
+    from odqa.system.args import SearchParts
+    from odqa.system.pipeline import resolve_parts
     paths = {}
     for name in ("phrase_index", "phrase_model", "memory", "corpus"):
         paths[name] = tmp_path / name
@@ -1211,10 +1211,7 @@ def test_the_default_pipelines_memory_comes_with_its_model_only(tmp_path):
     record_pipeline(paths, by="test")
 
     def filled(**kw):
-        a = argparse.Namespace(**{**dict(index=None, model=None, doc_index=None, doc_model=None, corpus=None,
-                                         memory=None, no_memory=False), **kw})
-        fill_defaults(a)
-        return a.memory
+        return resolve_parts(SearchParts(**kw))[0].memory
     assert filled() == str(paths["memory"].resolve())
     assert filled(no_memory=True) is None
     assert filled(model=str(tmp_path / "other")) is None      # its vectors are the default model's questions

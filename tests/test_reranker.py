@@ -2,7 +2,6 @@
 the same scores and its tuned weight, refuses what is not one of its checkpoints; the searcher reorders
 its top passages by z(search) + w x z(reranker), and the default pipeline's reranker is used unless a
 flag says otherwise."""
-import argparse
 import json
 import random
 from types import SimpleNamespace
@@ -11,14 +10,16 @@ import numpy as np
 import pytest
 from tiny_models import make_tiny_bert
 
-from odqa.common.defaults import default_pipeline, fill_defaults, record_pipeline
+from odqa.common.defaults import default_pipeline, record_pipeline
 from odqa.common.io import InputError
 from odqa.retriever.args import RerankerTrainArgs
 from odqa.retriever.cross_encoder import CONFIG, CrossEncoder
 from odqa.retriever.cross_encoder_train import load_groups, ranking_metrics, train_reranker
 from odqa.retriever.rerank import standardise
 from odqa.retriever.searcher import Searcher
+from odqa.system.args import SearchParts
 from odqa.system.cli import main
+from odqa.system.pipeline import resolve_parts
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar",
          "peggy", "rupert", "sybil", "trent", "victor", "walter", "yvonne", "zoe"]
@@ -207,23 +208,13 @@ def test_the_default_pipelines_reranker_is_used_unless_a_flag_says_otherwise(tmp
         paths[name].mkdir()
     record_pipeline(paths, by="test")
 
-    def args(**kw):
-        base = dict(index=None, model=None, doc_index=None, doc_model=None, corpus=None, reranker=None,
-                    no_prefilter=False, no_reranker=False)
-        return argparse.Namespace(**{**base, **kw})
+    def reranker(**kw):
+        return resolve_parts(SearchParts(**kw))[0].reranker
 
-    a = args()
-    fill_defaults(a)
-    assert a.reranker == str(paths["reranker"].resolve())
-    a = args(no_reranker=True)
-    fill_defaults(a)
-    assert a.reranker is None
-    a = args(index=str(tmp_path / "other"))        # a phrase index named by a flag is searched as named
-    fill_defaults(a)
-    assert a.reranker is None
-    a = args(reranker=str(tmp_path / "mine"))      # a named reranker wins
-    fill_defaults(a)
-    assert a.reranker == str(tmp_path / "mine")
+    assert reranker() == str(paths["reranker"].resolve())
+    assert reranker(no_reranker=True) is None
+    assert reranker(index=str(tmp_path / "other")) is None        # a phrase index named by a flag is searched as named
+    assert reranker(reranker=str(tmp_path / "mine")) == str(tmp_path / "mine")   # a named reranker wins
 
 
 def test_a_reranker_is_refused_for_the_other_retrievers(tiny_corpus, tiny_questions, tmp_path):

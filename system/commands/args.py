@@ -91,9 +91,11 @@ def add_flag(p: argparse.ArgumentParser, flag: str, aliases=(), required: bool =
                            nargs=kwargs.get("nargs"), default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = None) -> None:
+def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = None, unset: bool = False) -> None:
     """One flag per field of a settings dataclass (--field-name, or the field's metadata "flag"), with
-    the field's metadata "help"; `defaults` overrides field defaults that depend on $ODQA_HOME."""
+    the field's metadata "help"; `defaults` overrides field defaults that depend on $ODQA_HOME. With
+    `unset`, a flag not given parses as None, so that `dataclass_from_args` can tell it from one given
+    (the help still shows the field's default)."""
     defaults = defaults or {}
     for f in dataclasses.fields(cls):
         meta = f.metadata
@@ -107,7 +109,7 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         if kind == "bool":
             # A setting named as a negation (--no-reranker) is a plain switch: its --no- form would read --no-no-reranker.
             action = "store_true" if flag.startswith("--no-") and not default else argparse.BooleanOptionalAction
-            p.add_argument(flag, dest=f.name, action=action, default=bool(default), help=help_)
+            p.add_argument(flag, dest=f.name, action=action, default=None if unset else bool(default), help=help_)
             continue
         shown = "" if required or default is None else \
             f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
@@ -118,12 +120,21 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
                     ("non_negative", float): non_negative_float}[rule, conv]
         choices = {"choices": meta["choices"]} if "choices" in meta else {"metavar": flag.lstrip("-").upper().replace("-", "_")}
         add_flag(p, flag, meta.get("aliases", ()), required=required, dest=f.name, type=conv,
-                 nargs="+" if kind.startswith("list") else None, default=None if required else default,
+                 nargs="+" if kind.startswith("list") else None, default=None if required or unset else default,
                  help=help_ + shown, **choices)
 
 
-def dataclass_from_args(cls, args):
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+def dataclass_from_args(cls, args, defaults: dict | None = None):
+    """`cls` of the parsed flags; a field whose flag parsed as None (not given, under `unset`) takes its
+    value from `defaults` (a pipeline record's settings), else keeps the field's default."""
+    values, defaults = {}, defaults or {}
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name)
+        if value is None and f.name in defaults:
+            values[f.name] = defaults[f.name]
+        elif value is not None or f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            values[f.name] = value   # a required field that a command's own default left None stays None
+    return cls(**values)
 
 
 def command(parent, name: str, func, loads_checkpoints: bool | Callable[[argparse.Namespace], bool] = False,

@@ -29,48 +29,35 @@ from odqa.system.commands.args import (
 )
 
 
-def phrase_searcher(args, rerank: bool = True):
-    """The searcher of --index/--model, behind the document pre-filter when --doc-index is given (with
-    `rerank=False`, the search's own order alone: its rerank off whatever was tuned, no reranker, no
-    answer memory); the command has filled the paths no flag names from the default pipeline
-    (`fill_defaults`)."""
+def phrase_searcher(parts, config: SearchConfig, rerank: bool = True):
+    """The searcher of resolved `parts` (`SearchParts`, `odqa.system.pipeline.resolve_parts`), searching
+    by `config`; with `rerank=False`, the search's own order alone: its rerank off whatever was tuned,
+    no reranker, no answer memory."""
     from odqa.common.paths import default_corpus
     from odqa.retriever.searcher import open_searcher
-    config = SearchConfig.of(args)
     if not rerank:
         config = dataclasses.replace(config, lam=0.0, bm25_weight=0.0)
-    return open_searcher(args.index, args.model, args.corpus or default_corpus(), args.doc_index, args.doc_model, config,
-                         reranker=args.reranker if rerank else None, memory=args.memory if rerank else None)
+    return open_searcher(parts.index, parts.model, parts.corpus or default_corpus(), parts.doc_index, parts.doc_model,
+                         config, reranker=parts.reranker if rerank else None, memory=parts.memory if rerank else None)
 
 
-def search_args(p: argparse.ArgumentParser) -> None:
-    """Every `SearchConfig` setting as a flag, and the answer memory's path."""
-    add_dataclass_args(p, SearchConfig)
-    p.add_argument("--memory", type=Path, default=None,
-                   help="answer memory (`odqa build-memory`): the nearest training questions lend their answers to "
-                        "the extractive answer's vote where a top passage holds them as a phrase (default: the "
-                        "default pipeline's, when its model searches)")
-    p.add_argument("--no-memory", action="store_true", help="without the default pipeline's answer memory")
+def searched(args, reader: bool = False):
+    """(the resolved parts, the search settings, the reading settings) of a command's parsed flags: the
+    parts not given and the settings not given are the default pipeline's, as its record holds them."""
+    from odqa.reader.args import ReaderSettings
+    from odqa.system.args import PipelineParts, SearchParts
+    from odqa.system.pipeline import resolve_parts
+    parts, recorded = resolve_parts(dataclass_from_args(PipelineParts if reader else SearchParts, args), reader=reader)
+    return (parts, dataclass_from_args(SearchConfig, args, recorded),
+            dataclass_from_args(ReaderSettings, args, recorded) if reader else None)
 
 
-def prefilter_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--doc-index", type=Path, default=None, help="document index (`odqa build-doc-index`): search "
-                                                               "phrases only inside each question's top documents")
-    p.add_argument("--doc-model", type=Path, default=None, help="the document encoder the document index was built with")
-    p.add_argument("--no-prefilter", action="store_true", help="search every phrase, without the default "
-                                                                "pipeline's document pre-filter")
-    p.add_argument("--reranker", type=Path, default=None,
-                   help="passage reranker (`odqa train-reranker` OUT/best): reorders the top max(k, --rerank-depth) "
-                        "passages (default: the default pipeline's, where it has one)")
-    p.add_argument("--no-reranker", action="store_true", help="without the default pipeline's passage reranker")
-
-
-def phrase_index_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index", type=Path, default=None, help="phrase index directory (default: the default "
-                                                            "pipeline's, from `odqa demo`)")
-    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default pipeline's)")
-    search_args(p)
-    prefilter_args(p)
+def search_args(p: argparse.ArgumentParser, reader: bool = False) -> None:
+    """The flags of a pipeline's parts (`SearchParts`, or `PipelineParts` with `reader`) and of every
+    search setting, each unset unless given, so that the default pipeline's record can fill it."""
+    from odqa.system.args import PipelineParts, SearchParts
+    add_dataclass_args(p, PipelineParts if reader else SearchParts)
+    add_dataclass_args(p, SearchConfig, unset=True)
 
 
 def cmd_retrieve(args) -> None:
@@ -82,8 +69,7 @@ def cmd_retrieve(args) -> None:
     from odqa.retriever.bm25 import BM25Index, BM25Params
     from odqa.retriever.retrieve import retrieve, retrieve_phrases
     if args.retriever == "phrase":
-        from odqa.common.defaults import fill_defaults
-        fill_defaults(args)
+        parts, config, _ = searched(args)
     elif args.reranker:
         raise InputError(f"--reranker reorders the phrase retriever's passages, not {args.retriever}'s")
     elif args.memory:
@@ -93,7 +79,7 @@ def cmd_retrieve(args) -> None:
     # Under a launcher each rank searches its share of the questions; a killed run resumes its batches.
     split = {"parts": parts_beside(args.out), "key": stage_key(args)}
     if args.retriever == "phrase":
-        entries = retrieve_phrases(phrase_searcher(args), questions, args.k, args.batch_size, **split)
+        entries = retrieve_phrases(phrase_searcher(parts, config), questions, args.k, args.batch_size, **split)
     else:
         store = PassageStore(corpus)
         if args.retriever == "bm25":
@@ -210,7 +196,6 @@ def cmd_build_doc_index(args) -> None:
 
 
 def cmd_tune_lambda(args) -> None:
-    from odqa.common.defaults import fill_defaults
     from odqa.common.questions import load_questions
     from odqa.retriever.tune_lambda import tune_searcher_lambda
     if args.reranker:
@@ -219,8 +204,8 @@ def cmd_tune_lambda(args) -> None:
     if args.memory:
         raise InputError("tune-lambda tunes the order of the passages, which the answer memory does not move: "
                          "--memory has no effect here")
-    fill_defaults(args)
-    searcher = phrase_searcher(args, rerank=False)
+    parts, config, _ = searched(args)
+    searcher = phrase_searcher(parts, config, rerank=False)
     if searcher.prefilter is None:
         raise InputError("tune-lambda needs a document pre-filter (--doc-index and --doc-model, or the default "
                          "pipeline's): lambda weighs the document score")
@@ -234,7 +219,7 @@ def cmd_tune_lambda(args) -> None:
     for lam in lams:
         print(f"| {lam:.1f} | " + " | ".join(f"{table[lam, mu]:.2f}" for mu in mus) + " |")
     print(f"best lambda {result['lambda']:.1f}, BM25 weight {result['bm25_weight']:g} ({metric} {result['best']:.2f} "
-          f"on {result['questions']} questions) -> {args.doc_index}/lambda.json")
+          f"on {result['questions']} questions) -> {parts.doc_index}/lambda.json")
 
 
 def cmd_build_memory(args) -> None:
@@ -278,10 +263,6 @@ def add(sub) -> None:
     p.add_argument("--retriever", choices=["bm25", "dense", "phrase"], default="bm25",
                    help="bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
                         "phrase: passages ranked by their best phrase (default bm25)")
-    p.add_argument("--index", type=Path, default=None, help="phrase index directory (--retriever phrase; default: "
-                                                            "the default pipeline's, from `odqa demo`)")
-    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint (default: the default "
-                                                            "pipeline's), or the dense encoder (default: the MiniLM)")
     search_args(p)
     p.add_argument("--questions", required=True,
                    help="question set name (e.g. nq-test; tqa-test:3000 is its first 3,000), or a JSONL or DPR .qa.csv path")
@@ -291,8 +272,6 @@ def add(sub) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256, help="questions per search call (default 256)")
     p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (default 1.5)")
     p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
-    prefilter_args(p)
-    corpus_arg(p)
 
     p = command(sub, "train-teacher", cmd_train_teacher, loads_checkpoints=True,
                 help="train a cross-encoder span reader for `train-phrase --teacher` to distil from",
@@ -396,7 +375,7 @@ def add(sub) -> None:
                 description="lambda in 0, 0.1, ..., 2 and the BM25 weight mu in --bm25-grid maximising "
                             "validation Top-k of pre-filtered phrase retrieval reranked by z(passage) + lambda "
                             "z(document) + mu z(BM25); stored with the document index.")
-    phrase_index_args(p)
+    search_args(p)
     p.add_argument("--questions", type=Path, default=sup / "validation.jsonl",
                    help="validation questions with answers (default: the supervision validation split)")
     p.add_argument("--limit", type=positive_int, default=500, help="first N questions (default 500)")
@@ -404,7 +383,6 @@ def add(sub) -> None:
     p.add_argument("--bm25-grid", type=float, nargs="+", default=list(BM25_GRID),
                    help="BM25 weights tried (default " + " ".join(f"{m:g}" for m in BM25_GRID) + "; 0 alone tunes "
                         "lambda alone)")
-    corpus_arg(p)
 
     p = command(sub, "build-memory", cmd_build_memory, loads_checkpoints=True,
                 help="the answer memory: training questions whose answers nearby questions' votes borrow",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,28 +13,25 @@ from odqa.system.args import RunArgs
 from odqa.system.commands.args import (
     add_dataclass_args,
     command,
-    corpus_arg,
     dataclass_from_args,
     positive_int,
     question_text,
 )
-from odqa.system.commands.retrieval import phrase_index_args, phrase_searcher
+from odqa.system.commands.retrieval import phrase_searcher, search_args, searched
 
 
 def system_args(p: argparse.ArgumentParser) -> None:
-    """A pipeline's flags: the phrase index (and pre-filter), the reader and its decoding."""
-    phrase_index_args(p)
-    p.add_argument("--reader", type=Path, default=None, help="FiD reader checkpoint (train-reader OUT/best; "
-                                                             "default: the default pipeline's)")
-    add_dataclass_args(p, ReaderSettings)
-    corpus_arg(p)
+    """A pipeline's flags: its parts (`PipelineParts`) and its search and reading settings, each unset
+    unless given, so that the default pipeline's record can fill it."""
+    search_args(p, reader=True)
+    add_dataclass_args(p, ReaderSettings, unset=True)
 
 
 def pipeline(args):
-    from odqa.common.defaults import fill_defaults
+    """The `Pipeline` of a command's flags (`searched`)."""
     from odqa.system.pipeline import Pipeline
-    fill_defaults(args, reader=True)
-    return Pipeline.load(phrase_searcher(args), args.reader, ReaderSettings.of(args))
+    parts, search, reading = searched(args, reader=True)
+    return Pipeline.load(phrase_searcher(parts, search), parts.reader, reading)
 
 
 def shown(path) -> str:
@@ -56,9 +54,12 @@ def cmd_demo(args) -> None:
 
 def cmd_run(args) -> None:
     from odqa.common.ranks import current
+    from odqa.system.args import PipelineParts
+    from odqa.system.pipeline import resolve_parts
     from odqa.system.report import markdown
     from odqa.system.run import run
-    rows = run(dataclass_from_args(RunArgs, args))
+    parts, recorded = resolve_parts(dataclass_from_args(PipelineParts, args), reader=True)
+    rows = run(dataclass_from_args(RunArgs, args, {**recorded, **dataclasses.asdict(parts)}))
     if not current().main:   # rank 0 writes and prints the report
         return
     print(markdown(rows))
@@ -66,14 +67,15 @@ def cmd_run(args) -> None:
 
 
 def cmd_ask(args) -> None:
-    a = pipeline(args).ask(args.question, k=args.k)
+    qa = pipeline(args)
+    a = qa.ask(args.question, k=args.k)
     ex = a.extractive
     print(f"question:   {a.question}")
     votes = f", {ex.support:.0%} of the top passages' votes" if ex and ex.support is not None else ""
     print(f"extractive: {ex.text if ex else '-'}" + (f"  (phrase score {ex.score:.2f}, {ex.passage_id}{votes})" if ex else ""))
     for m in a.memory:
         print(f"memory:     {m.question!r} (cosine {m.similarity:.2f}): {' | '.join(m.answers[:3])}")
-    how = ", chosen among their phrases" if args.decoding == "phrases" else ""
+    how = ", chosen among their phrases" if qa.settings.decoding == "phrases" else ""
     print(f"generated:  {a.generated}  (FiD over {len(a.passages)} passages{how})")
     for i, p in enumerate(a.passages, 1):
         title, text = marked(p.title, p.phrase, True), marked(p.text, p.phrase, False)
@@ -108,8 +110,7 @@ SERVE_ARGS = "ODQA_SERVE_ARGS"   # how `serve --workers N` hands its flags to ea
 def cmd_serve(args) -> None:
     import uvicorn
 
-    from odqa.common.defaults import fill_defaults
-    fill_defaults(args, reader=True)     # a missing default is refused now, not after the server is up
+    searched(args, reader=True)     # a missing part is refused now, not after the server is up
     run = {"host": args.host, "port": args.port, "log_level": "info", "timeout_graceful_shutdown": args.graceful_s}
     if args.workers == 1:
         uvicorn.run(serve_app(args), **run)
@@ -135,11 +136,12 @@ def serve_app(args):
         import torch
         torch.set_num_threads(args.threads)
     max_batch, max_queue_s = serve_limits(args.max_batch, args.max_queue_s, pick_device())
+    parts = searched(args, reader=True)[0]
     return create_app(load=lambda: pipeline(args), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
                       max_queue=args.max_queue, max_queue_s=None if max_queue_s < 0 else max_queue_s,
                       timeout_s=args.timeout_s,
-                      info={"index": shown(args.index), "reader": shown(args.reader),
-                            "prefilter": shown(args.doc_index) if args.doc_index else None})
+                      info={"index": shown(parts.index), "reader": shown(parts.reader),
+                            "prefilter": shown(parts.doc_index) if parts.doc_index else None})
 
 
 def serve_app_from_environment():
@@ -181,7 +183,7 @@ def add(sub) -> None:
                 help="evaluate the system: extractive vs generated EM per question set and k, with plots",
                 description="Phrase retrieval (with the document pre-filter if given), FiD at each k, a report "
                             "table, per-question JSONL and PNG plots in OUT; a rerun reuses what is done.")
-    add_dataclass_args(p, RunArgs)
+    add_dataclass_args(p, RunArgs, unset=True)
 
     p = command(sub, "ask", cmd_ask, loads_checkpoints=True,
                 help="answer one question: the extractive and the generated answer, and the passages")
