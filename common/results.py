@@ -1,6 +1,6 @@
 """What a question gets back, as typed values: the phrases, passages and documents of a search and the
-answers of the pipeline. The server's responses, `odqa ask`'s printout and `odqa run`'s per-question
-file are made from these, and `to_dict` / `from_dict` round-trip them through JSON.
+answers of the pipeline. The server's responses (their schema at /docs too) and `odqa ask`'s printout
+are made from these, and `to_dict` / `from_dict` round-trip them through JSON.
 
     Answer(question, extractive: Phrase | None, generated: str, passages: tuple[Passage, ...],
            memory: tuple[Neighbour, ...], timings: dict)

@@ -2,9 +2,10 @@
 (tevatron-style; `odqa.system.commands.args` makes one flag per field), and the optimiser settings
 that every trainer embeds. No torch here: building the CLI's parser imports this.
 
-Field metadata: "help"; "flag" where the flag is not --field-name; "aliases" for old spellings that
-still work, with a deprecation line; "range", "positive" or "non_negative", which both the flag's
-parser and `check_ranges` (a dataclass's __post_init__, for settings made in Python) enforce.
+Field metadata: "help"; "flag" where the flag is not --field-name, or "positional"; "aliases" for old
+spellings that still work, with a deprecation line; "choices"; "range" (positive, non_negative,
+percent, port, text: not empty), which both the flag's parser and `check_ranges` (a dataclass's
+__post_init__, for settings made in Python) enforce.
 """
 from __future__ import annotations
 
@@ -21,12 +22,20 @@ def arg(default=None, help: str = "", **meta):
 
 
 def flag_of(f) -> str:
-    """The command-line flag of a settings field."""
+    """The command-line flag of a settings field (a positional one: its name)."""
+    if f.metadata.get("positional"):
+        return f.name
     return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
 
 
 def range_error(rule: str, value) -> str | None:
     """What is wrong with `value` under a field's "range" rule, as the flag's parser says it; None if nothing."""
+    if rule == "text":
+        return None if str(value).strip() else f"must not be empty, not {value!r}"
+    if rule == "percent":
+        return None if 0 <= value <= 100 else f"must be between 0 and 100, not {value:g}"
+    if rule == "port":
+        return None if 1 <= value <= 65535 else f"must be a port, 1 to 65535, not {value}"
     if rule == "positive" and isinstance(value, int) and not isinstance(value, bool):
         return None if value >= 1 else f"must be at least 1, not {value}"
     if rule == "positive":
@@ -41,9 +50,21 @@ def check_ranges(settings) -> None:
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
         if "range" in f.metadata and value is not None:
-            said = range_error(f.metadata["range"], value)
-            if said:
-                raise InputError(f"{flag_of(f)}: {said}")
+            for one in value if isinstance(value, (list, tuple)) else [value]:
+                said = range_error(f.metadata["range"], one)
+                if said:
+                    raise InputError(f"{flag_of(f)}: {said}")
+
+
+@dataclass(kw_only=True)
+class Settings:
+    """A command's settings: its fields' ranges are checked when made, in Python as from flags."""
+
+    def __post_init__(self):
+        check_ranges(self)
+
+
+CORPUS_HELP = "a directory built by `odqa corpus build` (default: the default corpus, $ODQA_HOME/corpus/default)"
 
 
 def required(help: str, **meta):
@@ -51,9 +72,9 @@ def required(help: str, **meta):
     return field(metadata={"help": help, **meta})
 
 
-def listed(default: list, help: str):
+def listed(default: list, help: str, **meta):
     """A list-valued settings field (a flag taking several values)."""
-    return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default_factory=lambda: list(default), metadata={"help": help, **meta})
 
 
 OUT = dict(flag="--out", aliases=["--out-dir"])   # every output directory is --out; --out-dir until 0.3

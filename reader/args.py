@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from odqa.common.io import InputError
-from odqa.common.settings import OUT, OptimArgs, arg, check_ranges, listed, required
+from odqa.common.settings import CORPUS_HELP, OUT, OptimArgs, Settings, arg, check_ranges, listed, required
 
 DECODING = ("spans", "free")     # answers are passage spans | any tokens
 # Reading may also choose among the retriever's phrases and the spans answer (reader/fusion.py);
@@ -121,3 +122,37 @@ class ClozeArgs:
     max_words: int = arg(40, "longer sentences are skipped")
     max_answer_words: int = arg(5, "answer words at most")
     seed: int = arg(0, "seed of the draw")
+
+
+@dataclass(kw_only=True)
+class ReaderInitArgs(Settings):
+    """`odqa reader init`."""
+    from_encoder: str | None = arg(None, "BERT checkpoint to warm-start from, e.g. "
+                                         "$ODQA_HOME/data/encoders/all-MiniLM-L6-v2", flag="--from",
+                                   metavar="ENCODER_DIR")
+    decoder_layers: int = arg(2, "with --from: decoder depth", range="positive")
+    dropout: float = arg(0.0, "with --from: dropout of encoder and decoder (0: short CPU schedules underfit)",
+                         range="non_negative")
+    pointer: bool = arg(True, "with --from: the output also points at the passages' tokens through their encoder "
+                              "states (a copy distribution; no new weights; default on)")
+    passage_prior: bool | None = arg(None, "with --from and --pointer: weigh each passage's tokens by a learned "
+                                           "relevance of the passage to the question (one linear layer on its [CLS] "
+                                           "state, trained on the retrieval file's has_answer too; default: on with "
+                                           "the pointer)")
+    preset: str = arg("tiny", "without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's)",
+                      choices=list(PRESETS))
+    out: Path | None = arg(None, "checkpoint directory (default: $ODQA_HOME/readers/bert2bert-init with --from, else "
+                                 "t5-PRESET-init)")
+    vocab_size: int | None = arg(None, "vocabulary incl. sentinels (default: the preset's)", range="positive")
+    seed: int = arg(0, "seed of the new weights")
+    corpus: Path | None = arg(None, CORPUS_HELP)
+
+
+@dataclass(kw_only=True)
+class ReadArgs(Settings):
+    """`odqa read`'s own settings, beside `ReaderSettings`."""
+    model: str = required("reader checkpoint (train-reader OUT/best) or T5 name")
+    input: Path = required("retrieval file (DPR/FiD JSON or JSONL)")
+    out: Path = required("predictions JSONL")
+    k: int = arg(10, "passages per question", range="positive")
+    limit: int | None = arg(None, "only the first N questions", range="positive")

@@ -1,5 +1,6 @@
-"""The settings of the retriever's training jobs, as dataclasses whose fields carry their command-line
-help (tevatron-style): `odqa train-phrase`, `train-query` and `train-doc` make one flag per field. This
+"""The settings of the retriever's commands, as dataclasses whose fields carry their command-line help
+(tevatron-style): each command makes one flag per field (search: `SearchConfig`; training:
+`PhraseTrainArgs`, `QueryTrainArgs`, `DocTrainArgs`, ...; the index: `DumpArgs`, `BuildIndexArgs`, ...). This
 module imports nothing heavy, so that building the CLI's parser (and `odqa --help`) loads no torch.
 
 Fields are made by `odqa.common.settings` (help in their metadata); the optimiser settings are
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from odqa.common.io import InputError
-from odqa.common.settings import OUT, OptimArgs, arg, check_ranges, required
+from odqa.common.settings import CORPUS_HELP, OUT, OptimArgs, Settings, arg, check_ranges, listed, required
 
 DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
 # The pipeline's longest answer phrase, in word pieces. The index keeps L = 20 (DensePhrases'), but
@@ -190,3 +192,93 @@ class RerankerTrainArgs(OptimArgs):
     max_validation_examples: int | None = arg(500, "validate on the first N questions")
     record: bool = arg(True, "make OUT/best the default pipeline's reranker, which `retrieve --retriever phrase`, "
                              "`ask`, `serve` and `run` then use unless --no-reranker")
+
+
+@dataclass(kw_only=True)
+class RetrieveArgs(Settings):
+    """`odqa retrieve`'s own settings, beside a phrase search's parts and settings."""
+    retriever: str = arg("bm25", "bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
+                                 "phrase: passages ranked by their best phrase", choices=["bm25", "dense", "phrase"])
+    questions: str = required("question set name (e.g. nq-test; tqa-test:3000 is its first 3,000), or a JSONL or "
+                              "DPR .qa.csv path")
+    k: int = arg(100, "passages per question", range="positive")
+    out: Path = required("output JSON file")
+    limit: int | None = arg(None, "only the first N questions", range="positive")
+    batch_size: int = arg(256, "questions per search call", range="positive")
+    k1: float = arg(1.5, "BM25 k1")
+    b: float = arg(0.75, "BM25 b")
+
+
+@dataclass(kw_only=True)
+class DumpArgs(Settings):
+    """`odqa dump-phrases`."""
+    model: Path = required("phrase model checkpoint (train-phrase OUT/best)")
+    out: Path = required("dump directory (shards go inside)")
+    shard: str | None = arg(None, "k/n: this process's slice of the corpus, for processes a scheduler starts one by "
+                                  "one (Slurm arrays); under torchrun or accelerate launch each rank takes its own "
+                                  "slice (default: 1/1, or the rank's)")
+    threshold: float | None = arg(None, "filter logit a token needs (default: keep all)")
+    batch_size: int = arg(32, "passages per forward pass", range="positive")
+    chunk_passages: int = arg(1024, "passages per chunk file", range="positive")
+    corpus: Path | None = arg(None, CORPUS_HELP)
+
+
+@dataclass(kw_only=True)
+class BuildIndexArgs(Settings):
+    """`odqa build-index`."""
+    dump: Path = required("dump directory from `odqa dump-phrases`")
+    out: Path = required("index directory")
+    factory: str | None = arg(None, "faiss index_factory string: Flat, IVF4096,SQ4, IVF256,PQ16 ... (default: IVF-PQ "
+                                    "sized to the index, e.g. IVF256,PQ16 for 200k 192-d vectors)")
+    keep: float = arg(DEFAULT_KEEP, "share of the dump's tokens to index, those the phrase filter (`odqa "
+                                    "train-filter`) scores highest; 1: every token, no filter", range="positive")
+    filter: Path | None = arg(None, "phrase filter for --keep (default: DUMP/filter, from `odqa train-filter`)")
+    train_size: int = arg(200_000, "vectors sampled to train IVF/PQ", range="positive")
+    corpus: Path | None = arg(None, CORPUS_HELP)
+
+
+@dataclass(kw_only=True)
+class FilterArgs(Settings):
+    """`odqa train-filter`."""
+    dump: Path = required("dump directory from `odqa dump-phrases`")
+    train_file: Path | None = arg(None, "supervision examples (default: the default supervision's train.jsonl)")
+    validation_file: Path | None = arg(None, "supervision examples for the calibration table (default: the default "
+                                             "supervision's validation.jsonl)")
+    hidden: int = arg(256, "MLP hidden size", range="positive")
+    epochs: int = arg(8, "passes over the training tokens", range="positive")
+    out: Path | None = arg(None, "filter directory (default: DUMP/filter)")
+    corpus: Path | None = arg(None, CORPUS_HELP)
+
+
+@dataclass(kw_only=True)
+class DocIndexArgs(Settings):
+    """`odqa build-doc-index`."""
+    model: Path = required("document encoder checkpoint (train-doc OUT/best)")
+    out: Path = required("index directory")
+    factory: str = arg("Flat", "faiss index_factory string")
+    corpus: Path | None = arg(None, CORPUS_HELP)
+
+
+@dataclass(kw_only=True)
+class TuneLambdaArgs(Settings):
+    """`odqa tune-lambda`'s own settings, beside a phrase search's parts and settings."""
+    questions: Path | None = arg(None, "validation questions with answers (default: the supervision validation split)")
+    limit: int = arg(500, "first N questions", range="positive")
+    metric_k: int = arg(20, "k of the Top-k to maximise", range="positive")
+    bm25_grid: list[float] = listed(list(BM25_GRID), "BM25 weights tried; 0 alone tunes lambda alone")
+
+
+@dataclass(kw_only=True)
+class MemoryArgs(Settings):
+    """`odqa build-memory`."""
+    model: Path | None = arg(None, "phrase model checkpoint whose question encoders search (default: the default "
+                                   "pipeline's)")
+    questions: list[str] = listed(["nq-dev", "tqa-dev"], "question sets with answers: names, JSONL or DPR .qa.csv "
+                                                         "paths (never a set you evaluate on)")
+    out: Path | None = arg(None, "output directory (default $ODQA_HOME/memory)")
+
+
+@dataclass(kw_only=True)
+class VerifyArgs(Settings):
+    """`odqa verify`."""
+    path: Path = required("the index directory (holding manifest.json)", positional=True)

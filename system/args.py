@@ -1,10 +1,13 @@
-"""The settings of `odqa run`, as a dataclass whose fields carry their command-line help. Nothing heavy
-is imported here, so that building the CLI's parser (and `odqa --help`) loads no torch."""
+"""The settings of the system's and the data's commands (`odqa run`, `ask`, `serve`, `demo`, `data fetch`,
+`corpus build`, `supervise`, `eval-retrieval`) and a pipeline's parts, as dataclasses whose fields carry
+their command-line help. Nothing heavy is imported here, so that building the CLI's parser (and
+`odqa --help`) loads no torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from odqa.common.settings import OUT, arg, listed, required
+from odqa.common.settings import CORPUS_HELP, OUT, Settings, arg, listed, required
 from odqa.reader.args import ReaderSettings
 from odqa.retriever.args import SearchConfig
 
@@ -53,3 +56,91 @@ class RunArgs(PipelineParts, SearchConfig, ReaderSettings):
     def __post_init__(self):   # both bases' checks: the MRO would run SearchConfig's alone
         SearchConfig.__post_init__(self)
         ReaderSettings.__post_init__(self)
+
+
+@dataclass(kw_only=True)
+class AskArgs(Settings):
+    """`odqa ask`'s own settings, beside a pipeline's parts and settings."""
+    question: str = required("the question", positional=True, range="text")
+    k: int = arg(10, "passages retrieved and read", range="positive")
+
+
+@dataclass(kw_only=True)
+class ServeConfig(Settings):
+    """`odqa serve`'s own settings: the server's address, batching, limits and processes."""
+    host: str = arg("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
+    port: int = arg(8000, "port", range="port")
+    max_batch: int | None = arg(None, "requests answered together at most (default: 1 on a CPU, where a batch saves "
+                                      "nothing; 16 on a GPU)", range="positive")
+    max_wait_ms: float = arg(10.0, "wait for more requests after the first", range="non_negative")
+    max_queue: int = arg(64, "requests that may wait; more are answered 429 with Retry-After", range="positive")
+    max_queue_s: float | None = arg(None, "refuse (429) a request with more than this many seconds of work ahead of "
+                                          "it, as measured (0: only when idle; negative: no such limit; default: 0 "
+                                          "on a CPU, 1 on a GPU)")
+    timeout_s: float = arg(30.0, "a request not answered in this time gets 503", range="positive")
+    threads: int | None = arg(None, "CPU threads for the models (default: torch's choice, every core); fewer leave "
+                                    "cores to other processes on the machine", range="positive")
+    graceful_s: float = arg(60.0, "on shutdown, how long requests in flight may take to finish", range="non_negative")
+    workers: int = arg(1, "server processes sharing the port, each with its own models and the limits above, the "
+                          "memory-mapped indexes shared; /metrics sums them all", range="positive")
+
+
+@dataclass(kw_only=True)
+class DemoArgs(Settings):
+    """`odqa demo`: which recipe, on which corpus, into which directory; the recipe's own settings are
+    `odqa.system.recipe_config.RecipeConfig`'s, set by a preset file."""
+    preset: str = arg("demo", "demo (under 30 min on 2 CPU cores), full (the README's schedules, whole test sets), or "
+                              "a TOML or JSON file of the recipe's settings (system/presets/*.toml are the two)")
+    documents: str | None = arg(None, "run the recipe on a corpus of your own: any `odqa corpus build` input (DPR's "
+                                      "TSV, passages or documents JSONL, compressed or not), built into --corpus "
+                                      "(default OUT/corpus)", metavar="FILE")
+    corpus: str | None = arg(None, "where the corpus is built (default: the default corpus, or OUT/corpus with "
+                                   "--documents)", metavar="DIR")
+    out: Path | None = arg(None, "where the stages write (default: $ODQA_HOME/runs/demo, or demo-PRESET)")
+    plan: bool = arg(False, "print the stages, which are done, and the time estimate; run nothing")
+    encoder: str | None = arg(None, "BERT-family checkpoint the retriever encoders start from (default: the data "
+                                    "pack's MiniLM)")
+    reader_model: str | None = arg(None, "a reader checkpoint to train from, e.g. t5-base or one `odqa reader init` "
+                                         "wrote (default: a bert2bert reader warm-started from the encoder, `odqa "
+                                         "reader init`)")
+    reranker: bool | None = arg(None, "also train a cross-encoder passage reranker (a stage before `run`; about half "
+                                      "an hour more on 2 cores) and read through it (default: off in both presets)")
+    seed: int | None = arg(None, "added to every seed of the chain, to measure how far another draw moves the "
+                                 "results; use with --out, or it replaces the preset's default run (default 0: the "
+                                 "guides' runs)")
+
+
+@dataclass(kw_only=True)
+class FetchArgs(Settings):
+    """`odqa data fetch`."""
+    force: bool = arg(False, "extract again even if already fetched")
+
+
+@dataclass(kw_only=True)
+class CorpusBuildArgs(Settings):
+    """`odqa corpus build`."""
+    input: list[Path] | None = arg(None, "input files (default: the data pack's documents)")
+    format: str = arg("auto", "input format (auto: from the file)", choices=["auto", "dpr-tsv", "passages", "documents"])
+    out: Path | None = arg(None, "output directory (default: $ODQA_HOME/corpus/default)")
+    max_words: int = arg(100, "passage length bound in words", range="positive")
+
+
+@dataclass(kw_only=True)
+class SuperviseArgs(Settings):
+    """`odqa supervise`."""
+    questions: list[str] = listed(["nq-dev", "tqa-dev"], "question sets (names, JSONL or DPR .qa.csv paths; NAME:N "
+                                                         "is the first N)")
+    corpus: Path | None = arg(None, CORPUS_HELP)
+    out: Path | None = arg(None, "output directory (default: CORPUS/supervision)")
+    positives: int = arg(1, "examples per question: the best-ranked positives", range="positive")
+    validation_percent: float = arg(10.0, "share of questions for validation", range="percent")
+
+
+@dataclass(kw_only=True)
+class EvalRetrievalArgs(Settings):
+    """`odqa eval-retrieval`."""
+    runs: list[Path] = required("DPR-format retrieval files", positional=True)
+    topk: list[int] = listed([1, 5, 20, 100], "k values", range="positive")
+    no_answerable: bool = arg(False, "skip the answerable subset (no corpus pass)")
+    json: Path | None = arg(None, "also write the metrics to this JSON file")
+    corpus: Path | None = arg(None, CORPUS_HELP)

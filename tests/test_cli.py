@@ -209,3 +209,44 @@ def test_a_bad_config_file_is_refused_naming_it(tmp_path, capsys):
     assert "missing.json: no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["read", "--config", str(tmp_path / "list.json")])   # not a training command
+
+
+def settings_classes():
+    """Every settings dataclass of the packages' args modules."""
+    import dataclasses
+    import importlib
+    for module in ("odqa.common.settings", "odqa.retriever.args", "odqa.reader.args", "odqa.system.args"):
+        for value in vars(importlib.import_module(module)).values():
+            if isinstance(value, type) and dataclasses.is_dataclass(value):
+                yield value
+
+
+def test_every_flag_is_one_settings_field_and_every_field_is_a_flag():
+    """The settings dataclasses are the one home of every flag of every command: each flag (and each
+    positional argument) is a field of one, no command has two flags for one field, and every field is
+    the flag of some command. Outside them: --help, and -q, --debug and --config FILE, which are the
+    CLI's own (a file of the flags, not a setting)."""
+    import dataclasses
+
+    from odqa.common.settings import flag_of
+    fields = {(flag_of(f), f.name) for cls in settings_classes() for f in dataclasses.fields(cls)}
+    used, commands = set(), 0
+    for name, action in every_option(build_parser()):
+        if name == "odqa" or isinstance(action, argparse._HelpAction) or action.dest == "config" \
+                or action.help == argparse.SUPPRESS:   # an old spelling of a flag, which it still sets
+            continue
+        flag = action.option_strings[0] if action.option_strings else action.dest
+        assert (flag, action.dest) in fields, f"`odqa {name[5:]} {flag}` is no settings field"
+        used.add((flag, action.dest))
+    stack = [build_parser()]
+    while stack:   # each command's parser: no two of its flags set one field
+        for action in stack.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions):
+                        dests = [a.dest for a in p._actions if a.help != argparse.SUPPRESS]
+                        assert len(dests) == len(set(dests)), f"{sub}: {dests}"
+                        commands += 1
+                    stack.append(p)
+    assert commands >= 26
+    assert not fields - used, f"settings fields that are no command's flag: {sorted(fields - used)}"

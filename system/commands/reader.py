@@ -1,18 +1,15 @@
 """The reader's commands: `reader init`, `reader cloze`, `pretrain-reader`, `train-reader` and `read`."""
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
-from odqa.reader.args import PRESETS, ClozeArgs, LoopArgs, PretrainArgs, ReaderArgs, ReaderSettings
+from odqa.reader.args import ClozeArgs, LoopArgs, PretrainArgs, ReadArgs, ReaderArgs, ReaderInitArgs, ReaderSettings
 from odqa.system.commands.args import (
     add_dataclass_args,
     command,
     config_arg,
-    corpus_arg,
     dataclass_from_args,
-    positive_int,
     stage_key,
 )
 
@@ -102,27 +99,7 @@ def add(sub) -> None:
                             "cross-attention, one tied word embedding. Without: train a unigram SentencePiece "
                             "vocabulary on the corpus (T5's pad/eos/unk and 100 sentinels) and build a T5 of "
                             "the preset's shape. Either is saved as an HF checkpoint.")
-    p.add_argument("--from", dest="from_encoder", default=None, metavar="ENCODER_DIR",
-                   help="BERT checkpoint to warm-start from, e.g. $ODQA_HOME/data/encoders/all-MiniLM-L6-v2")
-    p.add_argument("--decoder-layers", type=positive_int, default=2, help="with --from: decoder depth (default 2)")
-    p.add_argument("--dropout", type=float, default=0.0, help="with --from: dropout of encoder and decoder (default 0: "
-                                                              "short CPU schedules underfit)")
-    p.add_argument("--pointer", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --from: the output also points at the passages' tokens through their encoder states "
-                        "(a copy distribution; no new weights; default on)")
-    p.add_argument("--passage-prior", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --from and --pointer: weigh each passage's tokens by a learned relevance of the "
-                        "passage to the question (one linear layer on its [CLS] state, trained on the retrieval "
-                        "file's has_answer too; default: on with the pointer)")
-    p.add_argument("--preset", choices=list(PRESETS), default="tiny",
-                   help="without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's) "
-                        "(default tiny)")
-    p.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: $ODQA_HOME/readers/"
-                                                          "bert2bert-init with --from, else t5-PRESET-init)")
-    p.add_argument("--vocab-size", type=positive_int, default=None,
-                   help="vocabulary incl. sentinels (default: the preset's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the new weights (default 0)")
-    corpus_arg(p)
+    add_dataclass_args(p, ReaderInitArgs)
 
     p = command(reader, "cloze", cmd_reader_cloze, loads_checkpoints=True,
                 help="cloze questions from the corpus: practice for a from-scratch reader",
@@ -151,9 +128,5 @@ def add(sub) -> None:
                 loads_checkpoints=True, help="generate answers for a retrieval file with a FiD reader; print EM",
                 description="Batched greedy (or beam) generation; writes {id, question, answers, prediction, em} "
                             "JSONL.")
-    p.add_argument("--model", required=True, help="reader checkpoint (train-reader OUT/best) or T5 name")
-    p.add_argument("--input", type=Path, required=True, help="retrieval file (DPR/FiD JSON or JSONL)")
-    p.add_argument("--out", type=Path, required=True, help="predictions JSONL")
-    p.add_argument("--k", type=positive_int, default=10, help="passages per question (default 10)")
+    add_dataclass_args(p, ReadArgs)
     add_dataclass_args(p, ReaderSettings)   # --decoding phrases reads ctxs[].phrase of a phrase retrieval file
-    p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")

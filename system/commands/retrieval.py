@@ -9,22 +9,26 @@ from pathlib import Path
 
 from odqa.common.io import InputError
 from odqa.retriever.args import (
-    BM25_GRID,
-    DEFAULT_KEEP,
+    BuildIndexArgs,
+    DocIndexArgs,
     DocTrainArgs,
+    DumpArgs,
+    FilterArgs,
+    MemoryArgs,
     PhraseTrainArgs,
     QueryTrainArgs,
     RerankerTrainArgs,
+    RetrieveArgs,
     SearchConfig,
     TeacherTrainArgs,
+    TuneLambdaArgs,
+    VerifyArgs,
 )
 from odqa.system.commands.args import (
     add_dataclass_args,
     command,
     config_arg,
-    corpus_arg,
     dataclass_from_args,
-    positive_int,
     stage_key,
 )
 
@@ -260,18 +264,8 @@ def add(sub) -> None:
                 loads_checkpoints=lambda args: args.retriever != "bm25",
                 help="retrieve passages for a question set into a DPR-format file",
                 description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
-    p.add_argument("--retriever", choices=["bm25", "dense", "phrase"], default="bm25",
-                   help="bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
-                        "phrase: passages ranked by their best phrase (default bm25)")
+    add_dataclass_args(p, RetrieveArgs)
     search_args(p)
-    p.add_argument("--questions", required=True,
-                   help="question set name (e.g. nq-test; tqa-test:3000 is its first 3,000), or a JSONL or DPR .qa.csv path")
-    p.add_argument("--k", type=positive_int, default=100, help="passages per question (default 100)")
-    p.add_argument("--out", type=Path, required=True, help="output JSON file")
-    p.add_argument("--limit", type=positive_int, default=None, help="only the first N questions")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="questions per search call (default 256)")
-    p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (default 1.5)")
-    p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
 
     p = command(sub, "train-teacher", cmd_train_teacher, loads_checkpoints=True,
                 help="train a cross-encoder span reader for `train-phrase --teacher` to distil from",
@@ -296,47 +290,18 @@ def add(sub) -> None:
                 help="encode every passage's phrase start/end vectors (sharded, resumable)",
                 description="Start/end vectors of the tokens whose filter logit passes --threshold, float16, "
                             "in chunk files with their metadata. Re-running resumes an interrupted shard.")
-    p.add_argument("--model", type=Path, required=True, help="phrase model checkpoint (train-phrase OUT/best)")
-    p.add_argument("--out", type=Path, required=True, help="dump directory (shards go inside)")
-    p.add_argument("--shard", default=None,
-                   help="k/n: this process's slice of the corpus, for processes a scheduler starts one by one (Slurm "
-                        "arrays); under torchrun or accelerate launch each rank takes its own slice (default: 1/1, or "
-                        "the rank's)")
-    p.add_argument("--threshold", type=float, default=None, help="filter logit a token needs (default: keep all)")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="passages per forward pass (default 32)")
-    p.add_argument("--chunk-passages", type=positive_int, default=1024, help="passages per chunk file (default 1024)")
-    corpus_arg(p)
+    add_dataclass_args(p, DumpArgs)
 
     p = command(sub, "build-index", cmd_build_index, help="merge dump shards into a faiss phrase index",
                 description="One start and one end index from a faiss index_factory string, with a manifest "
                             "that records each file's sha256.")
-    p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
-    p.add_argument("--out", type=Path, required=True, help="index directory")
-    p.add_argument("--factory", default=None, help="faiss index_factory string: Flat, IVF4096,SQ4, IVF256,PQ16 ... "
-                                                   "(default: IVF-PQ sized to the index, e.g. IVF256,PQ16 for 200k "
-                                                   "192-d vectors)")
-    p.add_argument("--keep", type=float, default=DEFAULT_KEEP, help="share of the dump's tokens to index, those the "
-                                                                     "phrase filter (`odqa train-filter`) scores highest; "
-                                                                     f"1: every token, no filter (default {DEFAULT_KEEP})")
-    p.add_argument("--filter", type=Path, default=None, help="phrase filter for --keep (default: DUMP/filter, "
-                                                             "from `odqa train-filter`)")
-    p.add_argument("--train-size", type=positive_int, default=200_000,
-                   help="vectors sampled to train IVF/PQ (default 200000)")
-    corpus_arg(p)
+    add_dataclass_args(p, BuildIndexArgs)
 
     p = command(sub, "train-filter", cmd_train_filter,
                 help="fit the phrase filter that decides which dumped tokens build-index keeps",
                 description="An MLP over each token's dumped start/end vectors, trained to find answer "
                             "boundaries in supervision passages; prints tokens kept against answer phrases kept.")
-    p.add_argument("--dump", type=Path, required=True, help="dump directory from `odqa dump-phrases`")
-    p.add_argument("--train-file", type=Path, default=sup / "train.jsonl", help="supervision examples (default: "
-                                                                             f"{sup / 'train.jsonl'})")
-    p.add_argument("--validation-file", type=Path, default=sup / "validation.jsonl",
-                   help=f"supervision examples for the calibration table (default: {sup / 'validation.jsonl'})")
-    p.add_argument("--hidden", type=positive_int, default=256, help="MLP hidden size (default 256)")
-    p.add_argument("--epochs", type=positive_int, default=8, help="passes over the training tokens (default 8)")
-    p.add_argument("--out", type=Path, default=None, help="filter directory (default: DUMP/filter)")
-    corpus_arg(p)
+    add_dataclass_args(p, FilterArgs, {"train_file": sup / "train.jsonl", "validation_file": sup / "validation.jsonl"})
 
     p = command(sub, "train-query", cmd_train_query,
                 loads_checkpoints=True, help="query-side fine-tuning against a fixed phrase index",
@@ -365,10 +330,7 @@ def add(sub) -> None:
 
     p = command(sub, "build-doc-index", cmd_build_doc_index, loads_checkpoints=True,
                 help="encode every document summary into a faiss document index")
-    p.add_argument("--model", type=Path, required=True, help="document encoder checkpoint (train-doc OUT/best)")
-    p.add_argument("--out", type=Path, required=True, help="index directory")
-    p.add_argument("--factory", default="Flat", help="faiss index_factory string (default Flat)")
-    corpus_arg(p)
+    add_dataclass_args(p, DocIndexArgs)
 
     p = command(sub, "tune-lambda", cmd_tune_lambda, loads_checkpoints=True,
                 help="grid-search the rerank weights of the document and BM25 scores on validation",
@@ -376,13 +338,7 @@ def add(sub) -> None:
                             "validation Top-k of pre-filtered phrase retrieval reranked by z(passage) + lambda "
                             "z(document) + mu z(BM25); stored with the document index.")
     search_args(p)
-    p.add_argument("--questions", type=Path, default=sup / "validation.jsonl",
-                   help="validation questions with answers (default: the supervision validation split)")
-    p.add_argument("--limit", type=positive_int, default=500, help="first N questions (default 500)")
-    p.add_argument("--metric-k", type=positive_int, default=20, help="k of the Top-k to maximise (default 20)")
-    p.add_argument("--bm25-grid", type=float, nargs="+", default=list(BM25_GRID),
-                   help="BM25 weights tried (default " + " ".join(f"{m:g}" for m in BM25_GRID) + "; 0 alone tunes "
-                        "lambda alone)")
+    add_dataclass_args(p, TuneLambdaArgs, {"questions": sup / "validation.jsonl"})
 
     p = command(sub, "build-memory", cmd_build_memory, loads_checkpoints=True,
                 help="the answer memory: training questions whose answers nearby questions' votes borrow",
@@ -390,15 +346,10 @@ def add(sub) -> None:
                             "then let each question's nearest ones (cosine >= --memory-threshold) vote for their "
                             "answers where a top passage holds them as a phrase. Built for the default pipeline's "
                             "model, it becomes the pipeline's memory.")
-    p.add_argument("--model", type=Path, default=None, help="phrase model checkpoint whose question encoders search "
-                                                            "(default: the default pipeline's)")
-    p.add_argument("--questions", nargs="+", default=["nq-dev", "tqa-dev"],
-                   help="question sets with answers: names, JSONL or DPR .qa.csv paths (default nq-dev tqa-dev; never "
-                        "a set you evaluate on)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default $ODQA_HOME/memory)")
+    add_dataclass_args(p, MemoryArgs)
 
     p = command(sub, "verify", cmd_verify, help="check an index's files against the checksums in its manifest",
                 description="Hash every file of a phrase or document index (or a dense index under a "
                             "corpus) and compare with manifest.json. Opening an index checks every size but "
                             "hashes only files up to 256 MB; this checks the large ones too.")
-    p.add_argument("path", type=Path, help="the index directory (holding manifest.json)")
+    add_dataclass_args(p, VerifyArgs)

@@ -9,13 +9,11 @@ from pathlib import Path
 
 from odqa.common.device import pick_device
 from odqa.reader.args import ReaderSettings
-from odqa.system.args import RunArgs
+from odqa.system.args import AskArgs, DemoArgs, RunArgs, ServeConfig
 from odqa.system.commands.args import (
     add_dataclass_args,
     command,
     dataclass_from_args,
-    positive_int,
-    question_text,
 )
 from odqa.system.commands.retrieval import phrase_searcher, search_args, searched
 
@@ -155,29 +153,7 @@ def add(sub) -> None:
                 description="Fetch the data, build the corpus, train the phrase, document and FiD models on "
                             "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
                             "the report and three answers. A rerun reuses every finished stage.")
-    p.add_argument("--preset", default="demo", help="demo (under 30 min on 2 CPU cores), full (the README's "
-                                                    "schedules, whole test sets), or a TOML or JSON file of the demo's "
-                                                    "settings (system/presets/*.toml are the two)")
-    p.add_argument("--documents", default=None, metavar="FILE",
-                   help="run the recipe on a corpus of your own: any `odqa corpus build` input (DPR's TSV, passages "
-                        "or documents JSONL, compressed or not), built into --corpus (default OUT/corpus)")
-    p.add_argument("--corpus", default=None, metavar="DIR",
-                   help="where the corpus is built (default: the default corpus, or OUT/corpus with --documents)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="where the stages write (default: $ODQA_HOME/runs/demo, or demo-PRESET)")
-    p.add_argument("--plan", action="store_true", help="print the stages, which are done, and the time estimate; "
-                                                       "run nothing")
-    p.add_argument("--encoder", default=None, help="BERT-family checkpoint the retriever encoders start from "
-                                                   "(default: the data pack's MiniLM)")
-    p.add_argument("--reader-model", default=None,
-                   help="a reader checkpoint to train from, e.g. t5-base or one `odqa reader init` wrote (default: "
-                        "a bert2bert reader warm-started from the encoder, `odqa reader init`)")
-    p.add_argument("--reranker", action=argparse.BooleanOptionalAction, default=None,
-                   help="also train a cross-encoder passage reranker (a stage before `run`; about half an hour more on "
-                        "2 cores) and read through it (default: off in both presets)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="added to every seed of the chain, to measure how far another draw moves the results; use "
-                        "with --out, or it replaces the preset's default run (default 0: the guides' runs)")
+    add_dataclass_args(p, DemoArgs)
 
     p = command(sub, "run", cmd_run, loads_checkpoints=True,
                 help="evaluate the system: extractive vs generated EM per question set and k, with plots",
@@ -187,32 +163,11 @@ def add(sub) -> None:
 
     p = command(sub, "ask", cmd_ask, loads_checkpoints=True,
                 help="answer one question: the extractive and the generated answer, and the passages")
-    p.add_argument("question", type=question_text)
-    p.add_argument("--k", type=positive_int, default=10, help="passages retrieved and read (default 10)")
+    add_dataclass_args(p, AskArgs)
     system_args(p)
 
     p = command(sub, "serve", cmd_serve, loads_checkpoints=True,
                 help="serve answers over HTTP (POST /answer, GET /health, /metrics, docs at /docs)",
                 description="FastAPI service; concurrent requests are batched for the question encoders and FiD.")
     system_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--max-batch", type=positive_int, default=None,
-                   help="requests answered together at most (default: 1 on a CPU, where a batch saves nothing; 16 on "
-                        "a GPU)")
-    p.add_argument("--max-wait-ms", type=float, default=10.0, help="wait for more requests after the first (default 10)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more are answered 429 with "
-                                                             "Retry-After (default 64)")
-    p.add_argument("--max-queue-s", type=float, default=None,
-                   help="refuse (429) a request with more than this many seconds of work ahead of it, as measured "
-                        "(0: only when idle; negative: no such limit; default: 0 on a CPU, 1 on a GPU)")
-    p.add_argument("--timeout-s", type=float, default=30.0, help="a request not answered in this time gets 503 "
-                                                                 "(default 30)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads for the models (default: torch's choice, every core); fewer leave cores to "
-                        "other processes on the machine")
-    p.add_argument("--graceful-s", type=float, default=60.0, help="on shutdown, how long requests in flight may "
-                                                                  "take to finish (default 60)")
-    p.add_argument("--workers", type=positive_int, default=1,
-                   help="server processes sharing the port, each with its own models and the limits above, the "
-                        "memory-mapped indexes shared; /metrics sums them all (default 1)")
+    add_dataclass_args(p, ServeConfig)
