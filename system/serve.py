@@ -43,6 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 from odqa.common.io import InputError
+from odqa.common.results import Answer
 from odqa.reader.args import ReaderSettings
 from odqa.retriever.args import SearchConfig
 from odqa.system.pipeline import MAX_K, READER_SETTINGS, SEARCH_SETTINGS, split_settings
@@ -351,7 +352,9 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.exposed()), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/answer")
+    # The response is an `odqa.Answer` (its schema at /docs), less the memory's neighbours: which training
+    # questions lent their answers is the operator's to see (`odqa ask`), not every client's.
+    @app.post("/answer", response_model=Answer, response_model_exclude={"memory"})
     async def answer(request: AnswerRequest) -> dict:
         if state["status"] != "ready":
             raise HTTPException(status_code=503, detail=f"the service is {state['status']}",

@@ -6,6 +6,7 @@ from fastapi.testclient import TestClient
 from tiny_data import TINY_QUESTIONS, write_jsonl
 from tiny_models import make_tiny_system
 
+import odqa
 from odqa.retriever.searcher import Searcher
 from odqa.system.pipeline import Pipeline
 from odqa.system.serve import create_app
@@ -54,6 +55,11 @@ def test_server_answers_and_validates(system):
         assert body["question"] == "who won the first nobel prize in physics"
         assert set(body) == {"question", "extractive", "generated", "passages", "timings"}
         assert len(body["passages"]) == 3 and body["extractive"]["text"]
+        # an odqa.Answer, less its memory, as the schema at /docs says
+        assert odqa.Answer.from_dict(body) == odqa.Answer.from_dict(system["pipeline"].answer([body["question"]], 3)[0])
+        schema = client.get("/openapi.json").json()
+        response = schema["paths"]["/answer"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert response["$ref"].endswith("/Answer") and "Passage" in schema["components"]["schemas"]
         for bad in ({"question": "", "k": 3}, {"question": "   "}, {"question": "x" * 501}, {"question": "q", "k": 0},
                     {"question": "q", "k": 101}, {"question": 7}, {"question": "q", "k": "5"}, {"k": 3}):
             r = client.post("/answer", json=bad)
