@@ -1,6 +1,7 @@
 """What a question gets back, as typed values: the phrases, passages and documents of a search and the
-answers of the pipeline. The server's responses (their schema at /docs too) and `odqa ask`'s printout
-are made from these, and `to_dict` / `from_dict` round-trip them through JSON.
+answers of the pipeline, and a question as `odqa run` judged it. The server's responses (their schema
+at /docs too), `odqa ask`'s printout and `odqa run`'s per-question file are made from these, and
+`to_dict` / `from_dict` round-trip them through JSON.
 
     Answer(question, extractive: Phrase | None, generated: str, passages: tuple[Passage, ...],
            memory: tuple[Neighbour, ...], timings: dict)
@@ -100,3 +101,34 @@ class Answer:
         return {"question": self.question, "extractive": None if self.extractive is None else self.extractive.to_dict(),
                 "generated": self.generated, "passages": [p.to_dict() for p in self.passages],
                 "memory": [m.to_dict() for m in self.memory], "timings": dict(self.timings)}
+
+
+@dataclass(frozen=True)
+class ReadAtK:
+    """The reader's answer to a question from its top k passages, judged against the gold answers."""
+    generated: str
+    generated_em: bool
+    hit: bool   # an answer-bearing passage among the top k
+
+
+@dataclass(frozen=True)
+class RunQuestion:
+    """One question of `odqa run` (a line of OUT/questions.jsonl): its gold answers (regular expressions
+    for CuratedTREC), the extractive answer and, per k, the generated one, each judged by EM."""
+    dataset: str
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    extractive: str
+    extractive_em: bool
+    k: dict[int, ReadAtK]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunQuestion":
+        return cls(d["dataset"], d["id"], d["question"], tuple(d["answers"]), d["extractive"], d["extractive_em"],
+                   {int(k): ReadAtK(**v) for k, v in d["k"].items()})
+
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, "id": self.id, "question": self.question, "answers": list(self.answers),
+                "extractive": self.extractive, "extractive_em": self.extractive_em,
+                "k": {str(k): asdict(v) for k, v in sorted(self.k.items())}}

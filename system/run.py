@@ -4,7 +4,8 @@
     OUT/fid-SET-kK.jsonl          the reader's input: each question with its top K passages
     OUT/pred-SET-kK.jsonl         FiD's generated answers
     OUT/bm25-SET.json, dense-SET.json   baseline retrievers for the Top-k curves
-    OUT/questions.jsonl           per question: extractive answer and EM, per k generated answer, EM, hit
+    OUT/questions.jsonl           per question (`odqa.common.results.RunQuestion`): extractive answer and EM,
+                                  per k generated answer, EM, hit
     OUT/report.md, report.json    one row per SET x k (system/report.py)
     OUT/em_by_k.png, topk.png     EM by k for both answer kinds; Top-k curves of the three retrievers
 
@@ -29,6 +30,7 @@ from odqa.common.metrics.answers import answer_em
 from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
 from odqa.common.ranks import current, parts_beside
+from odqa.common.results import ReadAtK, RunQuestion
 from odqa.common.retrieval_file import read_results, write_results
 from odqa.reader.args import ReaderSettings
 from odqa.reader.read import ECHO_RETRIES, load_reader, read_with_ks
@@ -148,15 +150,16 @@ def run(args: RunArgs) -> list[dict]:
             if len(per_k[k]) != len(entries):
                 raise InputError(f"{pred_files[k]} has {len(per_k[k])} predictions for {len(entries)} questions: delete it")
         for i, e in enumerate(entries):
-            records.append({"dataset": ds, "id": e["id"], "question": e["question"], "answers": e["answers"],
-                            "extractive": e.get("prediction", ""),
-                            "extractive_em": answer_em(e.get("prediction", ""), e["answers"], bool(e.get("regex"))),
-                            "k": {str(k): {"generated": per_k[k][i]["prediction"], "generated_em": bool(per_k[k][i]["em"]),
-                                           "hit": any(c["has_answer"] for c in e["ctxs"][:k])} for k in sorted(args.k)}})
+            records.append(RunQuestion(
+                ds, e["id"], e["question"], tuple(e["answers"]), e.get("prediction", ""),
+                answer_em(e.get("prediction", ""), e["answers"], bool(e.get("regex"))),
+                {k: ReadAtK(per_k[k][i]["prediction"], bool(per_k[k][i]["em"]), any(c["has_answer"] for c in e["ctxs"][:k]))
+                 for k in sorted(args.k)}))
     if not ranks.main:
         return []
-    write_jsonl(out / "questions.jsonl", records)
-    return write_report(records, out, curves, max_k)
+    lines = [r.to_dict() for r in records]
+    write_jsonl(out / "questions.jsonl", lines)
+    return write_report(lines, out, curves, max_k)
 
 
 BASELINES = ("bm25", "dense", "none")
