@@ -20,8 +20,8 @@ def search_dtype(device: str):
     reads in (under autocast): bfloat16 where the hardware computes it natively (a CUDA GPU that
     supports it; a CPU with AVX512-BF16 or AMX), else float32. On the 2-core AVX512-BF16 CPU here a
     MiniLM encodes questions 1.8x faster in bfloat16, their vectors at cosine 0.99996 to float32's
-    (docs/retrieval.md), and the FiD reader reads 1.7x faster with EM within a question
-    (docs/reader.md). ODQA_SEARCH_DTYPE=float32 or bfloat16 overrides the choice."""
+    (docs/notes/retrieval.md), and the FiD reader reads 1.7x faster with EM within a question
+    (docs/notes/reader.md). ODQA_SEARCH_DTYPE=float32 or bfloat16 overrides the choice."""
     import torch
     choice = os.environ.get("ODQA_SEARCH_DTYPE", "auto")
     if choice not in ("auto", "float32", "bfloat16"):

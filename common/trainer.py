@@ -180,7 +180,7 @@ def deepspeed_config(args: OptimArgs, total_steps: int, world: int, device: torc
 def cpu_autocast(args: OptimArgs, device: torch.device):
     """`--precision bf16` on CPU: the forward under torch's bfloat16 autocast, the weights, gradients and
     optimizer state in float32. On a CPU that computes bfloat16 natively (AVX512-BF16, AMX) a FiD step
-    runs 1.3-1.5x faster (docs/reader.md); elsewhere torch emulates it, slower than float32."""
+    runs 1.3-1.5x faster (docs/notes/reader.md); elsewhere torch emulates it, slower than float32."""
     if device.type != "cpu" or args.precision != "bf16":
         return contextlib.nullcontext()
     return torch.autocast("cpu", dtype=torch.bfloat16)

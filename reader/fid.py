@@ -48,7 +48,7 @@ class FusedEncoder:
     padded only to its longest rounded up to a multiple of `bucket`: a real token's state is the same
     (attention never looks at padding), padding past a group's width gets zeros (every reader of padding
     masks it), and a training step on retrieved passages runs 1.17x faster, reading 1.3x
-    (docs/reader.md). 0: one padded call."""
+    (docs/notes/reader.md). 0: one padded call."""
 
     def __init__(self, encoder: torch.nn.Module, bucket: int = 0):
         self.encoder = encoder
@@ -175,7 +175,7 @@ class FiD:
         head's where it is tied) and the encoder's bottom `layers` blocks fixed (`encoder_parts`, each
         kind's own). Autograd computes nothing below the lowest weight that trains, so with the
         embeddings and n blocks fixed the backward pass stops n blocks up: on a CPU the embedding
-        matrix's dense gradient and AdamW update are a fifth of a warm reader's FiD step (docs/reader.md)."""
+        matrix's dense gradient and AdamW update are a fifth of a warm reader's FiD step (docs/notes/reader.md)."""
         modules, blocks = self.encoder_parts()
         if not 0 <= layers <= len(blocks):
             raise ValueError(f"freeze_layers must be between 0 and the encoder's {len(blocks)} blocks, not {layers}")

@@ -11,7 +11,7 @@ with the reader's teacher-forced likelihood over the encoder output the greedy a
 from (the decoder alone runs again). A candidate no passage's best phrase spells gets FLOOR for the
 second term. The phrase model gives the boundaries and the reader judges the fit to the question:
 greedy decoding commits to its first token, and the span it ends with is often one the reader scores
-lower per token than a phrase the phrase model found (docs/reader.md, "Answer fusion"; the constants
+lower per token than a phrase the phrase model found (docs/notes/reader.md, "Answer fusion"; the constants
 were picked on the full preset's validation questions).
 """
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _per_token_log_likelihood(model, tokenizer, encoded, mask, rows, texts, answ
     """Mean log-probability of each text's tokens and end, read from row rows[i] of the encoder output.
     The decoder's cross-attention keys and values of a row are computed once, at the start token, and
     copied for its candidates: computed for each candidate instead, they made reading take 2.7 times as
-    long (docs/reader.md)."""
+    long (docs/notes/reader.md)."""
     targets = FiDCollator(tokenizer, 1, answer_maxlength=answer_maxlength)    # the labels training builds
     start = decoder_start_id(model)
     out = torch.empty(len(texts))

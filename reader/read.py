@@ -32,7 +32,7 @@ from odqa.reader.spans import PassageSpans, strip_generated
 
 log = logging.getLogger(__name__)
 
-ECHO_RETRIES = 2   # an echo of the question is decoded again at most this many times (docs/reader.md)
+ECHO_RETRIES = 2   # an echo of the question is decoded again at most this many times (docs/notes/reader.md)
 
 
 def _vocab_and_width(config) -> tuple[int, int]:
@@ -91,7 +91,7 @@ def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list
     `refuse_echoes`, an answer that only repeats the question is decoded again (`_redecode_echoes`).
     `dtype` (default `search_dtype`: bfloat16 where the hardware computes it natively): bfloat16 reads
     under autocast, the weights staying as they are; 1.7x faster on this CPU, 98-99% of the answers
-    the same as float32's and EM within a question (docs/reader.md)."""
+    the same as float32's and EM within a question (docs/notes/reader.md)."""
     if decoding not in READ_DECODING:
         raise InputError(f"decoding must be one of {', '.join(READ_DECODING)}, not {decoding!r}")
     if decoding == "phrases":

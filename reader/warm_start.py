@@ -10,7 +10,7 @@
   `FiDEncoderDecoder`); the LM head's transform is new;
 - the tokenizer is the encoder's: [CLS] starts the answer, [SEP] ends it, [PAD] pads;
 - `pointer` (default): the output also points at the passages' tokens (`FiDEncoderDecoder.pointing`;
-  no new weights, a flag in the config). It reads far better on this machine's budgets (docs/reader.md).
+  no new weights, a flag in the config). It reads far better on this machine's budgets (docs/notes/reader.md).
 - `passage_prior` (default with the pointer): the pointer weighs each passage by a learned relevance
   (`FiDEncoderDecoder.has_passage_prior`; one linear layer, zero at the start).
 

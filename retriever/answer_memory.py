@@ -9,7 +9,7 @@ cosine passes a threshold lend their answers to the extractive answer's vote, as
 et al. 2020's kNN-LM; RePAQ, Lewis et al. 2021, answers from such question-answer pairs alone). The
 answer stays extractive: a memory answer is voted for only where it is an indexed phrase of one of
 the question's top passages (`Searcher`). Its gain comes from the questions that paraphrase a training
-question, and reports should say so (docs/retrieval.md, "The answer memory").
+question, and reports should say so (docs/notes/retrieval.md, "The answer memory").
 
     DIR/manifest.json    {"key": {"question_encoder", "sets"}, "format", "questions", "dim", "files": {...}}
     DIR/vectors.npy      float16, one row a question

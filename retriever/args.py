@@ -19,16 +19,16 @@ DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index
 # The pipeline's longest answer phrase, in word pieces. The index keeps L = 20 (DensePhrases'), but
 # NQ-open keeps answers of at most 5 words, and a question-tuned model's wrong top phrase is most often
 # too long: on the validation questions this cap raises the top phrase's EM by about a point and keeps
-# 99% of the training answers (docs/retrieval.md, "The answer-length cap").
+# 99% of the training answers (docs/notes/retrieval.md, "The answer-length cap").
 MAX_ANSWER_TOKENS = 6
 # The extractive answer's aggregation (retriever/answer_aggregation.py): the top ANSWER_DEPTH passages
 # vote for their phrases at temperature ANSWER_TEMPERATURE, in the ranking's score units. Picked on the
-# validation questions of two full chains (docs/retrieval.md, "The extractive answer by aggregation").
+# validation questions of two full chains (docs/notes/retrieval.md, "The extractive answer by aggregation").
 ANSWER_DEPTH = 25
 ANSWER_TEMPERATURE = 1.0
 # The answer memory's kNN prior (retriever/answer_memory.py): a question's MEMORY_NEIGHBOURS nearest
 # training questions at cosine >= MEMORY_THRESHOLD each add MEMORY_WEIGHT x cosine to their answers'
-# votes. Picked on the validation questions of the full chain (docs/retrieval.md, "The answer memory").
+# votes. Picked on the validation questions of the full chain (docs/notes/retrieval.md, "The answer memory").
 MEMORY_THRESHOLD = 0.9
 MEMORY_WEIGHT = 2.0
 MEMORY_NEIGHBOURS = 3
@@ -110,7 +110,7 @@ class PhraseTrainArgs(OptimArgs):
 
 @dataclass(kw_only=True)
 class TeacherTrainArgs(OptimArgs):
-    # From the MiniLM one pass reached gold-passage EM 25 and a second 29 (docs/retrieval.md).
+    # From the MiniLM one pass reached gold-passage EM 25 and a second 29 (docs/notes/retrieval.md).
     epochs: int = arg(2, "passes over the training examples")
     lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up and decay)")
     train_file: str = required("supervision examples from `odqa supervise`")

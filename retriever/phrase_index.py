@@ -52,7 +52,7 @@ def default_factory(n_vectors: int, dim: int) -> str:
     enough that their centroids stay a small part of the bytes, and 8-bit PQ over sub-vectors of about 12
     dimensions (16 bytes for a 192-d vector), behind OPQ's rotation, which balances the variance across
     the sub-vectors (DensePhrases' OPQ96; on the full phrase model 3.3 points of Top-5 over plain PQ at
-    the same bytes, docs/retrieval.md). Below 4,096 vectors there is too little to train the quantisers
+    the same bytes, docs/notes/retrieval.md). Below 4,096 vectors there is too little to train the quantisers
     on, and an exact scan costs nothing: Flat."""
     if n_vectors < 4096:
         return "Flat"

@@ -60,7 +60,7 @@ class DensePhraseModel(nn.Module):
         self.dim = d // 2 if config.head == "split" else d
         if config.head == "linear":
             # Started as the split head padded with zeros, so that the model begins as the paper's and
-            # may grow into the full width: random heads cost 4.75 EM at a short budget (docs/retrieval.md).
+            # may grow into the full width: random heads cost 4.75 EM at a short budget (docs/notes/retrieval.md).
             self.start_head, self.end_head = _half_identity(d, first=True), _half_identity(d, first=False)
         if config.question_encoder == "shared":
             # One LM for both question vectors: two heads keep them apart.

@@ -5,7 +5,7 @@ CuratedTREC) are the positives; BM25 ranks them and the best `positives_per_ques
 `{id, question, answers, regex, passage_id, title, text, answer_char_spans, bm25_score, bm25_rank, dataset}`,
 `bm25_rank` being the passage's rank among all passages for the question (1 = BM25's first). On a small
 corpus most questions' topic is missing, and the answer's string turns up in an unrelated passage: the
-rank tells those apart (docs/retrieval.md, "Distant supervision's unrelated passages").
+rank tells those apart (docs/notes/retrieval.md, "Distant supervision's unrelated passages").
 Questions go to train or validation by a hash of the question text, so the split is the same on every
 machine and every run, and one question's examples never straddle it.
 """

@@ -40,8 +40,8 @@ REFERENCE = dict(
 
 
 PRIOR_S = 300
-BF16_TRAIN_SPEEDUP = 1.4      # a FiD step under bfloat16 autocast on a CPU that computes it natively (docs/reader.md)
-# The warm reader's FiD step on a float32 CPU (docs/reader.md, "The reader's step on a float32 CPU"): ZeRO-0
+BF16_TRAIN_SPEEDUP = 1.4      # a FiD step under bfloat16 autocast on a CPU that computes it natively (docs/notes/reader.md)
+# The warm reader's FiD step on a float32 CPU (docs/notes/reader.md, "The reader's step on a float32 CPU"): ZeRO-0
 # against the reference's ZeRO-2 in one process, and the share of the step that holding the embeddings,
 # then each of the MiniLM's encoder blocks above them, fixed saves.
 ZERO0_TRAIN_SPEEDUP = 1.28

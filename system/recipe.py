@@ -207,7 +207,7 @@ class Recipe:
 
     def train_phrase(self, resume: bool = False) -> dict:
         """Round 1 from the encoder; each further round one more epoch from the round before's best on a
-        fresh schedule (docs/retrieval.md: the second epoch so run reads the gold passage 31.25 against 25.75)."""
+        fresh schedule (docs/notes/retrieval.md: the second epoch so run reads the gold passage 31.25 against 25.75)."""
         from odqa.retriever.phrase_train import PhraseTrainArgs, train
         c, sup = self.cfg, self.p["supervision"]
         rounds = self.phrase_rounds()
@@ -254,7 +254,7 @@ class Recipe:
 
     def tune_query(self, resume: bool = False) -> dict:
         """Train the question encoders against the vectors the index holds (reconstructed from its codes),
-        which wins back what compression costs the phrase encoder's own questions (docs/retrieval.md), in
+        which wins back what compression costs the phrase encoder's own questions (docs/notes/retrieval.md), in
         rounds: each mines its candidates with the round before's model."""
         return self._query_rounds(self.p["supervision"] / "train.jsonl", self.query_rounds(), resume)
 
@@ -262,7 +262,7 @@ class Recipe:
         """The query rounds once more, from the same phrase model with the same seeds, on the training and
         validation questions. Validation cannot judge a model that trained on it, so this runs after the
         doc stage has tuned lambda on validation with the rounds that did not see it; three seeds of it
-        beat three of the train-only rounds on both test sets (docs/retrieval.md, "A final fit")."""
+        beat three of the train-only rounds on both test sets (docs/notes/retrieval.md, "A final fit")."""
         sup, data = self.p["supervision"], self.p["query-final-data"]
         questions = data / "train+validation.jsonl"
         if not (resume and questions.exists()):

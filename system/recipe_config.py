@@ -42,12 +42,12 @@ class RecipeConfig:
     index_factory: str | None = None        # faiss index_factory string; None: OPQ + IVF-PQ sized to the index
     index_keep: float = DEFAULT_KEEP        # share of tokens indexed, by the phrase filter (1: all, no filter)
     query_epochs: int = 0                   # query-side fine-tuning against the index (0: none, no stage; the
-                                            # demo's model gains nothing from 1 epoch of 1,000: docs/commands.md)
+                                            # demo's model gains nothing from 1 epoch of 1,000: docs/guides/demo.md)
     query_examples: int | None = None       # its training questions (None: all)
     query_rounds: int = 1                   # rounds of query_epochs, each a fresh schedule from the round
                                             # before's model, seeds 13, 14, ... (candidates mined anew)
     query_final_fit: bool = False           # after the doc stage: the query rounds again on train + validation,
-                                            # which the searches then use (docs/retrieval.md, "A final fit")
+                                            # which the searches then use (docs/notes/retrieval.md, "A final fit")
     # document pre-filter
     doc_examples: int | None = 512
     doc_batch: int = 32
@@ -74,26 +74,26 @@ class RecipeConfig:
     reader_lr: float = 1e-4
     reader_new_lr: float | None = 5e-4      # the warm start's new weights (cross-attention, LM head); None: reader_lr
     reader_span_loss: bool = True           # each answer step's loss over what span decoding may choose there
-    reader_k: int = 5                       # FiD trains at 5 and reads at run_k (docs/reader.md: 10 trains no better)
+    reader_k: int = 5                       # FiD trains at 5 and reads at run_k (docs/notes/reader.md: 10 trains no better)
     reader_passages: str = "bm25"           # FiD's passages: bm25, or phrase (the pipeline's own retrieval: the
                                             # phrase index behind the pre-filter, the reader's passages at run time)
     reader_questions: int | None = None     # training questions (None: all, those with an answer in their top k)
     reader_validation: int = 100            # validation questions with an answer in their top k
     reader_bf16: bool = True                # train under bfloat16 autocast where the CPU computes it natively
-                                            # (AVX512-BF16, AMX): 1.4x the steps, the same losses (docs/reader.md)
+                                            # (AVX512-BF16, AMX): 1.4x the steps, the same losses (docs/notes/reader.md)
     reader_zero_stage: int | None = 0       # the demo trains in one process, where ZeRO-2 partitions nothing and
                                             # its gradient buckets cost a fifth of a CPU step; None: the JSON's
     reader_freeze_embeddings: bool = True   # the embeddings and the encoder's bottom 2 blocks held fixed: with
     reader_freeze_layers: int = 2           # ZeRO-0, 1.7x the stage's speed on a float32 CPU, EM within noise
-                                            # (docs/reader.md); not for a from-scratch T5
+                                            # (docs/notes/reader.md); not for a from-scratch T5
     text_maxlength: int = 128
-    # passage reranker (an opt-in stage: about half an hour more on 2 cores; docs/retrieval.md)
+    # passage reranker (an opt-in stage: about half an hour more on 2 cores; docs/notes/retrieval.md)
     reranker: bool = False                  # train a cross-encoder reranker; run and ask read through it
     reranker_questions: int | None = None   # its training questions (None: all)
     rerank_depth: int = 20                  # passages it is trained on and reorders: the search's top N
     reranker_validation: int = 300          # validation questions (MRR, then its weight beside the search's)
     reranker_batch: int = 8                 # questions a step, each with a positive and 3 negatives
-    # answer memory (retriever/answer_memory.py; docs/retrieval.md, "The answer memory")
+    # answer memory (retriever/answer_memory.py; docs/notes/retrieval.md, "The answer memory")
     answer_memory: bool = True              # the training questions' answers lend votes to nearby questions'
     # evaluation
     run_limit: int | None = 100             # first N questions of each test set (None: all)

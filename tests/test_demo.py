@@ -175,7 +175,7 @@ def one_question_a_split(out):
 
 
 def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypatch):
-    """docs/retrieval.md's `phrase-e2` (a second epoch from the first's best at 3e-5, seed 14) and
+    """docs/notes/retrieval.md's `phrase-e2` (a second epoch from the first's best at 3e-5, seed 14) and
     `qft-e2-56` (three rounds of 2 query epochs, seeds 13-15, each from the last's model)."""
     import odqa.retriever.phrase_train as phrase_train
     import odqa.retriever.query_train as query_train
@@ -195,7 +195,7 @@ def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypa
                      ("query", str(out / "phrase-r2" / "best"), str(out / "query"), 2, 13),
                      ("query", str(out / "query" / "last"), str(out / "query-r2"), 2, 14),
                      ("query", str(out / "query-r2" / "last"), str(out / "query-r3"), 2, 15),
-                     # the final fit: the same chain on both files (docs/retrieval.md, "A final fit")
+                     # the final fit: the same chain on both files (docs/notes/retrieval.md, "A final fit")
                      ("query", str(out / "phrase-r2" / "best"), str(out / "query-final"), 2, 13),
                      ("query", str(out / "query-final" / "last"), str(out / "query-final-r2"), 2, 14),
                      ("query", str(out / "query-final-r2" / "last"), str(out / "query-final-r3"), 2, 15)]

@@ -34,7 +34,7 @@ def is_echo(phrase: str, question: str) -> bool:
     normalisation (so articles and punctuation do not count), is a word of the question ("the Sava" for
     "... the River Sava and which other river?"), or it has none. Phrase encoders rank such spans high
     because they match the question best; as answers they are nearly always wrong, and so are a
-    reader's (docs/reader.md, "Echoes of the question")."""
+    reader's (docs/notes/reader.md, "Echoes of the question")."""
     words = normalize_answer(phrase).split()
     return not words or set(words) <= _words(question)
 
@@ -43,7 +43,7 @@ def echoes_at_edge(phrase: str, question: str) -> bool:
     """Whether a phrase starts or ends with a word of the question, after the SQuAD normalisation:
     "Yamuna river" for "delhi is on the banks of which river", "ecliptic plane" for "the plane of earth's
     orbit is called the". The question's word names the kind of thing asked for; the span that takes it
-    along is the answer with it attached, which exact match does not count (docs/retrieval.md, "The
+    along is the answer with it attached, which exact match does not count (docs/notes/retrieval.md, "The
     question's words at a phrase's edges"). An echo (`is_echo`) is one too."""
     words, asked = normalize_answer(phrase).split(), _words(question)
     return not words or words[0] in asked or words[-1] in asked

@@ -89,7 +89,7 @@ def marked(s: str, phrase, title: bool) -> str:
     return s[:a] + "[[" + s[a:b] + "]]" + s[b:]
 
 
-# Measured on 2 CPU cores (docs/system.md): a batch of n questions costs n times one, so batching adds
+# Measured on 2 CPU cores (docs/guides/evaluate.md): a batch of n questions costs n times one, so batching adds
 # no throughput on a CPU and only makes every request in a batch wait for all of them; admitting a
 # request only when the server is idle then keeps the answered requests' p99 near one question's time
 # under any load. On a GPU a batch costs little more than one question: batch, and queue a second.
