@@ -109,6 +109,7 @@ class ReadAtK:
     generated: str
     generated_em: bool
     hit: bool   # an answer-bearing passage among the top k
+    generated_f1: float | None = None   # SQuAD's token F1; None for regex answers (CuratedTREC), as the papers
 
 
 @dataclass(frozen=True)
@@ -122,13 +123,14 @@ class RunQuestion:
     extractive: str
     extractive_em: bool
     k: dict[int, ReadAtK]
+    extractive_f1: float | None = None   # SQuAD's token F1; None for regex answers
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunQuestion":
         return cls(d["dataset"], d["id"], d["question"], tuple(d["answers"]), d["extractive"], d["extractive_em"],
-                   {int(k): ReadAtK(**v) for k, v in d["k"].items()})
+                   {int(k): ReadAtK(**v) for k, v in d["k"].items()}, d.get("extractive_f1"))
 
     def to_dict(self) -> dict:
         return {"dataset": self.dataset, "id": self.id, "question": self.question, "answers": list(self.answers),
-                "extractive": self.extractive, "extractive_em": self.extractive_em,
+                "extractive": self.extractive, "extractive_em": self.extractive_em, "extractive_f1": self.extractive_f1,
                 "k": {str(k): asdict(v) for k, v in sorted(self.k.items())}}

@@ -45,7 +45,8 @@ def page(run: Path, preset: str, machine: str, when: str) -> str:
              f"{config['run_limit'] or 'All'} questions of each of {', '.join(config['test_questions'])}; the "
              f"reader reads the top k passages. `Top-k`: questions with an answer-bearing passage in the top k; "
              "`extractive EM`: the top phrases' vote (with the answer memory, a stage of the preset); `generated "
-             "EM`: the FiD reader's answer; the last two columns count the questions only one of them got right.",
+             "EM`: the FiD reader's answer; `only ... right`: the questions only one of them got right; F1: SQuAD's "
+             "token F1 of each answer.",
              "", markdown(rows), "",
              "## Each stage's result", "",
              "| stage | result |", "|---|---|"]

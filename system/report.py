@@ -1,8 +1,10 @@
 """The extractive-vs-generated report: built from per-question records alone, so every number in
 report.md/report.json can be recomputed from the per-question JSONL.
 
-A record: {"dataset", "id", "question", "answers", "extractive", "extractive_em",
-           "k": {"5": {"generated", "generated_em", "hit"}, ...}}   (hit: an answer-bearing passage in the top k)
+A record: {"dataset", "id", "question", "answers", "extractive", "extractive_em", "extractive_f1",
+           "k": {"5": {"generated", "generated_em", "hit", "generated_f1"}, ...}}
+(hit: an answer-bearing passage in the top k; F1 is SQuAD's token F1, None for regex answers, whose
+set's F1 columns read "-", as do those of records written before F1 was.)
 """
 from __future__ import annotations
 
@@ -16,7 +18,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from odqa.common.metrics.retrieval import top_k_accuracy  # noqa: E402
 
-COLUMNS = ("questions", "Top-k", "extractive EM", "generated EM", "only extractive right", "only generated right")
+COLUMNS = ("questions", "Top-k", "extractive EM", "generated EM", "only extractive right", "only generated right",
+           "extractive F1", "generated F1")
+
+
+def _mean_f1(values: list) -> float | None:
+    return None if not values or None in values else 100.0 * sum(values) / len(values)
 
 
 def table_rows(records: list[dict]) -> list[dict]:
@@ -33,14 +40,17 @@ def table_rows(records: list[dict]) -> list[dict]:
                          "extractive EM": 100.0 * sum(e for e, _, _ in per) / n,
                          "generated EM": 100.0 * sum(g for _, g, _ in per) / n,
                          "only extractive right": sum(e and not g for e, g, _ in per),
-                         "only generated right": sum(g and not e for e, g, _ in per)})
+                         "only generated right": sum(g and not e for e, g, _ in per),
+                         "extractive F1": _mean_f1([r.get("extractive_f1") for r in recs]),
+                         "generated F1": _mean_f1([r["k"][str(k)].get("generated_f1") for r in recs])})
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| dataset | k | " + " | ".join(COLUMNS) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
     for r in rows:
-        cells = [f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS]
+        cells = [f"{r[c]:.1f}" if isinstance(r.get(c), float) else "-" if r.get(c) is None else str(r[c])
+                 for c in COLUMNS]
         lines.append(f"| {r['dataset']} | {r['k']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -4,8 +4,8 @@
     OUT/fid-SET-kK.jsonl          the reader's input: each question with its top K passages
     OUT/pred-SET-kK.jsonl         FiD's generated answers
     OUT/bm25-SET.json, dense-SET.json   baseline retrievers for the Top-k curves
-    OUT/questions.jsonl           per question (`odqa.common.results.RunQuestion`): extractive answer and EM,
-                                  per k generated answer, EM, hit
+    OUT/questions.jsonl           per question (`odqa.common.results.RunQuestion`): extractive answer, EM and F1,
+                                  per k generated answer, EM, F1, hit
     OUT/report.md, report.json    one row per SET x k (system/report.py)
     OUT/em_by_k.png, topk.png     EM by k for both answer kinds; Top-k curves of the three retrievers
 
@@ -26,7 +26,7 @@ from odqa.common.artifact import cached_file, cached_key, path_fingerprint
 from odqa.common.corpus import PassageStore
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, read_jsonl, write_json, write_jsonl
-from odqa.common.metrics.answers import answer_em
+from odqa.common.metrics.answers import answer_em, f1_score
 from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
 from odqa.common.ranks import current, parts_beside
@@ -150,11 +150,14 @@ def run(args: RunArgs) -> list[dict]:
             if len(per_k[k]) != len(entries):
                 raise InputError(f"{pred_files[k]} has {len(per_k[k])} predictions for {len(entries)} questions: delete it")
         for i, e in enumerate(entries):
+            regex = bool(e.get("regex"))
+            f1 = (lambda answer: None) if regex else (lambda answer, golds=e["answers"]: f1_score(answer, golds))
             records.append(RunQuestion(
                 ds, e["id"], e["question"], tuple(e["answers"]), e.get("prediction", ""),
-                answer_em(e.get("prediction", ""), e["answers"], bool(e.get("regex"))),
-                {k: ReadAtK(per_k[k][i]["prediction"], bool(per_k[k][i]["em"]), any(c["has_answer"] for c in e["ctxs"][:k]))
-                 for k in sorted(args.k)}))
+                answer_em(e.get("prediction", ""), e["answers"], regex),
+                {k: ReadAtK(per_k[k][i]["prediction"], bool(per_k[k][i]["em"]), any(c["has_answer"] for c in e["ctxs"][:k]),
+                            f1(per_k[k][i]["prediction"]))
+                 for k in sorted(args.k)}, f1(e.get("prediction", ""))))
     if not ranks.main:
         return []
     lines = [r.to_dict() for r in records]

@@ -162,6 +162,11 @@ def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_pa
         assert row["Top-k"] == pytest.approx(100 * sum(r["k"][k]["hit"] for r in records) / len(records))
         assert row["only extractive right"] == sum(e and not g for e, g in zip(ext, gen))
         assert row["only generated right"] == sum(g and not e for e, g in zip(ext, gen))
+        # F1 as SQuAD's script gives it, a question's best over its answers, and never below its EM
+        from odqa.common.metrics import f1_score
+        assert row["generated F1"] == pytest.approx(
+            100 * sum(f1_score(r["k"][k]["generated"], r["answers"]) for r in records) / len(records))
+        assert row["extractive F1"] >= row["extractive EM"] and row["generated F1"] >= row["generated EM"]
     # every extractive answer is the retrieval file's prediction, every hit its has_answer
     retrieval = json.loads((out / "retrieval-tiny-q.json").read_text())
     assert [r["extractive"] for r in records] == [e["prediction"] for e in retrieval]
@@ -516,3 +521,18 @@ def test_serve_with_two_workers_answers_and_metrics_count_both(system, tmp_path)
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
     assert not list(tmp_path.glob("odqa-serve-metrics-*"))
+
+
+def test_the_reports_f1_is_left_out_for_regex_answers_and_for_records_written_before_it():
+    """CuratedTREC's answers are patterns, for which the papers give EM alone; a report made from a
+    questions.jsonl written before F1 was reads "-" there too, and every other figure as it was."""
+    from odqa.system.report import markdown, table_rows
+    k = {"1": {"generated": "x", "generated_em": False, "hit": True}}
+    old = [{"dataset": "nq", "id": "1", "question": "q", "answers": ["x y"], "extractive": "x", "extractive_em": False,
+            "k": k}]
+    regex = [{**old[0], "dataset": "curated", "extractive_f1": None, "k": {"1": {**k["1"], "generated_f1": None}}}]
+    new = [{**old[0], "extractive_f1": 2 / 3, "k": {"1": {**k["1"], "generated_f1": 2 / 3}}}]
+    rows = table_rows(old + regex + new)
+    assert [r["generated F1"] for r in rows] == [None, None] and rows[0]["Top-k"] == 100.0
+    assert markdown(rows).splitlines()[2].endswith("| 0 | 0 | - | - |")
+    assert table_rows(new)[0]["extractive F1"] == pytest.approx(66.67, abs=0.01)
