@@ -151,7 +151,9 @@ class ReaderInitArgs(Settings):
 @dataclass(kw_only=True)
 class ReadArgs(Settings):
     """`odqa read`'s own settings, beside `ReaderSettings`."""
-    model: str = required("reader checkpoint (train-reader OUT/best) or T5 name")
+    model: str = required("reader checkpoint (train-reader OUT/best, FiD's published readers) or T5 name")
+    tokenizer: str | None = arg(None, "the reader's tokenizer, for a checkpoint without one (FiD's published readers; "
+                                      "default: the checkpoint's own, else the T5 of its width: t5-base, t5-large)")
     input: Path = required("retrieval file (DPR/FiD JSON or JSONL)")
     out: Path = required("predictions JSONL")
     k: int = arg(10, "passages per question", range="positive")

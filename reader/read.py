@@ -18,14 +18,15 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 from odqa.common.device import pick_device, search_dtype
-from odqa.common.io import InputError, loading
+from odqa.common.io import InputError
 from odqa.common.metrics.answers import answer_em, is_echo
 from odqa.common.ranks import current, split_map
 from odqa.reader import fusion
 from odqa.reader.args import READ_DECODING
+from odqa.reader.checkpoints import load_tokenizer, load_weights
 from odqa.reader.fid import FusedEncoderOutput, decoder_start_id, reader_class
 from odqa.reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
 from odqa.reader.spans import PassageSpans, strip_generated
@@ -43,8 +44,10 @@ def _vocab_and_width(config) -> tuple[int, int]:
 
 def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
                 tokenizer_path: str | os.PathLike | None = None):
-    """(FiD model, tokenizer) from a T5 checkpoint (a directory or a hub name such as t5-base) or a
-    warm-started encoder-decoder (`odqa reader init --from`), told apart by the config."""
+    """(FiD model, tokenizer) from a T5 checkpoint (a directory or a hub name such as t5-base; FiD's own
+    published readers too, reader/checkpoints.py) or a warm-started encoder-decoder (`odqa reader init
+    --from`), told apart by the config. The tokenizer is `tokenizer_path`'s, else the checkpoint's, else
+    the T5 of its width's (FiD ships none)."""
     name = str(name_or_path)
     if (Path(name).exists() or os.sep in name) and not (Path(name) / "config.json").is_file():
         raise InputError(f"reader checkpoint not found: {name} has no config.json")
@@ -56,14 +59,12 @@ def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "c
     if cls is None:
         raise InputError(f"{name}: a {config.model_type!r} checkpoint; the reader needs a T5 or an encoder-decoder "
                          f"(`odqa reader init --from`) one")
-    with loading(tokenizer_path or name, "the reader's tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or name))
+    tokenizer = load_tokenizer(name, config, tokenizer_path)
     vocab, width = _vocab_and_width(config)
     if len(tokenizer) > vocab:
         raise InputError(f"{name}: the tokenizer has {len(tokenizer)} tokens but the model's vocabulary only "
                          f"{vocab}: checkpoint and tokenizer do not belong together")
-    with loading(name, "the reader's weights"):   # truncated, or of a shape its config does not have
-        model = cls.from_pretrained(name)
+    model = load_weights(cls, name, config)   # every weight, in FiD's published layout too, or a named error
     emb = model.get_input_embeddings().weight.shape
     if emb[0] != vocab or emb[1] != width:
         raise InputError(f"{name}: embedding {tuple(emb)} does not fit the config ({vocab} x {width})")
@@ -195,9 +196,9 @@ def _redecode_echoes(decode: _Decoder, spans: PassageSpans, questions: list[str]
 def read(model_path: str | os.PathLike, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
          batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
          limit: int | None = None, device: str | None = None, decoding: str = "spans",
-         parts: str | os.PathLike | None = None, key=None) -> dict:
+         parts: str | os.PathLike | None = None, key=None, tokenizer_path: str | os.PathLike | None = None) -> dict:
     device = pick_device(device)
-    model, tokenizer = load_reader(model_path, device)
+    model, tokenizer = load_reader(model_path, device, tokenizer_path)
     return read_with(model, tokenizer, fid_file, out, n_passages, batch_size, text_maxlength, max_new_tokens,
                      num_beams, limit, device, decoding, parts, key)
 

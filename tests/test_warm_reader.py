@@ -465,6 +465,7 @@ def test_a_passage_prior_starts_uniform_and_weighs_the_pointer_by_passage(b2b_po
                                                                                        torch.tensor(2.0))
     assert torch.isfinite(model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits).all()
     model.save_pretrained(tmp_path / "saved")
+    tok.save_pretrained(tmp_path / "saved")   # a reader is saved with its tokenizer; a directory without one is refused
     again, _ = load_reader(tmp_path / "saved")
     assert torch.equal(again.passage_scorer.weight, model.passage_scorer.weight)
     with pytest.raises(InputError, match="--pointer"):

@@ -83,7 +83,8 @@ def cmd_read(args) -> None:
     s = ReaderSettings.of(args)
     r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=s.batch_size,
              text_maxlength=s.text_maxlength, max_new_tokens=s.max_new_tokens, num_beams=s.num_beams,
-             limit=args.limit, decoding=s.decoding, parts=parts_beside(args.out), key=stage_key(args))
+             limit=args.limit, decoding=s.decoding, parts=parts_beside(args.out), key=stage_key(args),
+             tokenizer_path=args.tokenizer)
     if current().main:
         print(f"EM {r['em']:.2f} on {r['questions']} questions (k={r['k']}, {r['questions'] / r['seconds']:.1f} "
               f"questions/s) -> {args.out}")
