@@ -124,13 +124,19 @@ class RunQuestion:
     extractive_em: bool
     k: dict[int, ReadAtK]
     extractive_f1: float | None = None   # SQuAD's token F1; None for regex answers
+    # with an answer memory (`odqa run --with-memory`): the vote's answer with its help, and its EM
+    extractive_memory: str | None = None
+    extractive_memory_em: bool | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunQuestion":
         return cls(d["dataset"], d["id"], d["question"], tuple(d["answers"]), d["extractive"], d["extractive_em"],
-                   {int(k): ReadAtK(**v) for k, v in d["k"].items()}, d.get("extractive_f1"))
+                   {int(k): ReadAtK(**v) for k, v in d["k"].items()}, d.get("extractive_f1"),
+                   d.get("extractive_memory"), d.get("extractive_memory_em"))
 
     def to_dict(self) -> dict:
+        memory = {} if self.extractive_memory is None else {"extractive_memory": self.extractive_memory,
+                                                            "extractive_memory_em": self.extractive_memory_em}
         return {"dataset": self.dataset, "id": self.id, "question": self.question, "answers": list(self.answers),
                 "extractive": self.extractive, "extractive_em": self.extractive_em, "extractive_f1": self.extractive_f1,
-                "k": {str(k): asdict(v) for k, v in sorted(self.k.items())}}
+                **memory, "k": {str(k): asdict(v) for k, v in sorted(self.k.items())}}

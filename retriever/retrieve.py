@@ -42,7 +42,8 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int, batch_size
                      parts: str | os.PathLike | None = None, key: Any = None) -> list[dict]:
     """DPR-format entries of a phrase `Searcher`: a passage's score is its best phrase's, each ctx
     carries that phrase, and the searcher's extractive answer (`searcher.top_phrase`: the phrase its top
-    passages vote for) is the entry's "prediction"."""
+    passages vote for) is the entry's "prediction"; with an answer memory, the vote without it is its
+    "prediction_without_memory"."""
     # Imported here: the searcher has loaded it already, and bm25/dense retrieval need no faiss.
     from odqa.retriever.searcher import top_phrase
 
@@ -58,6 +59,8 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int, batch_size
             entry["prediction"] = top["text"] if top else ""
             if "memory" in r:   # the memory questions consulted: which answers had their help
                 entry["memory"] = r["memory"]
+                own = r.get("answer_without_memory")   # the phrase model's own answer, as the papers report it
+                entry["prediction_without_memory"] = own["text"] if own else ""
             for ctx, p in zip(entry["ctxs"], ps):
                 ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "in_title", "char_start", "char_end", "score")}
                 # reranked: both parts of the final score, so the rerank can be studied from the file

@@ -320,6 +320,9 @@ class Searcher:
         for i, r in enumerate(results):
             prior = self._memory_votes(questions[i], q_start[i], q_end[i], r[key][:self.config.answer_depth], neighbours[i])
             r["answer"] = aggregate_answer(r[key], self.config.answer_depth, self.config.answer_temperature, prior)
+            if self.memory is not None:   # the vote without the memory too: the phrase model's own answer
+                r["answer_without_memory"] = aggregate_answer(r[key], self.config.answer_depth,
+                                                              self.config.answer_temperature, [])
             r[key] = r[key][:k]
             if self.memory is not None:
                 r["memory"] = [{"question": nb.question, "answers": nb.answers, "similarity": nb.similarity}

@@ -17,16 +17,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MEMORY_COLUMN = "extractive + memory EM"   # odqa.system.report's
 COMMANDS = {"demo": "odqa demo", "full": "odqa demo --preset full"}
 NAMES = {"nq-test": "NQ-test", "tqa-test": "TriviaQA-test", "tqa-test:3000": "TriviaQA-test"}
 README_START, README_END = "<!-- results:demo -->", "<!-- /results:demo -->"
 
 
 def readme_table(rows: list[dict]) -> str:
-    lines = ["| dataset | k | questions | Top-k | extractive EM | generated EM |", "|---|---:|---:|---:|---:|---:|"]
+    memory = all(MEMORY_COLUMN in r for r in rows)
+    lines = ["| dataset | k | questions | Top-k | extractive EM | generated EM |" + (" extractive + memory EM |" if memory else ""),
+             "|---|---:|---:|---:|---:|---:|" + ("---:|" if memory else "")]
     for r in rows:
         lines.append(f"| {NAMES.get(r['dataset'], r['dataset'])} | {r['k']} | {r['questions']} | {r['Top-k']:.1f} | "
-                     f"{r['extractive EM']:.1f} | {r['generated EM']:.1f} |")
+                     f"{r['extractive EM']:.1f} | {r['generated EM']:.1f} |" + (f" {r[MEMORY_COLUMN]:.1f} |" if memory else ""))
     return "\n".join(lines)
 
 
@@ -44,9 +47,10 @@ def page(run: Path, preset: str, machine: str, when: str) -> str:
              "## The report", "",
              f"{config['run_limit'] or 'All'} questions of each of {', '.join(config['test_questions'])}; the "
              f"reader reads the top k passages. `Top-k`: questions with an answer-bearing passage in the top k; "
-             "`extractive EM`: the top phrases' vote (with the answer memory, a stage of the preset); `generated "
-             "EM`: the FiD reader's answer; `only ... right`: the questions only one of them got right; F1: SQuAD's "
-             "token F1 of each answer.",
+             "`extractive EM`: the top phrases' vote, the phrase model's own answer; `generated EM`: the FiD "
+             "reader's answer; `only ... right`: the questions only one of them got right; F1: SQuAD's token F1 of "
+             "each answer; `extractive + memory EM`: the vote with the answer memory's help (training questions "
+             "near the question lend their answers), as `odqa ask` answers.",
              "", markdown(rows), "",
              "## Each stage's result", "",
              "| stage | result |", "|---|---|"]

@@ -52,6 +52,9 @@ class RunArgs(PipelineParts, SearchConfig, ReaderSettings):
     limit: int | None = arg(None, "first N questions of each set")
     baselines: list[str] = listed(["bm25", "dense"], "other retrievers on the Top-k plot: bm25, dense, or none")
     dense_encoder: str | None = arg(None, "encoder of the dense baseline (default: the data pack's MiniLM)")
+    with_memory: bool = arg(False, "also the extractive answer with the default pipeline's answer memory, in a "
+                                   "column of its own (--memory PATH names one); the extractive EM column is always "
+                                   "the phrase model's own answer, as the papers report it")
 
     def __post_init__(self):   # both bases' checks: the MRO would run SearchConfig's alone
         SearchConfig.__post_init__(self)

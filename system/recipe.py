@@ -144,8 +144,10 @@ class Recipe:
                          f"k = {', '.join(map(str, c.run_k))}",
                   e.run(), self.evaluate,
                   {k: getattr(c, k) for k in ("test_questions", "run_limit", "run_k", "baselines", "examples")}
-                  # the extractive answer's vote and filter: a run made under older ones is made again
-                  | {"answer_vote": [ANSWER_DEPTH, ANSWER_TEMPERATURE], "answer_filter": ANSWER_FILTER_RULES},
+                  # the extractive answer's vote and filter: a run made under older ones is made again; the
+                  # report's columns (2: F1, and the memory's answer in a column of its own) likewise
+                  | {"answer_vote": [ANSWER_DEPTH, ANSWER_TEMPERATURE], "answer_filter": ANSWER_FILTER_RULES,
+                     "report": 2},
                   [p["run"] / "report.json"], [p["run"]]),
         ]
 

@@ -4,7 +4,9 @@ report.md/report.json can be recomputed from the per-question JSONL.
 A record: {"dataset", "id", "question", "answers", "extractive", "extractive_em", "extractive_f1",
            "k": {"5": {"generated", "generated_em", "hit", "generated_f1"}, ...}}
 (hit: an answer-bearing passage in the top k; F1 is SQuAD's token F1, None for regex answers, whose
-set's F1 columns read "-", as do those of records written before F1 was.)
+set's F1 columns read "-", as do those of records written before F1 was.) A run with the answer memory
+(`--with-memory`) adds "extractive_memory" and "extractive_memory_em" and the report a column of its
+own: "extractive" is always the phrase model's own answer.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ from odqa.common.metrics.retrieval import top_k_accuracy  # noqa: E402
 
 COLUMNS = ("questions", "Top-k", "extractive EM", "generated EM", "only extractive right", "only generated right",
            "extractive F1", "generated F1")
+
+
+MEMORY_COLUMN = "extractive + memory EM"
 
 
 def _mean_f1(values: list) -> float | None:
@@ -42,15 +47,19 @@ def table_rows(records: list[dict]) -> list[dict]:
                          "only extractive right": sum(e and not g for e, g, _ in per),
                          "only generated right": sum(g and not e for e, g, _ in per),
                          "extractive F1": _mean_f1([r.get("extractive_f1") for r in recs]),
-                         "generated F1": _mean_f1([r["k"][str(k)].get("generated_f1") for r in recs])})
+                         "generated F1": _mean_f1([r["k"][str(k)].get("generated_f1") for r in recs]),
+                         # the answer memory's help, where the run asked for it (`--with-memory`)
+                         **({MEMORY_COLUMN: 100.0 * sum(r["extractive_memory_em"] for r in recs) / n}
+                            if all("extractive_memory_em" in r for r in recs) else {})})
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| dataset | k | " + " | ".join(COLUMNS) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
+    columns = COLUMNS + ((MEMORY_COLUMN,) if any(MEMORY_COLUMN in r for r in rows) else ())
+    lines = ["| dataset | k | " + " | ".join(columns) + " |", "|---|---:|" + "---:|" * len(columns)]
     for r in rows:
         cells = [f"{r[c]:.1f}" if isinstance(r.get(c), float) else "-" if r.get(c) is None else str(r[c])
-                 for c in COLUMNS]
+                 for c in columns]
         lines.append(f"| {r['dataset']} | {r['k']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

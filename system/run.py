@@ -43,8 +43,15 @@ log = logging.getLogger(__name__)
 
 
 def run(args: RunArgs) -> list[dict]:
+    from dataclasses import replace
+
     from odqa.system.pipeline import resolve_parts
+    if not args.with_memory and args.memory is None:   # the memory is a column asked for, not a default
+        args = replace(args, no_memory=True)
     args = resolve_parts(args, reader=True)[0]   # the parts not given: the default pipeline's
+    if args.with_memory and args.memory is None:
+        raise InputError("--with-memory: there is no answer memory to consult (the default pipeline has none, or "
+                         "--index / --model name a search of your own): pass --memory PATH, or `odqa build-memory`")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not args.k or min(args.k) < 1:
@@ -70,7 +77,8 @@ def run(args: RunArgs) -> list[dict]:
                 "answer_filter": ANSWER_FILTER_RULES if args.answer_filter else False,
                 "answer_depth": args.answer_depth, "answer_temperature": args.answer_temperature,
                 **({"memory": path_fingerprint(args.memory), "memory_settings": [
-                    args.memory_threshold, args.memory_weight, args.memory_neighbours]} if args.memory else {}),
+                    args.memory_threshold, args.memory_weight, args.memory_neighbours],
+                    "without_memory": True} if args.memory else {}),   # files since the answer without it
                 # in the key only when set: the files of a run without a reranker stay valid
                 **({"reranker": path_fingerprint(args.reranker), "rerank_depth": args.rerank_depth}
                    if args.reranker else {})}
@@ -152,12 +160,15 @@ def run(args: RunArgs) -> list[dict]:
         for i, e in enumerate(entries):
             regex = bool(e.get("regex"))
             f1 = (lambda answer: None) if regex else (lambda answer, golds=e["answers"]: f1_score(answer, golds))
+            # the extractive answer is the phrase model's own; the memory's, where it voted, a column of its own
+            own = e.get("prediction_without_memory", e.get("prediction", ""))
+            helped = e.get("prediction", "") if "prediction_without_memory" in e else None
             records.append(RunQuestion(
-                ds, e["id"], e["question"], tuple(e["answers"]), e.get("prediction", ""),
-                answer_em(e.get("prediction", ""), e["answers"], regex),
+                ds, e["id"], e["question"], tuple(e["answers"]), own, answer_em(own, e["answers"], regex),
                 {k: ReadAtK(per_k[k][i]["prediction"], bool(per_k[k][i]["em"]), any(c["has_answer"] for c in e["ctxs"][:k]),
                             f1(per_k[k][i]["prediction"]))
-                 for k in sorted(args.k)}, f1(e.get("prediction", ""))))
+                 for k in sorted(args.k)}, f1(own), helped,
+                None if helped is None else answer_em(helped, e["answers"], regex)))
     if not ranks.main:
         return []
     lines = [r.to_dict() for r in records]
@@ -167,7 +178,7 @@ def run(args: RunArgs) -> list[dict]:
 
 BASELINES = ("bm25", "dense", "none")
 # settings of the extractive answer alone
-ANSWER_KEYS = ("answer_depth", "answer_temperature", "memory", "memory_settings")
+ANSWER_KEYS = ("answer_depth", "answer_temperature", "memory", "memory_settings", "without_memory")
 
 
 def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:

@@ -184,3 +184,19 @@ def test_a_pipeline_records_settings_are_the_defaults_of_the_flags_not_given(tmp
     record_pipeline({}, by="test", settings={"top_doc": 7})
     with pytest.raises(InputError, match=f"{pipeline_file()}: \"settings\" holds .*unknown settings: top_doc"):
         ask()
+
+
+def test_odqa_run_leaves_the_memory_out_unless_asked_and_says_when_there_is_none(tmp_path):
+    """The report's extractive EM is the phrase model's own answer, as the papers give it: `run` takes the
+    default pipeline's answer memory only with --with-memory, and refuses that where there is none."""
+    from odqa.common.defaults import record_pipeline
+    from odqa.common.io import InputError
+    from odqa.system.args import RunArgs
+    from odqa.system.run import run
+    paths = {name: tmp_path / name for name in ("phrase_index", "phrase_model", "reader", "corpus")}
+    for path in paths.values():
+        path.mkdir()
+    record_pipeline(paths, by="test")
+    with pytest.raises(InputError, match="--with-memory: there is no answer memory to consult"):
+        run(RunArgs(str(tmp_path / "run"), with_memory=True))
+    assert RunArgs(str(tmp_path / "run")).with_memory is False

@@ -557,6 +557,13 @@ def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_mo
     # (the run stage was reused from the copied demo, whose memory it consulted)
     assert json.loads((out / "run" / "run_args.json").read_text())["memory"] == str(world["root"] / "out" / "memory")
     assert all("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
+    # the report's extractive EM is the phrase model's own answer; the memory's help, a column of its own
+    rows = json.loads((out / "run" / "report.json").read_text())["rows"]
+    assert all("extractive + memory EM" in r for r in rows)
+    records = [json.loads(line) for line in (out / "run" / "questions.jsonl").read_text().splitlines()]
+    entries = json.loads((out / "run" / "retrieval-test.json").read_text())
+    assert [r["extractive"] for r in records] == [e["prediction_without_memory"] for e in entries]
+    assert [r["extractive_memory"] for r in records] == [e["prediction"] for e in entries]
     ran = []
     for name in ("build_memory", "evaluate"):
         real = getattr(Recipe, name)
@@ -566,6 +573,7 @@ def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_mo
     assert "memory" not in default_pipeline()
     assert json.loads((out / "run" / "run_args.json").read_text())["memory"] is None
     assert not any("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
+    assert not any("extractive + memory EM" in r for r in json.loads((out / "run" / "report.json").read_text())["rows"])
     run_demo(world["root"] / "out", cfg=world["cfg"])   # the first demo's pipeline again, for the tests after this one
     assert default_pipeline()["memory"] == (world["root"] / "out" / "memory").resolve()
 

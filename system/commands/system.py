@@ -71,6 +71,8 @@ def cmd_ask(args) -> None:
     print(f"question:   {a.question}")
     votes = f", {ex.support:.0%} of the top passages' votes" if ex and ex.support is not None else ""
     print(f"extractive: {ex.text if ex else '-'}" + (f"  (phrase score {ex.score:.2f}, {ex.passage_id}{votes})" if ex else ""))
+    if qa.searcher.memory is not None and not a.memory:
+        print("memory:     on, no training question near enough to lend its answers (--no-memory leaves it out)")
     for m in a.memory:
         print(f"memory:     {m.question!r} (cosine {m.similarity:.2f}): {' | '.join(m.answers[:3])}")
     how = ", chosen among their phrases" if qa.settings.decoding == "phrases" else ""
