@@ -147,7 +147,7 @@ def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_pa
                  "fid-tiny-q-k3.jsonl", "pred-tiny-q-k1.jsonl", "bm25-tiny-q.json", "dense-tiny-q.json"):
         assert (out / name).stat().st_size > 0, name
     records = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
-    from odqa.common.results import RunQuestion   # each line is one, typed, and back to the same JSON
+    from odqa.common.results import RunQuestion  # each line is one, typed, and back to the same JSON
     assert [RunQuestion.from_dict(r).to_dict() for r in records] == records
     assert set(RunQuestion.from_dict(records[0]).k) == {1, 3}
     rows = json.loads((out / "report.json").read_text())["rows"]
