@@ -3,6 +3,8 @@
     [{"id", "question", "answers", "regex", "ctxs": [{"id", "title", "text", "score", "has_answer"}, ...]}, ...]
 
 ctxs are ranked best first. `id` and `regex` are additions to DPR's keys; files without them load too.
+`write_trec` writes the same ranking as a TREC run file, which trec_eval and pyserini's tools read:
+one `QID Q0 DOCID RANK SCORE TAG` line a passage, white space in an id percent-encoded.
 """
 from __future__ import annotations
 
@@ -28,6 +30,23 @@ def make_entry(q: Question, passages: Sequence[dict], scores: Sequence[float],
 
 def write_results(path: str | os.PathLike, entries: list[dict]) -> None:
     write_json_array(path, entries)
+
+
+def trec_id(text: str) -> str:
+    """An id as a TREC run's field: white space (a title's, in odqa's passage ids) and "%" percent-encoded,
+    as `urllib.parse.unquote` reads back ("William Shakespeare#1" -> "William%20Shakespeare#1")."""
+    from urllib.parse import quote
+    return "".join(quote(c) if c.isspace() or c == "%" else c for c in str(text))
+
+
+def write_trec(path: str | os.PathLike, entries: list[dict], tag: str) -> None:
+    """`entries` as a TREC run: a line a ctx, rank from 1, the question's and the passage's ids as
+    `trec_id` writes them. Written whole under a temporary name, then renamed."""
+    from odqa.common.io import atomic_path
+    lines = [f"{trec_id(e['id'])} Q0 {trec_id(ctx['id'])} {rank} {ctx['score']:.6f} {tag}\n"
+             for e in entries for rank, ctx in enumerate(e["ctxs"], 1)]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(lines), encoding="utf-8")
 
 
 def read_results(path: str | os.PathLike) -> list[dict]:

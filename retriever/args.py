@@ -202,7 +202,10 @@ class RetrieveArgs(Settings):
     questions: str = required("question set name (e.g. nq-test; tqa-test:3000 is its first 3,000), or a JSONL or "
                               "DPR .qa.csv path")
     k: int = arg(100, "passages per question", range="positive")
-    out: Path = required("output JSON file")
+    out: Path = required("output file")
+    format: str = arg("dpr", "dpr: DPR's JSON, with passages and answers, which the reader and eval-retrieval "
+                             "read; trec: a TREC run file (QID Q0 DOCID RANK SCORE TAG), for trec_eval and "
+                             "pyserini's tools", choices=["dpr", "trec"])
     limit: int | None = arg(None, "only the first N questions", range="positive")
     batch_size: int = arg(256, "questions per search call", range="positive")
     k1: float = arg(1.5, "BM25 k1")

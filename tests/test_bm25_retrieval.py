@@ -144,3 +144,24 @@ def test_single_vector_dense_retriever(tiny_corpus, tiny_questions, tmp_path):
     assert list(rows[0]) == list(expected)
     assert DenseIndex.index_dir(tiny_corpus, encoder).exists()                 # saved, and reused next time
     assert DenseIndex.open(tiny_corpus, encoder).index.ntotal == len(passages)
+
+
+def test_retrieve_writes_a_trec_run_of_the_same_ranking(tiny_corpus, tiny_questions, tmp_path, capsys):
+    """`--format trec`: the DPR file's ranking as `QID Q0 DOCID RANK SCORE TAG` lines, which trec_eval reads."""
+    import json
+
+    from odqa.system.cli import main
+    base = ["-q", "retrieve", "--retriever", "bm25", "--questions", str(tiny_questions), "--corpus", str(tiny_corpus),
+            "--k", "3"]
+    assert main([*base, "--out", str(tmp_path / "r.json")]) == 0
+    assert main([*base, "--format", "trec", "--out", str(tmp_path / "r.trec")]) == 0
+    entries = json.loads((tmp_path / "r.json").read_text())
+    lines = [line.split() for line in (tmp_path / "r.trec").read_text().splitlines()]
+    assert lines == [[e["id"], "Q0", c["id"], str(rank), f"{c['score']:.6f}", "odqa-bm25"]
+                     for e in entries for rank, c in enumerate(e["ctxs"], 1)]
+    assert len(lines) == 3 * len(entries)
+    from urllib.parse import unquote
+
+    from odqa.common.retrieval_file import trec_id
+    for name in ("William Shakespeare#1", "100% Pure#0", "a\tb"):   # a title's white space, and "%"
+        assert " " not in trec_id(name) and "\t" not in trec_id(name) and unquote(trec_id(name)) == name

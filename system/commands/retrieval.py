@@ -69,7 +69,7 @@ def cmd_retrieve(args) -> None:
     from odqa.common.paths import default_corpus
     from odqa.common.questions import load_questions
     from odqa.common.ranks import current, parts_beside
-    from odqa.common.retrieval_file import write_results
+    from odqa.common.retrieval_file import write_results, write_trec
     from odqa.retriever.bm25 import BM25Index, BM25Params
     from odqa.retriever.retrieve import retrieve, retrieve_phrases
     if args.retriever == "phrase":
@@ -94,7 +94,10 @@ def cmd_retrieve(args) -> None:
             index = DenseIndex.open(corpus, str(args.model or default_encoder()))
         entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size, **split)
     if current().main:
-        write_results(args.out, entries)
+        if args.format == "trec":
+            write_trec(args.out, entries, tag=f"odqa-{args.retriever}")
+        else:
+            write_results(args.out, entries)
         print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
 
 
