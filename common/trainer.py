@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from odqa.common.artifact import plain
 from odqa.common.io import InputError, atomic_path, publish, read_json, require_file, write_json
+from odqa.common.model_card import Card
 from odqa.common.settings import OptimArgs
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class Task:
     evaluate: Callable[[torch.nn.Module, int, int], dict] | None = None
     metric: str | None = None
     groups: list[dict] | None = None
+    card: Card | None = None   # what `best/` and `last/` say of themselves in their README.md
 
 
 class MicroBatches(Sequence):
@@ -430,6 +432,8 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
                 with atomic_path(out / name) as tmp:
                     task.save(engine.module, tmp)
                     write_json(tmp / "trainer_info.json", info)
+                    if task.card is not None:
+                        (tmp / "README.md").write_text(task.card.text(name, info), encoding="utf-8")
         engine.barrier()
 
     def checkpoint() -> None:
@@ -507,7 +511,9 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
             if last:
                 break
     bar.close()
-    save_model("last", {"step": state["global_step"]})
+    # the last checkpoint's card gives the validation figures of its own step, where it was evaluated there
+    last_eval = next((e for e in reversed(state["evals"]) if e.get("step") == state["global_step"]), {})
+    save_model("last", {**{k: v for k, v in last_eval.items() if k != "epoch"}, "step": state["global_step"]})
     if rank == 0:
         write_json(out / "trainer_state.json", state)
     return state

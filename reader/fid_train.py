@@ -15,6 +15,7 @@ import torch
 from odqa.common import trainer
 from odqa.common.io import InputError, write_json
 from odqa.common.metrics.answers import answer_em
+from odqa.common.model_card import Card
 from odqa.common.questions import split_of
 from odqa.reader.args import DECODING, LoopArgs, ReaderArgs
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
@@ -82,6 +83,7 @@ def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
         write_json(f"{loop.out_dir}/reader_args.json", {**asdict(args), "train_questions": len(train_ex),
                                                          "validation_questions": len(validation)})
     task = reader_task(model, tokenizer, train_ex, lambda exs, rng: collator(exs, rng if args.random_answer else None),
-                       make_evaluate(validation, tokenizer, args, device), "em", loop)
+                       make_evaluate(validation, tokenizer, args, device), "em", loop,
+                       Card("FiD reader", "train-reader", args.model, list(args.train_file), args.validation_file))
     state = trainer.train(task, loop, engine, loop.out_dir, "train-reader")
     return {"train_questions": len(train_ex), "validation_questions": len(validation), **state}

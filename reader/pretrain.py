@@ -19,6 +19,7 @@ import torch
 from odqa.common import trainer
 from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, write_json
+from odqa.common.model_card import Card
 from odqa.reader.args import LoopArgs, PretrainArgs
 from odqa.reader.read import load_reader
 from odqa.reader.t5_init import SENTINELS, passage_text
@@ -114,5 +115,7 @@ def pretrain_reader(args: PretrainArgs, loop: LoopArgs) -> dict:
     if rank == 0:
         write_json(Path(loop.out_dir) / "pretrain_args.json", asdict(args))
     task = reader_task(model, tokenizer, passages_train, collator,
-                       make_evaluate(validation, collator, args.eval_batch_size, device), "neg_loss", loop)
+                       make_evaluate(validation, collator, args.eval_batch_size, device), "neg_loss", loop,
+                       Card("T5 reader, span-corruption pretrained", "pretrain-reader", args.model, [args.corpus],
+                            task="text2text-generation"))
     return trainer.train(task, loop, engine, loop.out_dir, "pretrain-reader")

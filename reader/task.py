@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from odqa.common.io import InputError
+from odqa.common.model_card import Card
 from odqa.common.trainer import MicroBatches, Task, shuffled_batches
 from odqa.reader.args import LoopArgs
 
@@ -27,7 +28,7 @@ def seq2seq_loss(model, batch: dict, step: int):
 
 
 def reader_task(model, tokenizer, examples: Sequence, make_batch: Callable[[list, random.Random], dict],
-                evaluate: Callable, metric: str, args: LoopArgs) -> Task:
+                evaluate: Callable, metric: str, args: LoopArgs, card: Card | None = None) -> Task:
     if args.gradient_checkpointing:
         model.encoder_gradient_checkpointing()
     if args.freeze_embeddings or args.freeze_layers:
@@ -46,4 +47,4 @@ def reader_task(model, tokenizer, examples: Sequence, make_batch: Callable[[list
         tokenizer.save_pretrained(str(path))
 
     return Task(model=model, n_batches=len(examples) // args.batch_size, batches=batches, loss=seq2seq_loss,
-                save=save, evaluate=evaluate, metric=metric, groups=parameter_groups(model, args))
+                save=save, evaluate=evaluate, metric=metric, groups=parameter_groups(model, args), card=card)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from odqa.common.io import InputError, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
+from odqa.common.model_card import Card
 from odqa.common.retrieval_file import read_results
 from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded, train
 from odqa.retriever.args import RerankerTrainArgs
@@ -152,7 +153,9 @@ def train_reranker(args: RerankerTrainArgs) -> dict:
     log.info("the retriever's own order on validation: %s", {k: round(v, 2) for k, v in baseline.items()})
     task = Task(model=model, n_batches=len(groups) // args.batch_size, batches=batches, loss=GroupLoss(),
                 save=lambda m, path: m.save_pretrained(path), evaluate=evaluate, metric=metric,
-                groups=param_groups(model, args))
+                groups=param_groups(model, args),
+                card=Card("passage reranker", "train-reranker", args.encoder, [args.train_file], args.validation_file,
+                          task="text-ranking"))
     state = train(task, args, make_engine(args), out, "train-reranker")
     if best_scores.get("value") != state["best"]["value"]:   # the best was evaluated before a resume
         best_scores["scores"] = rerank_scores(CrossEncoder.from_pretrained(out / "best").eval(), validation, args.depth)

@@ -29,6 +29,7 @@ from odqa.common.answer_index import AnswerIndex
 from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_jsonl, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
+from odqa.common.model_card import Card
 from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded, train
 from odqa.retriever.args import DocTrainArgs
 from odqa.retriever.bm25 import BM25Index
@@ -191,7 +192,9 @@ def train_doc(args: DocTrainArgs) -> dict:
 
     task = Task(model=model, n_batches=len(train_ex) // args.batch_size, batches=batches,
                 loss=DocLoss(model.config.scale), save=lambda m, path: m.save_pretrained(path, tokenizer),
-                evaluate=evaluate, metric="Top-20")
+                evaluate=evaluate, metric="Top-20",
+                card=Card("document encoder", "train-doc", args.encoder, [args.train_file], args.validation_file,
+                          task="text-retrieval"))
     state = train(task, args, make_engine(args), out, "train-doc")
     validation = [{k: v for k, v in e.items() if k not in ("step", "epoch")} for e in state["evals"]]
     summary = {"best_top20": state["best"]["value"], "validation_top20": [e["Top-20"] for e in validation],

@@ -40,6 +40,7 @@ from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_json, read_jsonl, write_json
 from odqa.common.metrics.answers import exact_match
 from odqa.common.metrics.has_answer import has_answer
+from odqa.common.model_card import Card
 from odqa.common.settings import OptimArgs
 from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded
 from odqa.common.trainer import train as train_loop
@@ -372,5 +373,6 @@ def train(args: PhraseTrainArgs) -> dict:
                 batches=lambda epoch: training_batches(train_ex, tokenizer, cfg, args, epoch),
                 loss=PhraseLoss(args, teacher),
                 save=lambda m, path: m.save_pretrained(path, tokenizer),
-                evaluate=lambda m, rank, world: {"em": validation_em(m, tokenizer, val_ex, cfg)}, metric="em")
+                evaluate=lambda m, rank, world: {"em": validation_em(m, tokenizer, val_ex, cfg)}, metric="em",
+                card=Card("phrase model", "train-phrase", args.encoder, [args.train_file], args.validation_file))
     return em_summary(train_loop(task, args, engine, out, "train-phrase"))

@@ -29,6 +29,7 @@ import torch
 from odqa.common.io import InputError, read_json, write_json
 from odqa.common.metrics.answers import answer_em
 from odqa.common.metrics.has_answer import has_answer
+from odqa.common.model_card import Card
 from odqa.common.questions import load_questions
 from odqa.common.ranks import split_map
 from odqa.common.trainer import Task, check_resumed_settings, make_engine, seeded, train
@@ -194,7 +195,8 @@ def train_query(args: QueryTrainArgs) -> dict:
 
     task = Task(model=model, n_batches=n_batches, batches=batches,
                 loss=functools.partial(query_loss, passage_weight=args.passage_weight),
-                save=lambda m, path: m.save_pretrained(path, searcher.tokenizer))
+                save=lambda m, path: m.save_pretrained(path, searcher.tokenizer),
+                card=Card("phrase model, query-side tuned", "train-query", args.model, [str(args.questions)]))
     state = train(task, args, engine, out, "train-query")
     history = []
     for epoch in range(1, state["epoch"] + 1):

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from odqa.common.io import write_json
+from odqa.common.model_card import Card
 from odqa.common.trainer import Task, check_resumed_settings, make_engine, seeded
 from odqa.common.trainer import train as train_loop
 from odqa.retriever.args import TeacherTrainArgs
@@ -65,5 +66,7 @@ def train(args: TeacherTrainArgs) -> dict:
     task = Task(model=model, n_batches=len(train_ex) // args.batch_size,
                 batches=lambda epoch: training_batches(train_ex, tokenizer, cfg, args, epoch), loss=teacher_loss,
                 save=lambda m, path: m.save_pretrained(path, tokenizer),
-                evaluate=lambda m, rank, world: {"em": teacher_em(m, tokenizer, val_ex, cfg)}, metric="em")
+                evaluate=lambda m, rank, world: {"em": teacher_em(m, tokenizer, val_ex, cfg)}, metric="em",
+                card=Card("cross-encoder span reader", "train-teacher", args.encoder, [args.train_file],
+                          args.validation_file))
     return em_summary(train_loop(task, args, make_engine(args), out, "train-teacher"))

@@ -53,6 +53,10 @@ def first_run(world):
     return run_demo(world["root"] / "out", cfg=world["cfg"])
 
 
+def cfg_encoder(world):
+    return world["cfg"].encoder
+
+
 def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     out = world["root"] / "out"
     assert all((out / "stages" / f"{s}.json").exists() for s in STAGES)
@@ -91,6 +95,15 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     assert json.loads((out / "stages" / "refit.json").read_text())["result"]["epochs"] == 2
     # The gold-passage phase was validated twice, and FiD went on from the better of the two.
     assert len(json.loads((out / "reader-gold" / "trainer_state.json").read_text())["evals"]) == 2
+    # Every checkpoint carries a model card: its base model, data and validation figures as model-index metadata.
+    from huggingface_hub import ModelCard
+    for trained, base in (("reader", out / "reader-gold" / "best"), ("phrase", cfg_encoder(world))):
+        for name in ("best", "last"):
+            info = json.loads((out / trained / name / "trainer_info.json").read_text())
+            card = ModelCard.load(out / trained / name / "README.md")
+            assert card.data.base_model == str(base) and f"step {info['step']}" in card.text
+            assert {(r.metric_type, r.metric_value) for r in card.data.eval_results or []} == \
+                {(k, v) for k, v in info.items() if k != "step"}
 
 
 def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, first_run, tmp_path):
