@@ -19,7 +19,7 @@ set (common/ranks.py), every rank holds the merged results, and rank 0 alone wri
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from odqa.common.artifact import cached_file, cached_key, path_fingerprint
@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 
 
 def run(args: RunArgs) -> list[dict]:
-    from dataclasses import replace
-
     from odqa.system.pipeline import resolve_parts
     if not args.with_memory and args.memory is None:   # the memory is a column asked for, not a default
         args = replace(args, no_memory=True)
