@@ -200,3 +200,22 @@ def test_odqa_run_leaves_the_memory_out_unless_asked_and_says_when_there_is_none
     with pytest.raises(InputError, match="--with-memory: there is no answer memory to consult"):
         run(RunArgs(str(tmp_path / "run"), with_memory=True))
     assert RunArgs(str(tmp_path / "run")).with_memory is False
+
+
+def test_odqa_runs_command_leaves_the_default_pipelines_memory_out_unless_asked(tmp_path, capsys):
+    """Through the CLI too: a pipeline with a memory that holds the evaluated set is refused only when
+    --with-memory brings that memory in; without it the run goes on (here to the next missing part)."""
+    from odqa.common.defaults import record_pipeline
+    from odqa.system.cli import main
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "1", "question": "q", "answers": ["a"]}\n')
+    paths = {name: tmp_path / name for name in ("phrase_index", "phrase_model", "reader", "corpus", "memory")}
+    for path in paths.values():
+        path.mkdir()
+    (paths["memory"] / "manifest.json").write_text(json.dumps({"key": {"sets": [str(questions)]}}))
+    record_pipeline(paths, by="test")
+    argv = ["-q", "run", "--out", str(tmp_path / "run"), "--questions", str(questions), "--baselines", "none"]
+    assert main([*argv, "--with-memory"]) == 2
+    assert "which this run evaluates" in capsys.readouterr().err
+    assert main(argv) == 2
+    assert "which this run evaluates" not in capsys.readouterr().err

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -56,8 +55,9 @@ def cmd_run(args) -> None:
     from odqa.system.pipeline import resolve_parts
     from odqa.system.report import markdown
     from odqa.system.run import run
-    parts, recorded = resolve_parts(dataclass_from_args(PipelineParts, args), reader=True)
-    rows = run(dataclass_from_args(RunArgs, args, {**recorded, **dataclasses.asdict(parts)}))
+    # the record's settings for the flags not given; the parts (and whether the memory joins) are run's to resolve
+    recorded = resolve_parts(dataclass_from_args(PipelineParts, args), reader=True)[1]
+    rows = run(dataclass_from_args(RunArgs, args, recorded))
     if not current().main:   # rank 0 writes and prints the report
         return
     print(markdown(rows))
