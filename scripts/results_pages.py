@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MEMORY_COLUMN = "extractive + memory EM"   # odqa.system.report's
 COMMANDS = {"demo": "odqa demo", "full": "odqa demo --preset full"}
 NAMES = {"nq-test": "NQ-test", "tqa-test": "TriviaQA-test", "tqa-test:3000": "TriviaQA-test"}
 README_START, README_END = "<!-- results:demo -->", "<!-- /results:demo -->"
 
 
 def readme_table(rows: list[dict]) -> str:
+    from odqa.system.report import MEMORY_COLUMN
     memory = all(MEMORY_COLUMN in r for r in rows)
     lines = ["| dataset | k | questions | Top-k | extractive EM | generated EM |" + (" extractive + memory EM |" if memory else ""),
              "|---|---:|---:|---:|---:|---:|" + ("---:|" if memory else "")]

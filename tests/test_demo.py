@@ -53,10 +53,6 @@ def first_run(world):
     return run_demo(world["root"] / "out", cfg=world["cfg"])
 
 
-def cfg_encoder(world):
-    return world["cfg"].encoder
-
-
 def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     out = world["root"] / "out"
     assert all((out / "stages" / f"{s}.json").exists() for s in STAGES)
@@ -97,7 +93,7 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     assert len(json.loads((out / "reader-gold" / "trainer_state.json").read_text())["evals"]) == 2
     # Every checkpoint carries a model card: its base model, data and validation figures as model-index metadata.
     from huggingface_hub import ModelCard
-    for trained, base in (("reader", out / "reader-gold" / "best"), ("phrase", cfg_encoder(world))):
+    for trained, base in (("reader", out / "reader-gold" / "best"), ("phrase", world["cfg"].encoder)):
         for name in ("best", "last"):
             info = json.loads((out / trained / name / "trainer_info.json").read_text())
             card = ModelCard.load(out / trained / name / "README.md")

@@ -24,10 +24,9 @@ def system_args(p: argparse.ArgumentParser) -> None:
     add_dataclass_args(p, ReaderSettings, unset=True)
 
 
-def pipeline(args):
-    """The `Pipeline` of a command's flags (`searched`)."""
+def pipeline(parts, search, reading):
+    """The `Pipeline` of a command's resolved flags (`searched(args, reader=True)`)."""
     from odqa.system.pipeline import Pipeline
-    parts, search, reading = searched(args, reader=True)
     return Pipeline.load(phrase_searcher(parts, search), parts.reader, reading)
 
 
@@ -65,7 +64,7 @@ def cmd_run(args) -> None:
 
 
 def cmd_ask(args) -> None:
-    qa = pipeline(args)
+    qa = pipeline(*searched(args, reader=True))
     a = qa.ask(args.question, k=args.k)
     ex = a.extractive
     print(f"question:   {a.question}")
@@ -136,8 +135,8 @@ def serve_app(args):
         import torch
         torch.set_num_threads(args.threads)
     max_batch, max_queue_s = serve_limits(args.max_batch, args.max_queue_s, pick_device())
-    parts = searched(args, reader=True)[0]
-    return create_app(load=lambda: pipeline(args), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
+    parts, search, reading = searched(args, reader=True)   # once: the loader and /health name the same parts
+    return create_app(load=lambda: pipeline(parts, search, reading), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
                       max_queue=args.max_queue, max_queue_s=None if max_queue_s < 0 else max_queue_s,
                       timeout_s=args.timeout_s,
                       info={"index": shown(parts.index), "reader": shown(parts.reader),
