@@ -19,25 +19,11 @@ from pathlib import Path
 import torch
 
 from odqa.common.io import InputError, loading
+from odqa.common.weights import from_pretrained_whole, read_state_dict, refuse_misfit, weight_file
 
 FID_BLOCK = re.compile(r"^encoder\.encoder\.block\.(\d+)\.module\.")
-SHOWN = 5   # keys named in an error, of each kind
 # T5 sizes by width, as FiD's readers were made from them: the tokenizer a FiD checkpoint does not ship
 T5_BY_WIDTH = {512: "t5-small", 768: "t5-base", 1024: "t5-large"}
-
-
-def weight_file(path: str | os.PathLike) -> Path | None:
-    """A checkpoint directory's single weight file (safetensors first), or None (a hub name, or shards)."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (Path(path) / name).is_file():
-            return Path(path) / name
-    return None
-
-
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A `pytorch_model.bin`, memory-mapped: its keys are read without its tensors."""
-    with loading(path, "the reader's weights"):
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def is_fid_layout(keys) -> bool:
@@ -58,31 +44,14 @@ def load_weights(cls, name: str, config):
     """`cls` (a FiD class) with the checkpoint's weights, every one of them: FiD's layout is renamed
     first; any weight missing, unexpected or mismatched is an InputError naming them."""
     file = weight_file(name)
-    state = read_state_dict(file) if file is not None and file.suffix == ".bin" else {}
+    state = read_state_dict(file, "the reader's weights") if file is not None and file.suffix == ".bin" else {}
+    if not is_fid_layout(state):
+        return from_pretrained_whole(cls, name, "the reader's weights")
     with loading(name, "the reader's weights"):
-        if is_fid_layout(state):
-            model = cls(config)
-            result = model.load_state_dict(fid_to_t5(state), strict=False)
-            model.tie_weights()
-            missing, unexpected, mismatched = _untied(model, result.missing_keys), result.unexpected_keys, []
-        else:
-            # mismatched shapes come back in the info (and are refused below) rather than as transformers'
-            # report, whose "newly initialized" this refusal makes untrue: it is not printed
-            from transformers.utils import logging as hf_logging
-            verbosity = hf_logging.get_verbosity()
-            hf_logging.set_verbosity_error()
-            try:
-                model, info = cls.from_pretrained(name, output_loading_info=True, ignore_mismatched_sizes=True)
-            finally:
-                hf_logging.set_verbosity(verbosity)
-            missing, unexpected = info.get("missing_keys", ()), info.get("unexpected_keys", ())
-            mismatched = [k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", ())]
-    said = [f"{what} {len(keys)} ({', '.join(sorted(keys)[:SHOWN])}{', ...' if len(keys) > SHOWN else ''})"
-            for what, keys in (("missing", missing), ("unexpected", unexpected), ("of another shape", mismatched))
-            if keys]
-    if said:
-        raise InputError(f"{name}: the reader's weights do not fit its config, weights {'; '.join(said)}: a "
-                         f"checkpoint of another model or layout, or a damaged one (none was initialised at random)")
+        model = cls(config)
+        result = model.load_state_dict(fid_to_t5(state), strict=False)
+        model.tie_weights()
+    refuse_misfit(name, "the reader's weights", _untied(model, result.missing_keys), result.unexpected_keys)
     return model
 
 

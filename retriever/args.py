@@ -236,6 +236,8 @@ class BuildIndexArgs(Settings):
     keep: float = arg(DEFAULT_KEEP, "share of the dump's tokens to index, those the phrase filter (`odqa "
                                     "train-filter`) scores highest; 1: every token, no filter", range="positive")
     filter: Path | None = arg(None, "phrase filter for --keep (default: DUMP/filter, from `odqa train-filter`)")
+    model_filter: bool = arg(False, "for --keep, rank tokens by the phrase model's own filter head, whose logits "
+                                    "the dump holds (DensePhrases' filter), not by a fitted filter")
     train_size: int = arg(200_000, "vectors sampled to train IVF/PQ", range="positive")
     corpus: Path | None = arg(None, CORPUS_HELP)
 

@@ -14,13 +14,21 @@ from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
 from odqa.common.io import InputError, atomic_path, loading, read_json
+from odqa.common.weights import from_pretrained_whole
+
+# Weights an encoder may lack or carry beyond it and still be whole: token vectors come from the last
+# hidden state, so a BERT's pooler (which SpanBERT's and some sentence encoders' checkpoints lack) is
+# never used, nor a pretraining checkpoint's heads (bert-base-uncased's `cls.` heads).
+UNUSED_MISSING = ("pooler.",)
+UNUSED_EXTRA = ("cls.", "lm_head.", "pooler.")
 
 
 def load_lm(name_or_path: str | os.PathLike, **kwargs) -> nn.Module:
     """AutoModel.from_pretrained, for an encoder-only (BERT-family) model: token vectors come from its
-    last hidden state, which an encoder-decoder's forward does not give without decoder inputs."""
-    with loading(name_or_path, "a language model"):
-        lm = AutoModel.from_pretrained(name_or_path, **kwargs)
+    last hidden state, which an encoder-decoder's forward does not give without decoder inputs. Any
+    other weight missing, unexpected or misshapen is refused by name (`common/weights.py`)."""
+    lm = from_pretrained_whole(AutoModel, name_or_path, "a language model's weights",
+                               may_lack=UNUSED_MISSING, may_add=UNUSED_EXTRA, **kwargs)
     if getattr(lm.config, "is_encoder_decoder", False) or not hasattr(lm.config, "hidden_size"):
         raise InputError(f"{name_or_path}: a {lm.config.model_type!r} model; the phrase and question encoders need "
                          "an encoder-only (BERT-family) one")

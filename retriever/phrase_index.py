@@ -63,9 +63,11 @@ def default_factory(n_vectors: int, dim: int) -> str:
 
 def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
                 factory: str | None = "Flat", keep: float = 1.0, filter_path: str | os.PathLike | None = None,
-                train_size: int = 200_000, add_chunk: int = 100_000, seed: int = 0) -> dict:
+                model_filter: bool = False, train_size: int = 200_000, add_chunk: int = 100_000, seed: int = 0) -> dict:
     """`keep` < 1 indexes only that share of the dump's tokens, those the phrase filter
-    (`odqa train-filter`, by default DUMP/filter) scores highest; `factory` None: `default_factory`.
+    (`odqa train-filter`, by default DUMP/filter) scores highest, or with `model_filter` those the phrase
+    model's own filter head scored highest as it dumped them (DensePhrases' filter); `factory` None:
+    `default_factory`.
 
     The dump is read a chunk at a time (21M passages dump to terabytes): once for the filter's scores
     and where each kept vector goes, once for the quantisers' training sample, once to fill the index.
@@ -83,13 +85,18 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
             faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as e:
             raise InputError(f"--factory {factory!r}: faiss cannot make this index ({str(e).strip().splitlines()[-1]})") from None
-    kept, threshold = _kept_tokens(chunks, keep, filter_path or filter_dir(dump_dir), first["encoder_hash"])
+    if model_filter and filter_path is not None:
+        raise InputError("--model-filter ranks tokens by the phrase model's filter head, --filter by a fitted "
+                         "filter: give one")
+    kept, threshold = _kept_tokens(chunks, keep, "model" if model_filter else filter_path or filter_dir(dump_dir),
+                                   first["encoder_hash"])
     ids, meta, counts = _placed(chunks, kept, n_pass)
     n_vec = len(meta["token"])
     factory = factory or default_factory(n_vec, dim)
 
     key = {"corpus": first["fingerprint"], "encoder_hash": first["encoder_hash"], "factory": factory, "keep": keep,
-           "filter_threshold": threshold, "train_size": train_size, "seed": seed}
+           "filter_threshold": threshold, "train_size": train_size, "seed": seed,
+           **({"filter": "the phrase model's"} if model_filter else {})}
     # Under a launcher rank 0 trains the start side and rank 1 the end side (each on its own sample's
     # side: the same vectors a single process trains on), and every rank encodes its share of the
     # chunks into the codes files, beside the index until it is complete (the other ranks never see its
@@ -213,10 +220,15 @@ def _fill_in_faiss(indexes: dict, chunks, kept, ids, n_vec: int, dim: int, add_c
 
 def _kept_tokens(chunks: list[Path], keep: float, filter_path, encoder_hash: str) -> tuple[list[np.ndarray], float]:
     """Each chunk's mask of the tokens that a share `keep` of the whole dump keeps, those the filter
-    scores highest, and the score threshold that does it."""
+    scores highest (`filter_path` "model": the phrase model's filter logits in the dump), and the score
+    threshold that does it."""
     sizes = [len(read_chunk(c, ("token",))["token"]) for c in chunks]
     if keep == 1:
         return [np.ones(n, bool) for n in sizes], float("-inf")
+    if filter_path == "model":
+        scores = [read_chunk(c, ("filter",))["filter"].astype(np.float32) for c in chunks]
+        threshold = float(np.quantile(np.concatenate(scores), 1 - keep, overwrite_input=True))
+        return [s >= threshold for s in scores], threshold
     model = fitted_filter(filter_path, encoder_hash)
     scores = saved_scores(filter_path, chunks, sizes)   # train-filter's, when it scored this dump
     scores = chunk_scores(model, chunks) if scores is None else [np.array(s) for s in scores]

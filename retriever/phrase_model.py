@@ -1,9 +1,10 @@
 """DensePhrases' encoders: every passage token gets a start and an end vector, a question gets one
 of each, and a phrase (i, j), j - i < L, scores `q_start . h_start[i] + q_end . h_end[j]`.
 
-Two ways to get start/end vectors from the phrase LM's hidden state h (dimension d):
+Three ways to get start/end vectors from the phrase LM's hidden state h (dimension d):
   head="split"   the paper's: h[:d/2] is the start vector, h[d/2:] the end vector (no new weights);
-  head="linear"  two d x d linear heads (full-width vectors), started as the split: the same scores.
+  head="linear"  two d x d linear heads (full-width vectors), started as the split: the same scores;
+  head="full"    h is both (DensePhrases' released code and models: start and end are "shared").
 Question vectors come from the [CLS] of two LMs started from the same checkpoint (question_encoder=
 "dual", the paper's choice) or of one shared LM with two heads ("shared").
 A filter head gives each token a "can start" and a "can end an answer" logit, used to drop tokens from
@@ -11,6 +12,7 @@ the phrase dump.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +21,26 @@ import numpy as np
 import torch
 from torch import nn
 
-from odqa.common.io import InputError, hash_files, loading
+from odqa.common.io import InputError, atomic_path, hash_files, loading
+from odqa.common.weights import read_state_dict, refuse_misfit, weight_file, weight_keys
 from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
 from odqa.retriever.phrase_data import encode_questions
 
 CONFIG_FILE = "phrase_config.json"
 LMS = ("phrase_lm", "q_start_lm", "q_end_lm")
+# DensePhrases' checkpoints (princeton-nlp/densephrases-*): the LMs' key prefixes, its first release's
+# names for them, and the teacher a distilled model was saved with
+DENSEPHRASES_LMS = {"phrase_lm": "phrase_encoder.", "q_start_lm": "query_start_encoder.",
+                    "q_end_lm": "query_end_encoder."}
+DENSEPHRASES_OLD = {"bert_start": "phrase_encoder", "bert_q_start": "query_start_encoder",
+                    "bert_q_end": "query_end_encoder"}
+DENSEPHRASES_TEACHER = ("cross_encoder.", "bert_qd.", "qa_outputs.")
 
 
 @dataclass
 class PhraseModelConfig:
     encoder: str                      # any AutoModel name or path (BERT family)
-    head: str = "split"               # "split" | "linear"
+    head: str = "split"               # "split" | "linear" | "full"
     question_encoder: str = "dual"    # "dual" | "shared"
     max_span_len: int = 20            # L, in tokens
     max_passage_tokens: int = 192
@@ -39,8 +49,8 @@ class PhraseModelConfig:
     title_phrases: bool = False       # title tokens are phrase candidates too (a phrase never spans both segments)
 
     def __post_init__(self):
-        if self.head not in ("split", "linear"):
-            raise ValueError(f"head must be 'split' or 'linear', not {self.head!r}")
+        if self.head not in ("split", "linear", "full"):
+            raise ValueError(f"head must be 'split', 'linear' or 'full', not {self.head!r}")
         if self.question_encoder not in ("dual", "shared"):
             raise ValueError(f"question_encoder must be 'dual' or 'shared', not {self.question_encoder!r}")
 
@@ -66,10 +76,13 @@ class DensePhraseModel(nn.Module):
             # One LM for both question vectors: two heads keep them apart.
             self.q_start_head, self.q_end_head = nn.Linear(d, d), nn.Linear(d, d)
         self.filter_head = nn.Linear(d, 2)
+        self.densephrases = False   # loaded from a DensePhrases checkpoint, and saved as one
 
     def _split(self, h: torch.Tensor, start_head: str, end_head: str) -> tuple[torch.Tensor, torch.Tensor]:
         if self.config.head == "split":
             return h[..., : self.dim], h[..., self.dim:]
+        if self.config.head == "full":
+            return h, h
         return getattr(self, start_head)(h), getattr(self, end_head)(h)
 
     def encode_passages(self, input_ids, attention_mask, token_type_ids=None):
@@ -107,6 +120,10 @@ class DensePhraseModel(nn.Module):
     # --- checkpoints: one directory, each LM a plain HF checkpoint, heads in heads.pt ---
 
     def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
+        """A model loaded from a DensePhrases checkpoint is saved as one again (so DensePhrases' own code
+        reads it, and a query-tuned copy still matches the index its phrase side built)."""
+        if self.densephrases:
+            return self._save_densephrases(out_dir, tokenizer)
         lms = {name: getattr(self, name) for name in LMS}
         with saving_checkpoint(out_dir, lms, self.config, CONFIG_FILE, tokenizer) as tmp:
             heads = {k: v for k, v in self.state_dict().items() if not k.split(".")[0].endswith("_lm")}
@@ -115,7 +132,10 @@ class DensePhraseModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "DensePhraseModel":
+        """A checkpoint `save_pretrained` wrote, or one of DensePhrases' (`densephrases_layout`)."""
         path = Path(path)
+        if not is_phrase_checkpoint(path) and densephrases_layout(path):
+            return cls._from_densephrases(path)
         config, lms = open_checkpoint(path, CONFIG_FILE, PhraseModelConfig, LMS, "phrase model")
         with loading(path, "the phrase model"):
             model = cls(config, lms)
@@ -136,6 +156,73 @@ class DensePhraseModel(nn.Module):
         if bad:
             raise InputError(f"{path}: the saved heads do not fit the configured model: {bad[:5]}")
         return model
+
+
+    def _save_densephrases(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
+        state = {prefix + k: v for name, prefix in DENSEPHRASES_LMS.items()
+                 for k, v in getattr(self, name).state_dict().items()}
+        state.update({f"filter_linear.{k}": v for k, v in self.filter_head.state_dict().items()})
+        with atomic_path(out_dir) as tmp:
+            tmp.mkdir()
+            torch.save(state, tmp / "pytorch_model.bin")
+            self.phrase_lm.config.to_json_file(tmp / "config.json")
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+
+    @classmethod
+    def _from_densephrases(cls, path: Path) -> "DensePhraseModel":
+        """DensePhrases' `Encoder`: its three LMs, each of the config's class, and `filter_linear` as the
+        filter head (its two outputs are "can start" and "can end", as the filter head's are). Start and
+        end are both the phrase LM's token state and the question's come from each query LM's [CLS], as
+        densephrases/encoder.py computes them: head "full", question encoder "dual". Lengths are
+        DensePhrases' defaults (densephrases/options.py)."""
+        from transformers import AutoConfig, AutoModel
+        state = densephrases_state(path)
+        with loading(path / "config.json", "the phrase model's config"):
+            lm_config = AutoConfig.from_pretrained(path)
+        config = PhraseModelConfig(encoder=str(path), head="full", question_encoder="dual", max_span_len=10,
+                                   max_passage_tokens=384, max_question_tokens=64)
+        lms, missing, used = {}, [], set()
+        for name, prefix in DENSEPHRASES_LMS.items():
+            lms[name] = AutoModel.from_config(lm_config)
+            own = lms[name].state_dict()
+            part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)
+                    and (k[len(prefix):] in own or not k.endswith("position_ids"))}   # a buffer old versions saved
+            used.update(prefix + k for k in part)
+            result = lms[name].load_state_dict(part, strict=False)
+            missing += [prefix + k for k in result.missing_keys]
+        used.update(k for k in state if k.endswith("position_ids"))
+        model = cls(config, lms)
+        model.densephrases = True
+        head = {k.removeprefix("filter_linear."): v for k, v in state.items() if k.startswith("filter_linear.")}
+        used.update(f"filter_linear.{k}" for k in head)
+        result = model.filter_head.load_state_dict(head, strict=False)
+        refuse_misfit(path, "DensePhrases' weights", missing + [f"filter_linear.{k}" for k in result.missing_keys],
+                      sorted(set(state) - used))
+        return model
+
+
+def densephrases_layout(path: str | os.PathLike) -> bool:
+    """A DensePhrases checkpoint directory: a `config.json` and one weight file whose keys name its three
+    encoders (`phrase_encoder.*`, or `bert_start.*` in its first release)."""
+    file = weight_file(path)
+    if file is None or not (Path(path) / "config.json").is_file():
+        return False
+    return any(k.startswith(("phrase_encoder.", "bert_start.")) for k in weight_keys(file))
+
+
+def densephrases_state(path: Path) -> dict:
+    """A DensePhrases checkpoint's weights under today's names: its first release's `bert_start`,
+    `bert_q_start` and `bert_q_end` renamed, and the distillation teacher, which search never uses, left out
+    (densephrases/utils/single_utils.py's `backward_compat`)."""
+    state = read_state_dict(weight_file(path), "the phrase model's weights")
+    out = {}
+    for key, value in state.items():
+        if key.startswith(DENSEPHRASES_TEACHER):
+            continue
+        old = next((o for o in DENSEPHRASES_OLD if key.startswith(o + ".")), None)
+        out[DENSEPHRASES_OLD[old] + key[len(old):] if old else key] = value
+    return out
 
 
 def _half_identity(d: int, first: bool) -> nn.Linear:
@@ -161,8 +248,11 @@ def is_phrase_checkpoint(path: str | os.PathLike) -> bool:
 
 def question_encoder_hash(path: str | os.PathLike) -> str:
     """Identifies the question side of a checkpoint (its question LMs and heads), which an answer
-    memory's vectors are encoded with; query-side fine-tuning changes it."""
+    memory's vectors are encoded with; query-side fine-tuning changes it. (A DensePhrases checkpoint holds
+    both sides in one file: each side's hash is its tensors'.)"""
     path = Path(path)
+    if not is_phrase_checkpoint(path) and densephrases_layout(path):
+        return _tensors_hash(densephrases_state(path), ("query_start_encoder.", "query_end_encoder."))
     files = [f for part in ("q_start_lm", "q_end_lm") for f in sorted((path / part).rglob("*"))]
     return hash_files(path, files + [path / "question_heads.pt", path / CONFIG_FILE])
 
@@ -171,7 +261,19 @@ def phrase_encoder_hash(path: str | os.PathLike) -> str:
     """Identifies the phrase side of a checkpoint (phrase LM and its heads), which a phrase index is
     built with; query-side fine-tuning leaves it unchanged."""
     path = Path(path)
+    if not is_phrase_checkpoint(path) and densephrases_layout(path):
+        return _tensors_hash(densephrases_state(path), ("phrase_encoder.", "filter_linear."))
     return hash_files(path, sorted((path / "phrase_lm").rglob("*")) + [path / "phrase_heads.pt"])
+
+
+def _tensors_hash(state: dict, prefixes: tuple[str, ...]) -> str:
+    """A short sha256 of the named tensors' keys and bytes (buffers such as position_ids left out): the
+    same weights hash the same whichever file holds them."""
+    h = hashlib.sha256()
+    for key in sorted(k for k in state if k.startswith(prefixes) and not k.endswith("position_ids")):
+        h.update(key.encode())
+        h.update(state[key].detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 @torch.no_grad()

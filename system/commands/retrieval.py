@@ -149,7 +149,7 @@ def cmd_build_index(args) -> None:
     from odqa.common.ranks import current
     from odqa.retriever.phrase_index import build_index
     m = build_index(args.dump, args.out, args.corpus or default_corpus(), factory=args.factory, keep=args.keep,
-                    filter_path=args.filter, train_size=args.train_size)
+                    filter_path=args.filter, model_filter=args.model_filter, train_size=args.train_size)
     if current().main:   # under a launcher, once
         print(f"{m['factory']} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
               f"{sum(m['bytes'].values()) / 2**20:.1f} MiB, {m['bytes_per_passage']:,.0f} bytes per passage -> {args.out}")

@@ -1,0 +1,79 @@
+"""Model weights loaded whole or not at all.
+
+transformers' `from_pretrained` initialises a weight the checkpoint lacks at random and only warns, so a
+checkpoint of another layout (FiD's wrapped encoder, DensePhrases' three encoders in one file, a DPR
+context encoder taken as a question encoder) would load and answer wrongly without a word. Every model
+load goes through here and refuses such a checkpoint, naming the keys.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from odqa.common.io import InputError, loading
+
+SHOWN = 5   # keys named in an error, of each kind
+
+
+def weight_file(path: str | os.PathLike) -> Path | None:
+    """A checkpoint directory's single weight file (safetensors first), or None (a hub name, or shards)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (Path(path) / name).is_file():
+            return Path(path) / name
+    return None
+
+
+def read_state_dict(path: Path, what: str = "the weights") -> dict[str, torch.Tensor]:
+    """A weight file's tensors: a `pytorch_model.bin` memory-mapped (its keys are read without its
+    tensors), a `model.safetensors` through safetensors."""
+    with loading(path, what):
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            return load_file(path)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def weight_keys(path: Path) -> list[str]:
+    """A weight file's keys, without reading its tensors."""
+    if path.suffix != ".safetensors":
+        return list(read_state_dict(path))
+    from safetensors import safe_open
+    with loading(path, "the weights"), safe_open(path, "pt") as f:
+        return list(f.keys())
+
+
+def refuse_misfit(name, what: str, missing: Iterable[str] = (), unexpected: Iterable[str] = (),
+                  mismatched: Iterable[str] = ()) -> None:
+    """An InputError naming the weights that do not fit, if any do not."""
+    said = [f"{kind} {len(keys)} ({', '.join(keys[:SHOWN])}{', ...' if len(keys) > SHOWN else ''})"
+            for kind, keys in (("missing", sorted(missing)), ("unexpected", sorted(unexpected)),
+                               ("of another shape", sorted(mismatched)))
+            if keys]
+    if said:
+        raise InputError(f"{name}: {what} do not fit its config, weights {'; '.join(said)}: a checkpoint of another "
+                         f"model or layout, or a damaged one (none was initialised at random)")
+
+
+def from_pretrained_whole(cls, name: str | os.PathLike, what: str, may_lack: tuple[str, ...] = (),
+                          may_add: tuple[str, ...] = (), **kwargs):
+    """`cls.from_pretrained(name)`, refused (`refuse_misfit`) unless every weight is loaded. Keys under
+    the prefixes `may_lack` may be missing and those under `may_add` unexpected: parts the caller never
+    uses (a BERT's pooler, a pretraining checkpoint's `cls.` heads)."""
+    # mismatched shapes come back in the info (and are refused) rather than as transformers' report,
+    # whose "newly initialized" the refusal makes untrue: it is not printed
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with loading(name, what):
+            model, info = cls.from_pretrained(name, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    refuse_misfit(name, what,
+                  [k for k in info.get("missing_keys", ()) if not k.startswith(may_lack)],
+                  [k for k in info.get("unexpected_keys", ()) if not k.startswith(may_add)],
+                  [k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", ())])
+    return model
