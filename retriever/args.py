@@ -197,8 +197,12 @@ class RerankerTrainArgs(OptimArgs):
 @dataclass(kw_only=True)
 class RetrieveArgs(Settings):
     """`odqa retrieve`'s own settings, beside a phrase search's parts and settings."""
-    retriever: str = arg("bm25", "bm25; dense: one mean-pooled vector per passage (--model, default the MiniLM); "
-                                 "phrase: passages ranked by their best phrase", choices=["bm25", "dense", "phrase"])
+    retriever: str = arg("bm25", "bm25; dense: one vector per passage (--model, default the MiniLM, mean-pooled; "
+                                 "or DPR's pair with --passage-model); phrase: passages ranked by their best phrase",
+                         choices=["bm25", "dense", "phrase"])
+    passage_model: str | None = arg(None, "with --retriever dense: DPR's context encoder (a DPRContextEncoder "
+                                          "checkpoint or hub name), --model then its question encoder: [CLS] vectors "
+                                          "scored by inner product, as DPR scores them")
     questions: str = required("question set name (e.g. nq-test; tqa-test:3000 is its first 3,000), or a JSONL or "
                               "DPR .qa.csv path")
     k: int = arg(100, "passages per question", range="positive")

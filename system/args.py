@@ -51,7 +51,10 @@ class RunArgs(PipelineParts, SearchConfig, ReaderSettings):
     k: list[int] = listed([5, 10, 25, 50], "passages read by FiD")
     limit: int | None = arg(None, "first N questions of each set")
     baselines: list[str] = listed(["bm25", "dense"], "other retrievers on the Top-k plot: bm25, dense, or none")
-    dense_encoder: str | None = arg(None, "encoder of the dense baseline (default: the data pack's MiniLM)")
+    dense_encoder: str | None = arg(None, "encoder of the dense baseline (default: the data pack's MiniLM); with "
+                                          "--dense-passage-encoder, DPR's question encoder")
+    dense_passage_encoder: str | None = arg(None, "DPR's context encoder for the dense baseline, which is then DPR "
+                                                  "([CLS] vectors, inner product)")
     with_memory: bool = arg(False, "also the extractive answer with the default pipeline's answer memory, in a "
                                    "column of its own (--memory PATH names one); the extractive EM column is always "
                                    "the phrase model's own answer, as the papers report it")

@@ -184,12 +184,17 @@ def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k:
     from odqa.retriever.dense import DenseIndex
     runs = {}
     encoder = args.dense_encoder or str(default_encoder())
+    passages = args.dense_passage_encoder
+    if passages and not args.dense_encoder:
+        raise InputError("--dense-passage-encoder is DPR's context encoder: --dense-encoder names its question encoder")
+    dense = "DPR" if passages else "dense (single vector)"
     for kind, label, open_index in (("bm25", "BM25", lambda: BM25Index.open(corpus)),
-                                    ("dense", "dense (single vector)", lambda: DenseIndex.open(corpus, encoder))):
+                                    ("dense", dense, lambda: DenseIndex.open(corpus, encoder, passages))):
         if kind not in args.baselines:
             continue
         path = out / f"{kind}-{ds}.json"
-        key = {"corpus": corpus, "questions": name, "limit": args.limit, "encoder": encoder if kind == "dense" else None}
+        key = {"corpus": corpus, "questions": name, "limit": args.limit, "encoder": encoder if kind == "dense" else None,
+               **({"passage_encoder": passages} if kind == "dense" and passages else {})}
 
         def make():
             store = PassageStore(corpus)

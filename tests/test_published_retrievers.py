@@ -7,6 +7,10 @@ release named the LMs `bert_start`, `bert_q_start`, `bert_q_end`, and a distille
 teacher (`cross_encoder.*`, `qa_outputs.*`). Start and end vectors are both the phrase LM's token
 state, the question's start and end its two query LMs' [CLS] states, the filter `filter_linear` of the
 token state, chunked into a start and an end logit.
+
+DPR (facebook/dpr-question_encoder-single-nq-base, facebook/dpr-ctx_encoder-single-nq-base): transformers'
+`DPRQuestionEncoder` and `DPRContextEncoder`, each with its `DPR...Tokenizer` (a BERT vocabulary); a
+vector is the [CLS] state, unnormalised; a passage is encoded as the pair (title, text).
 """
 import json
 import time
@@ -176,3 +180,60 @@ def test_every_phrase_command_runs_on_a_densephrases_checkpoint(bert, tmp_path, 
             time.sleep(0.05)
         reply = client.post("/answer", json={"question": TINY_QUESTIONS[0]["question"], "k": 2})
     assert reply.status_code == 200 and reply.json()["extractive"]["text"]
+
+
+def dpr_pair(root, bert):
+    from transformers import (
+        DPRConfig,
+        DPRContextEncoder,
+        DPRContextEncoderTokenizer,
+        DPRQuestionEncoder,
+        DPRQuestionEncoderTokenizer,
+    )
+    config = DPRConfig(**{k: v for k, v in BertConfig.from_pretrained(bert).to_dict().items()
+                          if k in DPRConfig().to_dict() and k not in ("model_type", "architectures")})
+    out = {}
+    for seed, (side, cls, tok) in enumerate((("question", DPRQuestionEncoder, DPRQuestionEncoderTokenizer),
+                                             ("passage", DPRContextEncoder, DPRContextEncoderTokenizer))):
+        torch.manual_seed(seed)
+        out[side] = root / f"dpr-{side}"
+        cls(config).save_pretrained(out[side])
+        tok(vocab_file=str(bert / "vocab.txt")).save_pretrained(out[side])
+    return out
+
+
+def test_dpr_encoders_retrieve_by_the_inner_product_of_their_cls_vectors(bert, tmp_path, capsys):
+    from tiny_data import TINY_DOCS
+    from transformers import AutoTokenizer, DPRContextEncoder, DPRQuestionEncoder
+
+    from odqa.common.corpus import PassageStore, build_corpus
+    from odqa.system.cli import main
+    dpr = dpr_pair(tmp_path, bert)
+    corpus = tmp_path / "corpus"
+    build_corpus([write_jsonl(tmp_path / "docs.jsonl", TINY_DOCS)], corpus)
+    questions = write_jsonl(tmp_path / "q.jsonl", TINY_QUESTIONS)
+    retrieve = ["-q", "retrieve", "--retriever", "dense", "--questions", str(questions), "--corpus", str(corpus),
+                "--k", "4", "--out", str(tmp_path / "run.json")]
+    assert main([*retrieve, "--model", str(dpr["question"]), "--passage-model", str(dpr["passage"])]) == 0
+    found = json.loads((tmp_path / "run.json").read_text())
+    # DPR's scoring, written out: [CLS] of each side, the passage as (title, text), raw inner product
+    store = PassageStore(corpus)
+    passages = [store[i] for i in range(len(store))]
+    with torch.no_grad():
+        q_tok, p_tok = AutoTokenizer.from_pretrained(dpr["question"]), AutoTokenizer.from_pretrained(dpr["passage"])
+        q = DPRQuestionEncoder.from_pretrained(dpr["question"]).eval()(
+            **q_tok([x["question"] for x in TINY_QUESTIONS], padding=True, return_tensors="pt")).pooler_output
+        p = DPRContextEncoder.from_pretrained(dpr["passage"]).eval()(
+            **p_tok([x["title"] for x in passages], [x["text"] for x in passages], padding=True,
+                    return_tensors="pt")).pooler_output
+    scores = q @ p.T
+    for entry, row in zip(found, scores):
+        best = torch.topk(row, 4)
+        assert [c["id"] for c in entry["ctxs"]] == [passages[i]["id"] for i in best.indices.tolist()]
+        assert [c["score"] for c in entry["ctxs"]] == pytest.approx(best.values.tolist(), rel=1e-4, abs=1e-4)
+    assert row.norm() != pytest.approx(1.0)   # not normalised
+    # a context encoder given as the question encoder is refused, never loaded at random
+    assert main([*retrieve, "--model", str(dpr["passage"]), "--passage-model", str(dpr["passage"])]) == 2
+    assert "missing" in capsys.readouterr().err
+    assert main([*retrieve, "--passage-model", str(dpr["passage"])]) == 2
+    assert "--model names its question encoder" in capsys.readouterr().err

@@ -72,6 +72,8 @@ def cmd_retrieve(args) -> None:
     from odqa.common.retrieval_file import write_results, write_trec
     from odqa.retriever.bm25 import BM25Index, BM25Params
     from odqa.retriever.retrieve import retrieve, retrieve_phrases
+    if args.passage_model and args.retriever != "dense":
+        raise InputError(f"--passage-model is DPR's context encoder, for --retriever dense, not {args.retriever}")
     if args.retriever == "phrase":
         parts, config, _ = searched(args)
     elif args.reranker:
@@ -91,7 +93,9 @@ def cmd_retrieve(args) -> None:
         else:
             from odqa.common.paths import default_encoder
             from odqa.retriever.dense import DenseIndex
-            index = DenseIndex.open(corpus, str(args.model or default_encoder()))
+            if args.passage_model and not args.model:
+                raise InputError("--passage-model is DPR's context encoder: --model names its question encoder")
+            index = DenseIndex.open(corpus, str(args.model or default_encoder()), args.passage_model)
         entries = retrieve(index, store, questions, args.k, batch_size=args.batch_size, **split)
     if current().main:
         if args.format == "trec":
