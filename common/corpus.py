@@ -2,6 +2,8 @@
 
 Inputs (format detected from the file, or given):
   dpr-tsv     DPR's psgs_w100.tsv: header `id text title`, one passage a line.
+  table       passages as rows HF `datasets` reads (`common/tables.py`): a hub dataset (`hf:wiki_dpr`), or
+              a JSON, CSV, TSV or Parquet file, plain or compressed; fields id, title, text (or contents).
   passages    JSONL `{"id", "title", "text"}`.
   documents   JSONL `{"id", "title", "abstract"?, "sections": [{"title", "paragraphs": [...], "sections": [...]}]}`:
               DHR's title tree, document title at the root, section titles inside, text at the leaves.
@@ -49,10 +51,12 @@ from odqa.common.io import (
     write_json,
 )
 from odqa.common.splitter import split_passages
+from odqa.common.tables import is_hub, is_table, passage_fields, rows
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("dpr-tsv", "passages", "documents")
+FORMATS = ("dpr-tsv", "passages", "documents", "table")
+DPR_HEADER = ["id", "text", "title"]
 MAX_WORDS = 100
 csv.field_size_limit(sys.maxsize)
 
@@ -77,7 +81,10 @@ class SourceDoc:
 
 def detect_format(path: Path) -> str:
     if plain_suffix(path) == ".tsv":
-        return "dpr-tsv"
+        first = next((line for _, line in text_lines(path)), "")
+        return "dpr-tsv" if first.rstrip("\r\n").split("\t") == DPR_HEADER else "table"
+    if is_table(path):
+        return "table"
     for _, obj in read_jsonl(path):
         return "documents" if "sections" in obj else "passages"
     raise InputError(f"{path}: empty input")
@@ -88,7 +95,7 @@ def detect_format(path: Path) -> str:
 def _read_dpr_tsv(path: Path) -> Iterator[tuple[str, str, str]]:
     reader = csv.reader((line for _, line in text_lines(path)), delimiter="\t")
     header = next(reader, None)
-    if header != ["id", "text", "title"]:
+    if header != DPR_HEADER:
         raise InputError(f"{path}:1: expected the header 'id<TAB>text<TAB>title', got {header!r}")
     for row in reader:
         if len(row) != 3:
@@ -152,9 +159,20 @@ def _read_documents_jsonl(path: Path) -> Iterator[SourceDoc]:
         yield SourceDoc(id=str(obj["id"]), title=obj["title"], abstract=abstract, toc=toc, units=units, meta=meta)
 
 
+def _read_table(spec) -> Iterator[tuple[str, str, str]]:
+    for i, row in rows(spec, default_split="train"):
+        yield passage_fields(row, f"{spec}:{i}")
+
+
 def read_source(path: str | os.PathLike, fmt: str = "auto") -> Iterator[SourceDoc]:
+    if is_hub(path):
+        if fmt not in ("auto", "table"):
+            raise InputError(f"{path}: a hub dataset's rows are passages: --format table (or auto), not {fmt}")
+        return _group_passages(_read_table(path))
     path = require_file(path, "corpus input")
     fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt == "table":
+        return _group_passages(_read_table(path))
     if fmt == "dpr-tsv":
         return _group_passages(_read_dpr_tsv(path))
     if fmt == "passages":
@@ -191,7 +209,7 @@ def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fm
     with atomic_path(out_dir / "passages.jsonl") as p_tmp, atomic_path(out_dir / "documents.jsonl") as d_tmp, \
             open(p_tmp, "w", encoding="utf-8") as p_out, open(d_tmp, "w", encoding="utf-8") as d_out:
         for path in inputs:
-            for doc in tqdm(read_source(path, fmt), desc=f"corpus {Path(path).name}", unit=" docs",
+            for doc in tqdm(read_source(path, fmt), desc=f"corpus {path if is_hub(path) else Path(path).name}", unit=" docs",
                             mininterval=2, disable=None):
                 passages = doc_passages(doc, max_words)
                 for p in passages:
@@ -207,7 +225,7 @@ def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fm
             # An empty corpus would index nothing and answer nothing, silently: refuse it before it replaces one.
             raise InputError(f"{', '.join(map(str, inputs))}: no passage text in {n_docs} documents")
     info = {"passages": n_passages, "documents": n_docs, "max_words": max_words,
-            "inputs": [str(Path(p).resolve()) for p in inputs], "fingerprint": fingerprint.hexdigest()[:16]}
+            "inputs": [str(p) if is_hub(p) else str(Path(p).resolve()) for p in inputs], "fingerprint": fingerprint.hexdigest()[:16]}
     write_json(out_dir / "corpus.json", info)
     log.info("wrote %d passages of %d documents to %s", n_passages, n_docs, out_dir)
     return info

@@ -1,5 +1,7 @@
 """Question sets: JSONL lines `{"id", "question", "answers", "regex"}`, or DPR's question files
-(`nq-test.qa.csv`, pyserini's `topics.dpr.*.txt`): `question<TAB>['answer', ...]` per line.
+(`nq-test.qa.csv`, pyserini's `topics.dpr.*.txt`): `question<TAB>['answer', ...]` per line; or any
+dataset HF `datasets` reads (`common/tables.py`): `hf:nq_open`, `hf:trivia_qa:rc.nocontext@validation`,
+or a JSON, Parquet, or headed CSV/TSV file.
 
 `regex` is true where the answers are regular expressions (CuratedTREC). NQ lines also carry
 `answers_raw`, the untokenised answers of pyserini's `topics.nq.*` (DPR's are PTB-tokenised:
@@ -12,12 +14,14 @@ import csv
 import hashlib
 import io
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from odqa.common.io import InputError, read_jsonl, read_text, text_lines
+from odqa.common.io import InputError, plain_suffix, read_jsonl, read_text, text_lines
 from odqa.common.paths import questions_dir
+from odqa.common.tables import hub_name, is_hub, is_table, question_fields, rows
 
 # name -> (file inside the anserini jar, format, raw-answers file)
 QUESTION_SETS = {
@@ -30,6 +34,7 @@ QUESTION_SETS = {
     "curated-test": ("topics.dpr.curated.test.txt", "jsonl", None),
 }
 REGEX_SETS = {"curated-test"}
+DEFAULT_SPLIT = "validation"   # of a hub dataset named without one: open-domain QA evaluates on it
 
 
 @dataclass
@@ -70,7 +75,21 @@ def question_set_path(name_or_path: str | os.PathLike) -> Path:
 
 def question_set_name(name_or_path: str | os.PathLike) -> str:
     """A short name for reports: the set's name, or the file's stem (without a `:N` limit)."""
-    return Path(split_limit(name_or_path)[0]).stem
+    spec = split_limit(name_or_path)[0]
+    return hub_name(str(spec), DEFAULT_SPLIT) if is_hub(spec) else Path(spec).stem.removesuffix(".json")
+
+
+def is_dataset(spec: str | os.PathLike) -> bool:
+    """Read through `datasets`: a hub spec, JSON, Parquet, or a CSV/TSV whose first line is a header
+    naming a "question" column (DPR's .qa.csv has none: it is read as DPR's)."""
+    if is_hub(spec):
+        return True
+    if not is_table(spec) or not Path(spec).is_file():
+        return False
+    if plain_suffix(spec) not in (".csv", ".tsv"):
+        return True
+    first = next((line for _, line in text_lines(spec) if line.strip()), "")
+    return "question" in {cell.strip().strip('"') for cell in re.split(r"[\t,]", first)}
 
 
 def parse_question(obj: dict, where: str) -> Question:
@@ -126,11 +145,17 @@ def question_lines(path: Path) -> Iterator[tuple[int, dict]]:
 def load_questions(name_or_path: str | os.PathLike, limit: int | None = None) -> list[Question]:
     """The set's questions; the first `limit`, or fewer where the spec's own `:N` says so."""
     name_or_path, limit = split_limit(name_or_path, limit)
-    path = question_set_path(name_or_path)
+    if is_dataset(name_or_path):
+        path = name_or_path
+        lines = ((i, question_fields(row, f"{path}:{i}")) for i, row in rows(path, DEFAULT_SPLIT))
+    else:
+        path = question_set_path(name_or_path)
+        lines = question_lines(path)
+    stem = question_set_name(path)
     out = []
-    for lineno, obj in question_lines(path):
+    for lineno, obj in lines:
         q = parse_question(obj, f"{path}:{lineno}")
-        q.id = q.id or f"{path.stem}-{len(out)}"
+        q.id = q.id or f"{stem}-{len(out)}"
         out.append(q)
         if limit is not None and len(out) >= limit:
             break

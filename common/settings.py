@@ -65,6 +65,8 @@ class Settings:
 
 
 CORPUS_HELP = "a directory built by `odqa corpus build` (default: the default corpus, $ODQA_HOME/corpus/default)"
+QUESTIONS_HELP = ("a name (nq-test, tqa-dev, ...); a JSONL, DPR .qa.csv, JSON, CSV, TSV or Parquet path, plain or "
+                  "compressed; or a hub dataset hf:NAME[:CONFIG][@SPLIT] (hf:nq_open); NAME:N is its first N")
 
 
 def required(help: str, **meta):

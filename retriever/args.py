@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odqa.common.io import InputError
-from odqa.common.settings import CORPUS_HELP, OUT, OptimArgs, Settings, arg, check_ranges, listed, required
+from odqa.common.settings import CORPUS_HELP, OUT, QUESTIONS_HELP, OptimArgs, Settings, arg, check_ranges, listed, required
 
 DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
 # The pipeline's longest answer phrase, in word pieces. The index keeps L = 20 (DensePhrases'), but
@@ -135,7 +135,7 @@ class QueryTrainArgs(OptimArgs):
     index: str = required("phrase index directory")
     corpus: str = required("the corpus the index was built from")
     out_dir: str = required("where checkpoint/ and last/ (the query-tuned model) go", **OUT)
-    questions: str = arg("nq-dev", "training question set")
+    questions: str = arg("nq-dev", f"training question set: {QUESTIONS_HELP}")
     label: str = arg("phrase", "phrase, passage or document: what makes a retrieved phrase a positive")
     top_k: int = arg(100, "phrases retrieved per question")
     passage_weight: float = arg(0.0, "weight of a second term whose positives are the phrases of passages that hold an "
@@ -203,8 +203,7 @@ class RetrieveArgs(Settings):
     passage_model: str | None = arg(None, "with --retriever dense: DPR's context encoder (a DPRContextEncoder "
                                           "checkpoint or hub name), --model then its question encoder: [CLS] vectors "
                                           "scored by inner product, as DPR scores them")
-    questions: str = required("question set name (e.g. nq-test; tqa-test:3000 is its first 3,000), or a JSONL or "
-                              "DPR .qa.csv path")
+    questions: str = required(f"question set: {QUESTIONS_HELP}")
     k: int = arg(100, "passages per question", range="positive")
     out: Path = required("output file")
     format: str = arg("dpr", "dpr: DPR's JSON, with passages and answers, which the reader and eval-retrieval "
@@ -282,8 +281,8 @@ class MemoryArgs(Settings):
     """`odqa build-memory`."""
     model: Path | None = arg(None, "phrase model checkpoint whose question encoders search (default: the default "
                                    "pipeline's)")
-    questions: list[str] = listed(["nq-dev", "tqa-dev"], "question sets with answers: names, JSONL or DPR .qa.csv "
-                                                         "paths (never a set you evaluate on)")
+    questions: list[str] = listed(["nq-dev", "tqa-dev"], f"question sets with answers (never a set you evaluate on), "
+                                                         f"each {QUESTIONS_HELP}")
     out: Path | None = arg(None, "output directory (default $ODQA_HOME/memory)")
 
 

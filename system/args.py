@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from odqa.common.settings import CORPUS_HELP, OUT, Settings, arg, listed, required
+from odqa.common.settings import CORPUS_HELP, OUT, QUESTIONS_HELP, Settings, arg, listed, required
 from odqa.reader.args import ReaderSettings
 from odqa.retriever.args import SearchConfig
 
@@ -46,8 +46,7 @@ class RunArgs(PipelineParts, SearchConfig, ReaderSettings):
     setting (`SearchConfig`, `ReaderSettings`), embedded. In Python the settings are as given; the
     command takes those it is not given from the pipeline record (`odqa.system.pipeline.resolve_parts`)."""
     out_dir: str = required("where the files and the report go", **OUT)
-    questions: list[str] = listed(["nq-test", "tqa-test"],
-                                  "question sets (names, JSONL or DPR .qa.csv paths; NAME:N is the first N)")
+    questions: list[str] = listed(["nq-test", "tqa-test"], f"question sets, each {QUESTIONS_HELP}")
     k: list[int] = listed([5, 10, 25, 50], "passages read by FiD")
     limit: int | None = arg(None, "first N questions of each set")
     baselines: list[str] = listed(["bm25", "dense"], "other retrievers on the Top-k plot: bm25, dense, or none")
@@ -125,8 +124,11 @@ class FetchArgs(Settings):
 @dataclass(kw_only=True)
 class CorpusBuildArgs(Settings):
     """`odqa corpus build`."""
-    input: list[Path] | None = arg(None, "input files (default: the data pack's documents)")
-    format: str = arg("auto", "input format (auto: from the file)", choices=["auto", "dpr-tsv", "passages", "documents"])
+    input: list[str] | None = arg(None, "input files: JSONL passages or documents, DPR's TSV, JSON, CSV, TSV or Parquet "
+                                        "passages, plain or compressed, or a hub dataset hf:NAME[:CONFIG][@SPLIT] "
+                                        "(default: the data pack's documents)")
+    format: str = arg("auto", "input format (auto: from the file)",
+                      choices=["auto", "dpr-tsv", "passages", "documents", "table"])
     out: Path | None = arg(None, "output directory (default: $ODQA_HOME/corpus/default)")
     max_words: int = arg(100, "passage length bound in words", range="positive")
 
@@ -134,8 +136,7 @@ class CorpusBuildArgs(Settings):
 @dataclass(kw_only=True)
 class SuperviseArgs(Settings):
     """`odqa supervise`."""
-    questions: list[str] = listed(["nq-dev", "tqa-dev"], "question sets (names, JSONL or DPR .qa.csv paths; NAME:N "
-                                                         "is the first N)")
+    questions: list[str] = listed(["nq-dev", "tqa-dev"], f"question sets, each {QUESTIONS_HELP}")
     corpus: Path | None = arg(None, CORPUS_HELP)
     out: Path | None = arg(None, "output directory (default: CORPUS/supervision)")
     positives: int = arg(1, "examples per question: the best-ranked positives", range="positive")

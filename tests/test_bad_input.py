@@ -289,11 +289,11 @@ noise = st.binary(max_size=200) | st.lists(values.map(json.dumps), max_size=3).m
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), reader=st.sampled_from(sorted(READERS)), suffix=st.sampled_from([".jsonl", ".json", ".tsv"]))
+@given(data=st.data(), reader=st.sampled_from(sorted(READERS)), suffix=st.sampled_from([".jsonl", ".json", ".tsv", ".csv", ".parquet"]))
 def test_random_input_gives_a_named_error_or_a_result(data, reader, suffix):
     content = data.draw(CONTENTS[reader] | noise)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"input{suffix if reader == 'corpus' else '.jsonl'}"
+        path = Path(tmp) / f"input{suffix if reader in ('corpus', 'questions') else '.jsonl'}"
         path.write_bytes(content)
         try:
             READERS[reader](path, Path(tmp) / "out")
