@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from odqa.common.io import InputError
+from odqa.common.tracking import REPORT_TO
 
 
 def arg(default=None, help: str = "", **meta):
@@ -104,6 +105,10 @@ class OptimArgs:
     save_steps: int = arg(0, "also checkpoint every N steps (a checkpoint is written after each epoch and at "
                              "the end)")
     log_steps: int = arg(10, "log the loss every N steps")
+    report_to: str = arg("none", "also log the loss, learning rate and throughput every --log-steps and the "
+                                 "validation figures at each evaluation to: tensorboard, wandb or mlflow (accelerate's "
+                                 "trackers; local files under OUT/runs), all (those installed), or none",
+                         choices=list(REPORT_TO))
     seed: int = arg(13, "seed of data order and initialisation")
     resume: bool = arg(False, "continue from OUT/checkpoint")
     backend: str = arg("accelerate", "accelerate (one process, or DDP under torchrun / accelerate launch) or "

@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from odqa.common.artifact import plain
 from odqa.common.io import InputError, atomic_path, publish, read_json, require_file, write_json
 from odqa.common.model_card import Card
 from odqa.common.settings import OptimArgs
+from odqa.common.tracking import Trackers
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +357,7 @@ def check_resumable(ckpt: Path, saved: dict, now: dict) -> None:
 
 # What a resumed run may change: how long it trains, how often it logs, evaluates and saves, and where
 # its DeepSpeed JSON lies (the ZeRO stage is checked against the checkpoint, `check_resumable`).
-RESUME_MAY_CHANGE = frozenset({"resume", "epochs", "max_steps", "eval_steps", "save_steps", "log_steps",
+RESUME_MAY_CHANGE = frozenset({"resume", "epochs", "max_steps", "eval_steps", "save_steps", "log_steps", "report_to",
                                "deepspeed_config"})
 
 
@@ -450,10 +452,13 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
             publish(tmp, ckpt)
         engine.barrier()
 
+    trackers = Trackers(args.report_to, out, desc, args, rank)
+
     def evaluate() -> None:
         engine.module.eval()
         result = task.evaluate(engine.module, rank, W)
         engine.module.train()
+        trackers.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}, state["global_step"])
         value = result[task.metric]
         state["evals"].append({"step": state["global_step"], "epoch": state["epoch"], **result})
         if state["best"] is None or value > state["best"]["value"]:
@@ -464,7 +469,7 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
     engine.module.train()
     bar = tqdm(total=total, initial=state["global_step"], desc=desc, unit=" step", disable=rank != 0 or None,
                mininterval=2)
-    running = []
+    running, since, since_step = [], time.perf_counter(), state["global_step"]
     while state["global_step"] < total:
         batches = task.batches(state["epoch"])
         for s in range(state["step_in_epoch"], steps_per_epoch):
@@ -489,15 +494,22 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
                 values = engine.mean(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=engine.device))
                 state["history"].append({"step": step + 1, "epoch": state["epoch"] + 1,
                                          **dict(zip(keys, values.tolist())), "lr": engine.lr()})
-                running.append(state["history"][-1]["loss"])
+                running.append(state["history"][-1])
             state["global_step"] = step + 1
             state["step_in_epoch"] = s + 1
             bar.update(1)
             if state["global_step"] % args.log_steps == 0 and running:
-                bar.set_postfix(loss=f"{sum(running) / len(running):.4f}", epoch=state["epoch"] + 1)
+                means = {k: sum(h[k] for h in running) / len(running) for k in running[-1] if k not in ("step", "epoch")}
+                bar.set_postfix(loss=f"{means['loss']:.4f}", epoch=state["epoch"] + 1)
                 if bar.disable and rank == 0:   # no terminal (a log file): say it in the log instead
-                    log.info("%s step %d/%d: loss %.4f", desc, state["global_step"], total, sum(running) / len(running))
+                    log.info("%s step %d/%d: loss %.4f", desc, state["global_step"], total, means["loss"])
+                now = time.perf_counter()
+                examples = (state["global_step"] - since_step) * per_step * args.batch_size
+                trackers.log({**{f"train/{k}": v for k, v in means.items()}, "train/lr": engine.lr(),
+                              "train/epoch": state["epoch"] + (s + 1) / steps_per_epoch,
+                              "train/examples_per_second": examples / max(now - since, 1e-9)}, state["global_step"])
                 running.clear()
+                since, since_step = now, state["global_step"]
             last = state["global_step"] == total
             epoch_end = s + 1 == steps_per_epoch
             if epoch_end:   # before the checkpoint, so that a resumed run starts the next epoch
@@ -511,6 +523,7 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
             if last:
                 break
     bar.close()
+    trackers.finish()
     # the last checkpoint's card gives the validation figures of its own step, where it was evaluated there
     last_eval = next((e for e in reversed(state["evals"]) if e.get("step") == state["global_step"]), {})
     save_model("last", {**{k: v for k, v in last_eval.items() if k != "epoch"}, "step": state["global_step"]})

@@ -17,6 +17,29 @@ def losses(out: Path) -> list[float]:
     return [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["history"]]
 
 
+def tensorboard_scalars(out: Path) -> dict[str, list[tuple[int, float]]]:
+    """The scalars of the one TensorBoard run under OUT/runs, read back with tensorboard's event reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    runs = [d for d in (out / "runs").iterdir() if d.is_dir()]
+    assert len(runs) == 1, runs
+    events = EventAccumulator(str(runs[0]))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def assert_reported(out: Path, metric: str | None) -> None:
+    """The loop's figures reached TensorBoard: loss, learning rate and throughput, and `metric` at each
+    evaluation (a trainer that evaluates), at the steps trainer_state.json records."""
+    scalars = tensorboard_scalars(out)
+    assert {"train/loss", "train/lr", "train/examples_per_second"} <= set(scalars), sorted(scalars)
+    assert all(v > 0 for _, v in scalars["train/examples_per_second"])
+    if metric is None:
+        return
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert [step for step, _ in scalars[f"eval/{metric}"]] == [e["step"] for e in state["evals"]]
+    assert [v for _, v in scalars[f"eval/{metric}"]] == pytest.approx([e[metric] for e in state["evals"]])
+
+
 def assert_same_training(a, b, rel: float = 1e-4, atol: float = 1e-5) -> None:
     (losses_a, weights_a), (losses_b, weights_b) = a, b
     assert len(losses_a) == len(losses_b) > 0

@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 from loop_checks import (
+    assert_reported,
     assert_two_processes_train_as_one_with_twice_the_accumulation,
     assert_zero3_trains_like_zero2,
     losses,
@@ -67,9 +68,13 @@ def doc_model(world):
     summary = train_doc(DocTrainArgs(train_file=str(root / "sup" / "train.jsonl"),
                                      validation_file=str(root / "sup" / "validation.jsonl"), corpus=str(world["corpus"]),
                                      out_dir=str(root / "doc"), encoder=str(world["bert"]), epochs=20, batch_size=5,
-                                     lr=2e-3, max_doc_tokens=64))
+                                     lr=2e-3, max_doc_tokens=64, report_to="tensorboard"))
     build_doc_index(root / "doc" / "best", world["corpus"], root / "doc-index")
     return {"dir": root / "doc" / "best", "index": root / "doc-index", "summary": summary}
+
+
+def test_training_reports_to_tensorboard(world, doc_model):
+    assert_reported(world["root"] / "doc", "Top-20")
 
 
 def test_document_summary_is_title_tree_and_abstract(world):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from loop_checks import (
+    assert_reported,
     assert_same_training,
     assert_two_processes_train_as_one_with_twice_the_accumulation,
     assert_zero3_trains_like_zero2,
@@ -65,7 +66,8 @@ def world(tmp_path_factory):
     result = train(PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"),
                                    validation_file=str(root / "sup" / "validation.jsonl"),
                                    out_dir=str(root / "model"), encoder=str(encoder), epochs=25, batch_size=4,
-                                   lr=2e-3, pre_batch_warmup=10, max_passage_tokens=64, max_question_tokens=16))
+                                   lr=2e-3, pre_batch_warmup=10, max_passage_tokens=64, max_question_tokens=16,
+                                   report_to="tensorboard"))
     return {"root": root, "corpus": corpus, "born": born, "encoder": encoder, "model": root / "model" / "best",
             "result": result}
 
@@ -113,6 +115,10 @@ def test_in_batch_and_pre_batch_losses_match_a_hand_computation():
     g2 = torch.stack([h2[0, 1], h2[1, 2], h2[2, 0]])
     expected = torch.nn.functional.cross_entropy(q2 @ torch.cat([g2, g]).T, torch.arange(B))
     assert parts2["start_neg"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_training_reports_to_tensorboard(world):
+    assert_reported(world["root"] / "model", "em")
 
 
 def test_training_lowers_the_loss_and_learns_the_task(world):
@@ -564,7 +570,9 @@ def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, f
     result = train_query(QueryTrainArgs(model=str(world["model"]), index=str(tmp_path / "index"),
                                         corpus=str(world["corpus"]), out_dir=str(tmp_path / "tuned"),
                                         questions=str(questions), label=label, top_k=30, epochs=8,
-                                        batch_size=4, lr=2e-3, passage_weight=passage_weight))
+                                        batch_size=4, lr=2e-3, passage_weight=passage_weight,
+                                        report_to="tensorboard"))
+    assert_reported(tmp_path / "tuned", None)
     losses = [h["loss"] for h in result["history"]]
     assert losses[-1] < losses[0]
     assert hits(tmp_path / "tuned" / "last") >= hits_before   # same phrase encoder: accepted

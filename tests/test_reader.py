@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from loop_checks import assert_reported
 from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses
 from tiny_data import CODE_NAMES as NAMES
 from tiny_data import HOBBIES, TINY_DOCS, code_world, write_jsonl
@@ -217,7 +218,9 @@ def _args(t5, data, out, **loop):
 
 def test_a_tiny_reader_learns_to_find_the_answer_among_k_passages(t5, data, tmp_path):
     """ZeRO-2 through DeepSpeed on CPU; chance is 10% EM."""
-    result = train_reader(*_args(t5, data, tmp_path / "run", max_steps=400, eval_steps=200, save_steps=400))
+    result = train_reader(*_args(t5, data, tmp_path / "run", max_steps=400, eval_steps=200, save_steps=400,
+                                 report_to="tensorboard"))
+    assert_reported(tmp_path / "run", "em")
     assert result["history"][-1]["loss"] < 0.5 * result["history"][0]["loss"]
     assert result["best"]["value"] >= 40.0      # 4x chance
     summary = read(tmp_path / "run" / "best", data / "val.json", tmp_path / "pred.jsonl", n_passages=4,

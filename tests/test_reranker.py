@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from loop_checks import assert_reported
 from tiny_models import make_tiny_bert
 
 from odqa.common.defaults import default_pipeline, record_pipeline
@@ -64,10 +65,15 @@ def trained(tmp_path_factory):
     assert main(["-q", "train-reranker", "--train-file", str(train), "--validation-file", str(val),
                  "--out", str(root / "rr"), "--encoder", str(encoder), "--depth", "6", "--negatives", "3",
                  "--epochs", "20", "--batch-size", "8", "--lr", "5e-4", "--head-lr", "1e-2", "--max-tokens", "32",
-                 "--eval-steps", "100"]) == 0
+                 "--eval-steps", "100", "--report-to", "tensorboard"]) == 0
     recorded = default_pipeline().get("reranker")
     return {"root": root, "val": val, "out": root / "rr", "summary": json.loads((root / "rr" / "summary.json").read_text()),
             "recorded": recorded}
+
+
+def test_training_reports_to_tensorboard(trained):
+    metric = json.loads((trained["out"] / "trainer_state.json").read_text())["evals"][0]
+    assert_reported(trained["out"], next(k for k in metric if k not in ("step", "epoch")))
 
 
 def test_the_reranker_learns_which_passage_answers(trained):

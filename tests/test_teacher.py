@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from loop_checks import assert_reported
 from test_phrase_retriever import planted_world
 from tiny_models import make_tiny_bert
 
@@ -26,8 +27,12 @@ def taught(tmp_path_factory):
     result = train_teacher(TeacherTrainArgs(
         train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
         out_dir=str(root / "teacher"), encoder=str(encoder), epochs=25, batch_size=4, lr=2e-3,
-        max_passage_tokens=64, max_question_tokens=16))
+        max_passage_tokens=64, max_question_tokens=16, report_to="tensorboard"))
     return {"root": root, "encoder": encoder, "teacher": root / "teacher" / "best", "result": result}
+
+
+def test_training_reports_to_tensorboard(taught):
+    assert_reported(taught["root"] / "teacher", "em")
 
 
 def test_the_joint_input_puts_each_passage_token_where_its_position_says(taught):

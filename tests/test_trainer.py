@@ -92,3 +92,34 @@ def test_bf16_on_cpu_is_autocast_around_the_forward_with_float32_weights(backend
     assert set(seen) == {torch.bfloat16 if precision == "bf16" else torch.float32}
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert state["history"][-1]["loss"] < 0.1 * state["history"][0]["loss"]
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "accelerate"])
+def test_each_engine_reports_to_tensorboard_and_a_missing_tracker_is_named(backend, tmp_path):
+    """--report-to through accelerate's trackers, the DeepSpeed engine's runs too: loss, learning rate and
+    throughput every --log-steps, the validation figures at each evaluation."""
+    from loop_checks import assert_reported, tensorboard_scalars
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = x @ torch.randn(8, 1)
+
+    def loss(model, batch, step):
+        value = (model(batch[0]) - batch[1]).pow(2).mean()
+        return value, {"loss": value.item()}
+
+    def evaluate(model, rank, world):
+        with torch.no_grad():
+            return {"mse": (model(x) - y).pow(2).mean().item()}
+
+    def task():
+        return Task(model=torch.nn.Linear(8, 1), n_batches=4, loss=loss, save=lambda m, path: path.mkdir(),
+                    batches=lambda epoch: [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)],
+                    evaluate=evaluate, metric="mse")
+    args = OptimArgs(backend=backend, batch_size=16, lr=0.05, warmup_steps=1, max_steps=12, eval_steps=4, log_steps=2,
+                     report_to="tensorboard")
+    train(task(), args, make_engine(args), tmp_path / "run")
+    assert_reported(tmp_path / "run", "mse")
+    assert [step for step, _ in tensorboard_scalars(tmp_path / "run")["train/loss"]] == [2, 4, 6, 8, 10, 12]
+    wanted = OptimArgs(backend=backend, report_to="wandb", max_steps=1)
+    with pytest.raises(InputError, match="--report-to wandb: wandb is not installed"):
+        train(task(), wanted, make_engine(wanted), tmp_path / "other")
