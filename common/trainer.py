@@ -498,7 +498,7 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
             state["global_step"] = step + 1
             state["step_in_epoch"] = s + 1
             bar.update(1)
-            if state["global_step"] % args.log_steps == 0 and running:
+            if (state["global_step"] % args.log_steps == 0 or state["global_step"] == total) and running:
                 means = {k: sum(h[k] for h in running) / len(running) for k in running[-1] if k not in ("step", "epoch")}
                 bar.set_postfix(loss=f"{means['loss']:.4f}", epoch=state["epoch"] + 1)
                 if bar.disable and rank == 0:   # no terminal (a log file): say it in the log instead
