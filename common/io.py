@@ -259,7 +259,7 @@ def checksums(directory: str | os.PathLike) -> dict[str, dict]:
 
 
 def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
-                     hash_up_to: int | None = None) -> list[str]:
+                     hash_up_to: int | None = None, record: str = "the manifest") -> list[str]:
     """Problems (an empty list when none) of the files against `recorded` checksums: a missing file, a
     size or a sha256 that differs. Files over `hash_up_to` bytes have only their size checked."""
     directory, problems = Path(directory), []
@@ -268,9 +268,9 @@ def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
         if not path.is_file():
             problems.append(f"{path}: missing")
         elif path.stat().st_size != want["bytes"]:
-            problems.append(f"{path}: {path.stat().st_size} bytes, the manifest says {want['bytes']}")
+            problems.append(f"{path}: {path.stat().st_size} bytes, {record} says {want['bytes']}")
         elif (hash_up_to is None or want["bytes"] <= hash_up_to) and file_sha256(path) != want["sha256"]:
-            problems.append(f"{path}: its sha256 differs from the manifest's (the file is corrupted)")
+            problems.append(f"{path}: its sha256 differs from {record}'s (the file is corrupted)")
     return problems
 
 

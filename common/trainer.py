@@ -37,6 +37,7 @@ from odqa.common.io import InputError, atomic_path, publish, read_json, require_
 from odqa.common.model_card import Card
 from odqa.common.settings import OptimArgs
 from odqa.common.tracking import Trackers
+from odqa.common.weights import seal
 
 log = logging.getLogger(__name__)
 
@@ -436,6 +437,7 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
                     write_json(tmp / "trainer_info.json", info)
                     if task.card is not None:
                         (tmp / "README.md").write_text(task.card.text(name, info), encoding="utf-8")
+                    seal(tmp)
         engine.barrier()
 
     def checkpoint() -> None:

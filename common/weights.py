@@ -1,4 +1,5 @@
-"""Model weights loaded whole or not at all.
+"""Model weights loaded whole or not at all, and checkpoints checked against the checksums odqa sealed
+them with.
 
 transformers' `from_pretrained` initialises a weight the checkpoint lacks at random and only warns, so a
 checkpoint of another layout (FiD's wrapped encoder, DensePhrases' three encoders in one file, a DPR
@@ -13,9 +14,45 @@ from pathlib import Path
 
 import torch
 
-from odqa.common.io import InputError, loading
+from odqa.common.io import (
+    VERIFY_ON_OPEN_BYTES,
+    InputError,
+    file_sha256,
+    loading,
+    read_json,
+    verify_checksums,
+    write_json,
+)
 
 SHOWN = 5   # keys named in an error, of each kind
+CHECKSUMS = "checksums.json"   # in every checkpoint odqa writes: {relative path: {"bytes", "sha256"}}
+
+
+def seal(directory: str | os.PathLike) -> None:
+    """Record the size and sha256 of every file of a checkpoint directory (its subdirectories too) in
+    its CHECKSUMS, the last file written: a checkpoint damaged later is refused by name on loading."""
+    directory = Path(directory)
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    write_json(directory / CHECKSUMS, {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size,
+                                                                             "sha256": file_sha256(p)} for p in files})
+
+
+def check_sealed(directory: str | os.PathLike, what: str, whole: bool = False) -> bool:
+    """Refuse (an InputError naming the file) a checkpoint whose files differ from its CHECKSUMS: every
+    size, and the bytes of the files up to VERIFY_ON_OPEN_BYTES (of all with `whole`), as the indexes
+    are checked. False for a directory odqa did not seal (a hub or T5 checkpoint), which loads as it is."""
+    directory = Path(directory)
+    if not (directory / CHECKSUMS).is_file():
+        return False
+    recorded = read_json(directory / CHECKSUMS)
+    if not isinstance(recorded, dict) or not all(isinstance(v, dict) and {"bytes", "sha256"} <= set(v)
+                                                 for v in recorded.values()):
+        raise InputError(f"{directory / CHECKSUMS}: not a checksum record ({{path: {{bytes, sha256}}}})")
+    problems = verify_checksums(directory, recorded, None if whole else VERIFY_ON_OPEN_BYTES, record=CHECKSUMS)
+    if problems:
+        raise InputError(f"damaged {what}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
+                                                             else "") + "; restore it or train it again")
+    return True
 
 
 def weight_file(path: str | os.PathLike) -> Path | None:

@@ -24,6 +24,7 @@ from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import answer_em, is_echo
 from odqa.common.ranks import current, split_map
+from odqa.common.weights import check_sealed
 from odqa.reader import fusion
 from odqa.reader.args import READ_DECODING
 from odqa.reader.checkpoints import load_tokenizer, load_weights
@@ -59,6 +60,8 @@ def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "c
     if cls is None:
         raise InputError(f"{name}: a {config.model_type!r} checkpoint; the reader needs a T5 or an encoder-decoder "
                          f"(`odqa reader init --from`) one")
+    if Path(name).is_dir():
+        check_sealed(name, "reader")   # one odqa wrote; a hub or FiD checkpoint loads as it is
     tokenizer = load_tokenizer(name, config, tokenizer_path)
     vocab, width = _vocab_and_width(config)
     if len(tokenizer) > vocab:

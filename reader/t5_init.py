@@ -19,6 +19,7 @@ import torch
 from transformers import AutoTokenizer, T5Config, T5Tokenizer
 
 from odqa.common.io import InputError, atomic_path, write_json
+from odqa.common.weights import seal
 from odqa.reader.args import PRESETS
 from odqa.reader.fid import FiDT5
 
@@ -96,5 +97,6 @@ def init_reader(texts: Iterable[str], out_dir: str | os.PathLike, preset: str = 
         info = {"preset": preset, "vocab_size": len(tokenizer), "parameters": model.num_parameters(),
                 **PRESETS[preset]}
         write_json(tmp / "reader_init.json", info)
+        seal(tmp)
     log.info("%s T5, %d parameters, %d-token vocabulary -> %s", preset, info["parameters"], len(tokenizer), out_dir)
     return info

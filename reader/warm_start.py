@@ -29,6 +29,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, BertLMHeadModel, EncoderDecoderConfig
 
 from odqa.common.io import InputError, atomic_path, write_json
+from odqa.common.weights import seal
 from odqa.reader.fid import FiDEncoderDecoder
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike,
                 "passage_prior": model.has_passage_prior, "parameters": model.num_parameters(),
                 "new_parameters": sum(p.numel() for n, p in model.named_parameters() if n in model.new_parameters())}
         write_json(tmp / "reader_init.json", info)
+        seal(tmp)
     log.info("bert2bert from %s: %d decoder layers (copies of %s), %d parameters -> %s", encoder_dir, decoder_layers,
              sources, info["parameters"], out_dir)
     return info

@@ -289,4 +289,5 @@ class MemoryArgs(Settings):
 @dataclass(kw_only=True)
 class VerifyArgs(Settings):
     """`odqa verify`."""
-    path: Path = required("the index directory (holding manifest.json)", positional=True)
+    path: Path = required("an index directory (holding manifest.json), or a checkpoint odqa wrote (holding "
+                          "checksums.json): every file's bytes against the sha256 recorded there", positional=True)

@@ -19,8 +19,9 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification
 
 from odqa.common.device import search_dtype
-from odqa.common.io import InputError, atomic_path, loading, write_json
-from odqa.retriever.lm import load_tokenizer, read_config
+from odqa.common.io import InputError, atomic_path, write_json
+from odqa.common.weights import check_sealed, from_pretrained_whole
+from odqa.retriever.lm import UNUSED_EXTRA, UNUSED_MISSING, load_tokenizer, read_config
 from odqa.retriever.rerank import standardise
 
 CONFIG = "cross_encoder.json"
@@ -45,8 +46,8 @@ class CrossEncoder(nn.Module):
     @classmethod
     def from_encoder(cls, name_or_path: str | os.PathLike, max_tokens: int = 128) -> "CrossEncoder":
         """A new reranker: a BERT-family encoder with a fresh one-output head."""
-        with loading(name_or_path, "a language model"):
-            lm = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1)
+        lm = from_pretrained_whole(AutoModelForSequenceClassification, name_or_path, "a language model's weights",
+                                   may_lack=("classifier.", *UNUSED_MISSING), may_add=UNUSED_EXTRA, num_labels=1)
         return cls(lm, load_tokenizer(name_or_path), CrossEncoderConfig(str(name_or_path), max_tokens))
 
     @classmethod
@@ -54,9 +55,9 @@ class CrossEncoder(nn.Module):
         path = Path(path)
         if not (path / CONFIG).exists():
             raise InputError(f"{path} is not a reranker checkpoint (no {CONFIG}): train one with `odqa train-reranker`")
+        check_sealed(path, "reranker")
         config = read_config(path / CONFIG, CrossEncoderConfig)
-        with loading(path, "the reranker"):
-            lm = AutoModelForSequenceClassification.from_pretrained(path)
+        lm = from_pretrained_whole(AutoModelForSequenceClassification, path, "the reranker's weights")
         if lm.config.num_labels != 1:
             raise InputError(f"{path}: the reranker's head has {lm.config.num_labels} outputs, not 1")
         return cls(lm, load_tokenizer(path), config)

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
 from odqa.common.io import InputError, atomic_path, loading, read_json
-from odqa.common.weights import from_pretrained_whole
+from odqa.common.weights import check_sealed, from_pretrained_whole, seal
 
 # Weights an encoder may lack or carry beyond it and still be whole: token vectors come from the last
 # hidden state, so a BERT's pooler (which SpanBERT's and some sentence encoders' checkpoints lack) is
@@ -76,6 +76,7 @@ def saving_checkpoint(out_dir: str | os.PathLike, lms: dict[str, nn.Module | Non
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "tokenizer")
         yield tmp
+        seal(tmp)
 
 
 def open_checkpoint(path: str | os.PathLike, config_name: str, cls, names: tuple[str, ...], what: str):
@@ -83,4 +84,5 @@ def open_checkpoint(path: str | os.PathLike, config_name: str, cls, names: tuple
     path = Path(path)
     if not (path / config_name).exists():
         raise InputError(f"{path} is not a {what} checkpoint (no {config_name})")
+    check_sealed(path, what)
     return read_config(path / config_name, cls), {name: load_lm(path / name) for name in names if (path / name).exists()}

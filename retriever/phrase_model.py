@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from odqa.common.io import InputError, atomic_path, hash_files, loading
-from odqa.common.weights import read_state_dict, refuse_misfit, weight_file, weight_keys
+from odqa.common.weights import check_sealed, read_state_dict, refuse_misfit, seal, weight_file, weight_keys
 from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
 from odqa.retriever.phrase_data import encode_questions
 
@@ -168,6 +168,7 @@ class DensePhraseModel(nn.Module):
             self.phrase_lm.config.to_json_file(tmp / "config.json")
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
+            seal(tmp)
 
     @classmethod
     def _from_densephrases(cls, path: Path) -> "DensePhraseModel":
@@ -177,6 +178,7 @@ class DensePhraseModel(nn.Module):
         densephrases/encoder.py computes them: head "full", question encoder "dual". Lengths are
         DensePhrases' defaults (densephrases/options.py)."""
         from transformers import AutoConfig, AutoModel
+        check_sealed(path, "phrase model")   # one odqa wrote (query-tuned); DensePhrases' own loads as it is
         state = densephrases_state(path)
         with loading(path / "config.json", "the phrase model's config"):
             lm_config = AutoConfig.from_pretrained(path)

@@ -127,14 +127,16 @@ class Searcher:
         config = dataclasses.replace(config or SearchConfig(), **settings)
         self.memory = memory
         self.index = PhraseIndex(index_dir, config.nprobe)
+        self.device = pick_device(device)
+        # loaded (and its files checked against its checksums) before its hashes are compared: a damaged
+        # file is named as such, not taken for another model
+        self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device, dtype or search_dtype(self.device)).eval()
         if phrase_encoder_hash(model_dir) != self.index.manifest["encoder_hash"]:
             raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}: search with the "
                              f"model it was built from, or rebuild it from this one (`odqa dump-phrases`, then "
                              f"`odqa build-index`; a demo run does so in its index stage)")
         if corpus_info(corpus_dir)["fingerprint"] != self.index.manifest["fingerprint"]:
             raise InputError(f"{index_dir} was built from another version of the corpus {corpus_dir}")
-        self.device = pick_device(device)
-        self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device, dtype or search_dtype(self.device)).eval()
         self.tokenizer = load_tokenizer(model_dir)
         if memory is not None and memory.question_encoder != question_encoder_hash(model_dir):
             raise InputError(f"{memory.dir} was built with other question encoders than {model_dir}'s, so their "

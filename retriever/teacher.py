@@ -12,8 +12,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForQuestionAnswering
 
-from odqa.common.io import InputError, atomic_path, loading
-from odqa.retriever.lm import load_tokenizer
+from odqa.common.io import InputError, atomic_path
+from odqa.common.weights import check_sealed, from_pretrained_whole
+from odqa.retriever.lm import UNUSED_EXTRA, UNUSED_MISSING, load_tokenizer
 
 
 def cross_inputs(questions: dict, passages: dict) -> dict:
@@ -45,15 +46,17 @@ class SpanTeacher(nn.Module):
     @classmethod
     def from_encoder(cls, name_or_path: str | os.PathLike) -> "SpanTeacher":
         """A new teacher: a BERT-family encoder with a fresh span head."""
-        with loading(name_or_path, "a language model"):
-            return cls(AutoModelForQuestionAnswering.from_pretrained(name_or_path))
+        return cls(from_pretrained_whole(AutoModelForQuestionAnswering, name_or_path, "a language model's weights",
+                                         may_lack=("qa_outputs.", *UNUSED_MISSING), may_add=UNUSED_EXTRA))
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "SpanTeacher":
         path = Path(path)
         if not (path / "config.json").exists() or not (path / "tokenizer").exists():
             raise InputError(f"{path} is not a span-teacher checkpoint (`odqa train-teacher` OUT/best)")
-        teacher = cls.from_encoder(path)
+        check_sealed(path, "span teacher")
+        teacher = cls(from_pretrained_whole(AutoModelForQuestionAnswering, path, "the span teacher's weights",
+                                            may_lack=UNUSED_MISSING))
         if teacher.qa.qa_outputs.out_features != 2:
             raise InputError(f"{path}: the span head has {teacher.qa.qa_outputs.out_features} outputs, not 2")
         return teacher

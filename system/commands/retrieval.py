@@ -250,6 +250,15 @@ def cmd_build_memory(args) -> None:
 
 def cmd_verify(args) -> None:
     from odqa.common.io import read_json, require_file, verify_checksums
+    from odqa.common.weights import CHECKSUMS, check_sealed
+    if not (args.path / "manifest.json").exists() and args.path.is_dir():
+        if not (args.path / CHECKSUMS).exists():
+            print(f"{args.path}: no {CHECKSUMS}, so nothing to check it against: a checkpoint odqa did not write "
+                  f"(a hub, T5, FiD or DensePhrases directory), which loads as it is")
+            return
+        check_sealed(args.path, "checkpoint", whole=True)
+        print(f"{args.path}: every file matches {CHECKSUMS} ({len(read_json(args.path / CHECKSUMS))} checked)")
+        return
     manifest = read_json(require_file(args.path / "manifest.json", "index manifest"))
     files = manifest.get("files")
     if not files:
@@ -355,8 +364,9 @@ def add(sub) -> None:
                             "model, it becomes the pipeline's memory.")
     add_dataclass_args(p, MemoryArgs)
 
-    p = command(sub, "verify", cmd_verify, help="check an index's files against the checksums in its manifest",
-                description="Hash every file of a phrase or document index (or a dense index under a "
-                            "corpus) and compare with manifest.json. Opening an index checks every size but "
-                            "hashes only files up to 256 MB; this checks the large ones too.")
+    p = command(sub, "verify", cmd_verify, help="check an index's or a checkpoint's files against their checksums",
+                description="Hash every file of a phrase or document index (or a dense index under a corpus) "
+                            "and compare with manifest.json, or of a checkpoint odqa wrote and compare with "
+                            "checksums.json. Opening one checks every size but hashes only files up to 256 MB; "
+                            "this checks the large ones too.")
     add_dataclass_args(p, VerifyArgs)
