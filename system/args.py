@@ -83,6 +83,9 @@ class ServeConfig(Settings):
                                           "it, as measured (0: only when idle; negative: no such limit; default: 0 "
                                           "on a CPU, 1 on a GPU)")
     timeout_s: float = arg(30.0, "a request not answered in this time gets 503", range="positive")
+    request_timeout_s: float = arg(10.0, "a client must send each request whole (headers and body) within this "
+                                         "many seconds of connecting or of its previous answer, or its connection "
+                                         "is closed", range="positive")
     threads: int | None = arg(None, "CPU threads for the models (default: torch's choice, every core); fewer leave "
                                     "cores to other processes on the machine", range="positive")
     graceful_s: float = arg(60.0, "on shutdown, how long requests in flight may take to finish", range="non_negative")

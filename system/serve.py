@@ -16,7 +16,9 @@ Retry-After, when `max_queue` requests are waiting, or when the work ahead of it
 in flight, times the measured seconds a request) exceeds `max_queue_s`. One not answered within
 `timeout_s` gets 503 and is dropped from its batch if the batch has not started (a started batch goes
 on for the others). Bad input is a 422 with pydantic's message, repeating at most 100 characters of
-the input; a body over 16 KB is a 413. "settings" changes search or reading settings for one request
+the input; a body over 16 KB is a 413, counted as it arrives whatever Content-Length says. A client
+must send each request whole within the request timeout of starting it (`TimedH11Protocol`), or its
+connection is closed; a request whose client has gone before its batch starts is never computed. "settings" changes search or reading settings for one request
 (`SearchConfig`'s and `ReaderSettings`' fields, as `Pipeline.ask` takes them), within SETTING_LIMITS;
 requests are batched only with those of the same k and settings. An error inside the pipeline is a 500 for the bad request only:
 a batch that raises is answered again one request at a time. On shutdown, requests in flight are
@@ -36,22 +38,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import h11
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from odqa.common.io import InputError
 from odqa.common.results import Answer
 from odqa.reader.args import ReaderSettings
 from odqa.retriever.args import SearchConfig
+from odqa.system.args import ServeConfig
 from odqa.system.pipeline import MAX_K, READER_SETTINGS, SEARCH_SETTINGS, split_settings
 
 log = logging.getLogger(__name__)
 MAX_QUESTION_CHARS = 500
 MAX_BODY_BYTES = 16_384          # a question of 500 characters is at most 2 KB of JSON
 ECHO_CHARS = 100                 # how much of a refused input a 422 repeats
+REQUEST_TIMEOUT_ENV = "ODQA_SERVE_REQUEST_TIMEOUT_S"   # how `serve` gives it to each worker's protocol
 STATIC = Path(__file__).parent / "static"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # What one request may ask for: each setting's ceiling, so that no request costs the server much more
@@ -122,6 +128,8 @@ requests it has answered."""
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128))
         self.stage = Histogram("odqa_stage_seconds", "seconds a batch spends in each stage", ["stage"], registry=r,
                                buckets=LATENCY_BUCKETS)
+        self.gone = Counter("odqa_requests_gone", "POST /answer requests whose client went away before they were "
+                            "answered; those whose batch had not started were never computed", registry=r)
         self.latency = Histogram("odqa_request_seconds", "seconds from arrival to answer, answered requests",
                                  registry=r, buckets=LATENCY_BUCKETS)
 
@@ -132,6 +140,15 @@ requests it has answered."""
         every = CollectorRegistry()
         multiprocess.MultiProcessCollector(every)
         return every
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def _until_gone(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class Overloaded(Exception):
@@ -149,9 +166,10 @@ class _Pending:
 
 class Gate:
     """Pure ASGI, in front of FastAPI: a POST /answer that will be refused for its size (413, 411) or
-    because the server is overloaded (429) is answered here, before its body is read, routed or
-    validated, so shedding load costs the server little CPU just when it has none to spare. Counts
-    every /answer response by status."""
+    because the server is overloaded (429) is answered here, before its body is parsed, routed or
+    validated, so shedding load costs the server little CPU just when it has none to spare. The body is
+    counted as it arrives and refused at MAX_BODY_BYTES, whatever Content-Length promised (a chunked body
+    carries its own length). Counts every /answer response by status."""
 
     def __init__(self, app, batcher: "Batcher", metrics: Metrics, ready: Callable[[], bool]):
         self.app, self.batcher, self.metrics, self.ready = app, batcher, metrics, ready
@@ -160,13 +178,19 @@ class Gate:
         if scope["type"] != "http" or scope["path"] != "/answer":
             return await self.app(scope, receive, send)
         if scope["method"] == "POST":
-            size = dict(scope["headers"]).get(b"content-length", b"")
-            if not size.isdigit() or int(size) > MAX_BODY_BYTES:
+            headers = dict(scope["headers"])
+            size = headers.get(b"content-length", b"")
+            chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+            if not chunked and (not size.isdigit() or int(size) > MAX_BODY_BYTES):
                 return await self._refuse(send, 413 if size else 411, f"a request body is at most {MAX_BODY_BYTES} "
                                                                       "bytes, with its Content-Length")
             if self.ready() and self.batcher.overloaded():
                 return await self._refuse(send, 429, "too many requests are waiting",
                                           [(b"retry-after", str(self.batcher.retry_after()).encode())])
+            body = await self._body(receive)
+            if body is None:
+                return await self._refuse(send, 413, f"a request body is at most {MAX_BODY_BYTES} bytes")
+            receive = self._replay(body, receive)
 
         async def counted(message) -> None:
             if message["type"] == "http.response.start":
@@ -175,13 +199,42 @@ class Gate:
             await send(message)
         await self.app(scope, receive, counted)
 
+    @staticmethod
+    async def _body(receive) -> bytes | None:
+        """The whole body, or None once it passes MAX_BODY_BYTES (the rest is never read: the server closes
+        the connection after the 413)."""
+        parts, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":   # the client went away: an empty body, answered to no one
+                return b""
+            parts.append(message.get("body", b""))
+            total += len(parts[-1])
+            if total > MAX_BODY_BYTES:
+                return None
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    @staticmethod
+    def _replay(body: bytes, receive):
+        """The app's `receive`: the body read here, then the server's own (which reports a disconnect)."""
+        sent = False
+
+        async def replayed():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+        return replayed
+
     async def _refuse(self, send, status: int, detail: str, headers: list | None = None) -> None:
         self.metrics.requests.labels(str(status)).inc()
         self.metrics.worker_requests.inc()
         body = json.dumps({"detail": detail}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                *(headers or [])]})
+                                (b"connection", b"close"), *(headers or [])]})
         await send({"type": "http.response.body", "body": body})
 
 
@@ -209,17 +262,31 @@ class Batcher:
         return self.queue.qsize() >= self.max_queue or (
             self.max_queue_s is not None and self.work_ahead_s() > self.max_queue_s)
 
-    async def submit(self, request: AnswerRequest) -> dict:
+    async def submit(self, request: AnswerRequest, disconnected: Callable | None = None) -> dict:
+        """The answer to `request`. `disconnected`: awaited beside it (the server's `receive`, which
+        returns once the client has gone); a request whose client goes is dropped from its batch if the
+        batch has not started, and raises ClientGone."""
         if self.overloaded():
             raise Overloaded(self.retry_after())
         pending = _Pending(request, asyncio.get_running_loop().create_future())
         self.queue.put_nowait(pending)
         self.metrics.queue_depth.set(self.queue.qsize())
+        answered = asyncio.ensure_future(asyncio.shield(pending.future))
+        gone = asyncio.ensure_future(_until_gone(disconnected)) if disconnected is not None else None
         try:
-            return await asyncio.wait_for(asyncio.shield(pending.future), self.timeout_s)
-        except asyncio.TimeoutError:
-            pending.abandoned = True
-            raise
+            done, _ = await asyncio.wait({answered} | ({gone} if gone else set()), timeout=self.timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if gone is not None:
+                gone.cancel()
+        if answered in done:
+            return answered.result()
+        answered.cancel()
+        pending.abandoned = True
+        if gone is not None and gone in done:
+            self.metrics.gone.inc()
+            raise ClientGone()
+        raise asyncio.TimeoutError()
 
     async def run(self) -> None:
         while True:
@@ -355,15 +422,17 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
     # The response is an `odqa.Answer` (its schema at /docs), less the memory's neighbours: which training
     # questions lent their answers is the operator's to see (`odqa ask`), not every client's.
     @app.post("/answer", response_model=Answer, response_model_exclude={"memory"})
-    async def answer(request: AnswerRequest) -> dict:
+    async def answer(request: AnswerRequest, http: Request) -> dict:
         if state["status"] != "ready":
             raise HTTPException(status_code=503, detail=f"the service is {state['status']}",
                                 headers={"Retry-After": "5"})
         try:
-            result = await batcher.submit(request)
+            result = await batcher.submit(request, http.receive)
         except Overloaded as e:
             raise HTTPException(status_code=429, detail="too many requests are waiting",
                                 headers={"Retry-After": str(e.retry_after)}) from None
+        except ClientGone:   # nobody is there to read it
+            raise HTTPException(status_code=499, detail="the client closed the connection") from None
         except asyncio.TimeoutError:
             raise HTTPException(status_code=503, detail=f"not answered within {timeout_s:g} s",
                                 headers={"Retry-After": str(batcher.retry_after())}) from None
@@ -372,3 +441,47 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
         return {key: result[key] for key in ("question", "extractive", "generated", "passages", "timings")}
 
     return app
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on reading each request: a client must send its request
+    line, headers and body within `serve --request-timeout-s` (ServeConfig's) of connecting or of
+    its previous answer, or the connection is closed. uvicorn has no such timeout: its keep-alive
+    timeout covers only the wait between requests and stops at the first byte, so one header byte a
+    second, or half a body, held a connection open for as long as the client liked."""
+
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
+            self._disarm()     # the request is in whole (or the connection is ending)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+            self._arm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        default = ServeConfig.__dataclass_fields__["request_timeout_s"].default
+        self._deadline = self.loop.call_later(float(os.environ.get(REQUEST_TIMEOUT_ENV, default)), self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            log.info("closing a connection from %s: no whole request within the request timeout", self.client)
+            self.transport.close()

@@ -110,7 +110,11 @@ def cmd_serve(args) -> None:
     import uvicorn
 
     searched(args, reader=True)     # a missing part is refused now, not after the server is up
-    run = {"host": args.host, "port": args.port, "log_level": "info", "timeout_graceful_shutdown": args.graceful_s}
+    from odqa.system.serve import REQUEST_TIMEOUT_ENV, TimedH11Protocol
+    # the protocol reads the deadline from the environment, which worker processes inherit
+    os.environ[REQUEST_TIMEOUT_ENV] = str(args.request_timeout_s)
+    run = {"host": args.host, "port": args.port, "log_level": "info", "timeout_graceful_shutdown": args.graceful_s,
+           "http": f"{TimedH11Protocol.__module__}:{TimedH11Protocol.__qualname__}"}   # an import string: workers import it
     if args.workers == 1:
         uvicorn.run(serve_app(args), **run)
         return
