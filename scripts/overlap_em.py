@@ -21,6 +21,7 @@ from odqa.common.metrics.answers import answer_em
 from odqa.common.metrics.overlap import PARTS, overlap_parts
 from odqa.common.questions import load_questions
 from odqa.common.retrieval_file import read_results
+from odqa.common.settings import range_error
 
 
 def _by_id(rows: list[dict], path: str) -> dict[str, dict]:
@@ -48,6 +49,21 @@ def split_em(test: dict[str, dict], columns: dict[str, dict[str, bool]], train: 
     return rows
 
 
+def ranged(conv, rule: str):
+    """An argparse type: `conv`, then odqa's range rule (common.settings.range_error)."""
+    def parse(text: str):
+        try:
+            value = conv(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        said = range_error(rule, value, conv is int)
+        if said:
+            raise argparse.ArgumentTypeError(said)
+        return value
+    parse.__name__ = conv.__name__
+    return parse
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--train", nargs="+", required=True,
@@ -55,8 +71,8 @@ def main() -> int:
     p.add_argument("--predictions", nargs="*", default=[], help="`odqa read` output files, one column each")
     p.add_argument("--retrieval", default=None,
                    help="`odqa retrieve` output: the extractive answer's column, and Top-k")
-    p.add_argument("--k", type=int, default=10, help="Top-k of --retrieval's passages (default 10)")
-    p.add_argument("--threshold", type=float, default=0.7,
+    p.add_argument("--k", type=ranged(int, "positive"), default=10, help="Top-k of --retrieval's passages (default 10)")
+    p.add_argument("--threshold", type=ranged(float, "share"), default=0.7,
                    help="TF-IDF cosine from which a test question paraphrases its nearest training one (default 0.7)")
     args = p.parse_args()
     if not args.predictions and not args.retrieval:
@@ -71,6 +87,10 @@ def main() -> int:
             entries = _by_id(read_results(args.retrieval), args.retrieval)
             test = entries
             columns["extractive"] = {i: answer_em(e.get("prediction", ""), e["answers"]) for i, e in entries.items()}
+            short = [i for i, e in entries.items() if len(e["ctxs"]) < args.k]
+            if short and all(len(e["ctxs"]) < args.k for e in entries.values()):
+                raise InputError(f"{args.retrieval}: at most {max(len(e['ctxs']) for e in entries.values())} passages a "
+                                 f"question, so it has no Top-{args.k}: give a smaller --k")
             topk = {i: any(c.get("has_answer") for c in e["ctxs"][:args.k]) for i, e in entries.items()}
         for path in args.predictions:
             preds = _by_id([obj for _, obj in read_jsonl(path)], path)
@@ -79,10 +99,14 @@ def main() -> int:
             if name in columns:     # two runs' pred-nq-test-k10.jsonl: name each by its folder too
                 name = f"{Path(path).parent.name}/{name}"
             columns[name] = {i: bool(pr.get("em")) for i, pr in preds.items()}
-        for name, right in columns.items():
+        for name, right in columns.items():   # every file holds the same questions
             missing = [i for i in test if i not in right]
             if missing:
                 raise InputError(f"{name}: no answer for {len(missing)} of the test questions ({missing[0]}, ...)")
+            extra = [i for i in right if i not in test]
+            if extra:
+                raise InputError(f"{name}: {len(extra)} questions the first file does not hold ({extra[0]}, ...): "
+                                 f"give files of one question set")
         rows = split_em(test, columns, train, args.threshold, topk)
     except InputError as e:
         print(f"overlap_em: {e}", file=sys.stderr)

@@ -65,7 +65,7 @@ def main() -> int:
     row = {"questions": n, "read": len(subset), "seconds": round(read[ks[0]]["seconds"]),
            "extractive_em": round(metrics["EM"], 2)}
     for k in ks:
-        correct = read[k]["em"] * read[k]["questions"] / 100
+        correct = read[k]["em"] * read[k]["scored"] / 100
         row.update({f"top{k}": round(metrics[f"Top-{k}"], 2), f"em{k}": round(100 * correct / n, 2),
                     f"em{k}/top{k}": round(100 * correct / max(metrics[f"Top-{k}"] * n / 100, 1), 1)})
     print(json.dumps(row))

@@ -104,7 +104,7 @@ class DemoArgs(Settings):
                                       "(default OUT/corpus)", metavar="FILE")
     corpus: str | None = arg(None, "where the corpus is built (default: the default corpus, or OUT/corpus with "
                                    "--documents)", metavar="DIR")
-    out: Path | None = arg(None, "where the stages write (default: $ODQA_HOME/runs/demo, or demo-PRESET)")
+    out: Path | None = arg(None, "where the stages write (default: $ODQA_HOME/runs/demo, or demo-PRESET)", writes="dir")
     plan: bool = arg(False, "print the stages, which are done, and the time estimate; run nothing")
     encoder: str | None = arg(None, "BERT-family checkpoint the retriever encoders start from (default: the data "
                                     "pack's MiniLM)")
@@ -132,7 +132,7 @@ class CorpusBuildArgs(Settings):
                                         "(default: the data pack's documents)")
     format: str = arg("auto", "input format (auto: from the file)",
                       choices=["auto", "dpr-tsv", "passages", "documents", "table"])
-    out: Path | None = arg(None, "output directory (default: $ODQA_HOME/corpus/default)")
+    out: Path | None = arg(None, "output directory (default: $ODQA_HOME/corpus/default)", writes="dir")
     max_words: int = arg(100, "passage length bound in words", range="positive")
 
 
@@ -141,7 +141,7 @@ class SuperviseArgs(Settings):
     """`odqa supervise`."""
     questions: list[str] = listed(["nq-dev", "tqa-dev"], f"question sets, each {QUESTIONS_HELP}")
     corpus: Path | None = arg(None, CORPUS_HELP)
-    out: Path | None = arg(None, "output directory (default: CORPUS/supervision)")
+    out: Path | None = arg(None, "output directory (default: CORPUS/supervision)", writes="dir")
     positives: int = arg(1, "examples per question: the best-ranked positives", range="positive")
     validation_percent: float = arg(10.0, "share of questions for validation", range="percent")
 

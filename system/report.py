@@ -103,6 +103,9 @@ def _save(fig, path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
+REPORT_FILES = ("report.json", "report.md", "em_by_k.png", "topk.png")   # what write_report writes
+
+
 def write_report(records: list[dict], out_dir: Path, curves: dict | None = None, max_k: int = 100) -> list[dict]:
     from odqa.common.io import atomic_path, write_json
     rows = table_rows(records)

@@ -22,10 +22,10 @@ import logging
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from odqa.common.artifact import cached_file, cached_key, path_fingerprint
+from odqa.common.artifact import cached_file, cached_key, path_fingerprint, plain
 from odqa.common.corpus import PassageStore
 from odqa.common.device import pick_device, search_dtype
-from odqa.common.io import InputError, read_jsonl, write_json, write_jsonl
+from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from odqa.common.metrics.answers import answer_em, f1_score
 from odqa.common.paths import default_corpus, default_encoder
 from odqa.common.questions import load_questions, question_set_name
@@ -37,7 +37,7 @@ from odqa.reader.read import ECHO_RETRIES, load_reader, read_with_ks
 from odqa.retriever.args import ANSWER_FILTER_RULES
 from odqa.retriever.retrieve import retrieve, retrieve_phrases
 from odqa.system.args import RunArgs
-from odqa.system.report import write_report
+from odqa.system.report import REPORT_FILES, write_report
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,13 @@ def run(args: RunArgs) -> list[dict]:
                    if args.reranker else {})}
     ranks = current()
     if ranks.main:
-        write_json(out / "run_args.json", asdict(args))
+        # A report is only ever beside the arguments that made it: one of a run with other arguments (another
+        # --limit, other sets) goes before this run starts, so a run cut short leaves no report of the other.
+        previous = out / "run_args.json"
+        if previous.exists() and read_json(previous) != plain(asdict(args)):
+            for name in (*REPORT_FILES, "questions.jsonl"):
+                (out / name).unlink(missing_ok=True)
+        write_json(previous, asdict(args))
     searcher = None
     reader_fp = path_fingerprint(args.reader)
     device = pick_device()

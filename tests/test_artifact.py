@@ -42,3 +42,36 @@ def test_a_failed_build_leaves_the_old_directory(tmp_path):
         raise RuntimeError("killed")
     assert (out / "a").read_text() == "old" and json.loads((out / "manifest.json").read_text())["key"] == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["index"]          # no temporary left
+
+
+def _publisher(i, target, times, errors):
+    from odqa.common.io import atomic_path
+    for t in range(times):
+        try:
+            with atomic_path(target) as tmp:
+                tmp.mkdir()
+                for j in range(20):
+                    (tmp / f"f{j}").write_text(f"{i}-{t}")
+        except Exception as e:  # noqa: BLE001 -- what the test counts
+            errors.put(repr(e))
+
+
+def test_writers_racing_to_publish_one_directory_each_publish_whole(tmp_path):
+    """Three processes publish into one path 30 times each: none fails (the old code raised ENOTEMPTY
+    or FileNotFoundError in most such runs), the last one's directory is there whole, and no
+    temporary is left."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    writers = [ctx.Process(target=_publisher, args=(i, tmp_path / "out", 30, errors)) for i in range(3)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(120)
+    failed = []
+    while not errors.empty():
+        failed.append(errors.get())
+    assert failed == []
+    files = sorted((tmp_path / "out").iterdir())
+    assert len(files) == 20 and len({f.read_text() for f in files}) == 1      # one writer's, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]

@@ -62,8 +62,11 @@ def kit(tmp_path_factory):
     write_jsonl(root / "q.jsonl", TINY_QUESTIONS)
 
     def broken_model(name, edit):
+        """A copy edited by hand, without the checksums that would refuse any edit (tests/test_damaged_checkpoints.py):
+        the checks behind them, for a checkpoint that has none."""
         out = root / name
         shutil.copytree(model, out)
+        (out / "checksums.json").unlink()
         edit(out)
         return out
     k["model_bad_json"] = broken_model("m_json", lambda d: (d / "phrase_config.json").write_text('{"encoder": '))
@@ -92,6 +95,9 @@ def kit(tmp_path_factory):
     write_jsonl(root / "fid.jsonl", rows)
     rows[1]["ctxs"][0]["score"] = "abc"
     write_jsonl(root / "fid-bad-score.jsonl", rows)
+    rows = code_world(3, 2, 0)
+    write_jsonl(root / "fid-dup.jsonl", [rows[0], rows[1], {**rows[2], "id": rows[0]["id"]}])
+    write_jsonl(root / "fid-empty.jsonl", [rows[0], {**rows[1], "ctxs": []}])
     return k
 
 
@@ -119,6 +125,19 @@ TABLE = [
     ("read --k 0", "read --model {reader} --input {root}/fid.jsonl --out {tmp}/p.jsonl --k 0", "argument --k: must be at least 1, not 0"),
     ("read --k -2", "read --model {reader} --input {root}/fid.jsonl --out {tmp}/p.jsonl --k -2", "argument --k: must be at least 1, not -2"),
     ("read, a score that is not a number", "read --model {reader} --input {root}/fid-bad-score.jsonl --out {tmp}/p.jsonl", "fid-bad-score.jsonl:2: ctx 0: \"score\" is not a number: 'abc'"),
+    ("read, a question with no ctxs", "read --model {reader} --input {root}/fid-empty.jsonl --out {tmp}/p.jsonl", "fid-empty.jsonl: 1 question(s) with no ctxs"),
+    ("read, an id twice", "read --model {reader} --input {root}/fid-dup.jsonl --out {tmp}/p.jsonl", "fid-dup.jsonl: question id(s) given twice"),
+    ("train-reranker --negatives 0", "train-reranker --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/rr --negatives 0", "argument --negatives: must be at least 1, not 0"),
+    ("train-reranker --negatives -2", "train-reranker --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/rr --negatives -2", "argument --negatives: must be at least 1, not -2"),
+    ("train-reranker --lr -1", "train-reranker --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/rr --lr -1", "argument --lr: must be above 0, not -1"),
+    ("train-reader --lr 0", "train-reader --train-file {root}/fid.jsonl --out {tmp}/r --lr 0", "argument --lr: must be above 0, not 0"),
+    ("train-phrase --warmup-ratio 2", "train-phrase --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/p --warmup-ratio 2", "argument --warmup-ratio: must be between 0 and 1, not 2"),
+    ("build-memory --out a file", "build-memory --out {root}/good.jsonl", "argument --out: {root}/good.jsonl: a file is there; this writes a directory"),
+    ("retrieve --out a directory", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {corpus}", "a directory is there; this writes a file"),
+    ("serve --port 99999", "serve --port 99999", "argument --port: must be a port, 1 to 65535, not 99999"),
+    ("serve --max-queue 0", "serve --max-queue 0", "argument --max-queue: must be at least 1, not 0"),
+    ("serve --timeout-s -5", "serve --timeout-s -5", "argument --timeout-s: must be above 0, not -5"),
+    ("serve --request-timeout-s 0", "serve --request-timeout-s 0", "argument --request-timeout-s: must be above 0, not 0"),
     ("read, truncated weights", "read --model {reader_truncated} --input {root}/fid.jsonl --out {tmp}/p.jsonl", "reader_truncated: cannot load the reader's weights (SafetensorError"),
 ]
 
@@ -136,6 +155,7 @@ def test_each_bad_input_is_refused_with_one_named_line(kit, tmp_path, capsys, ar
     err = capsys.readouterr().err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
+    message = message.format(tmp=tmp_path, **kit)
     assert last.startswith("odqa") and "error: " in last and message in last, err
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]     # nothing written
 
@@ -203,7 +223,7 @@ def test_an_index_corrupted_in_place_is_refused_and_verify_names_the_file(kit, t
     assert main(["-q", "verify", str(broken)]) == 2
     assert "start.faiss: its sha256 differs" in capsys.readouterr().err
     assert main(["-q", "verify", str(tmp_path)]) == 2
-    assert "index manifest not found" in capsys.readouterr().err
+    assert "index manifest not found" in capsys.readouterr().err      # neither an index nor a checkpoint
 
 
 def test_nan_scores_are_refused(kit, tmp_path):
@@ -301,3 +321,26 @@ def test_random_input_gives_a_named_error_or_a_result(data, reader, suffix):
         except InputError as e:
             assert str(e)
             event(f"{reader}: refused")
+
+
+def test_a_byte_order_mark_is_accepted_and_stripped(tmp_path):
+    """Windows editors start UTF-8 files with a BOM; it once made a DPR question file's first line read as
+    "1 tab-separated fields"."""
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "q.qa.csv").write_bytes(bom + "who wrote hamlet\t['Shakespeare']\n".encode())
+    (tmp_path / "q.jsonl").write_bytes(bom + b'{"question": "who wrote hamlet", "answers": ["Shakespeare"]}\n')
+    for name in ("q.qa.csv", "q.jsonl"):
+        [q] = load_questions(tmp_path / name)
+        assert (q.question, q.answers) == ("who wrote hamlet", ["Shakespeare"])
+    (tmp_path / "p.jsonl").write_bytes(bom + b'{"id": "a", "title": "t", "text": "hello world"}\n')
+    assert build_corpus([tmp_path / "p.jsonl"], tmp_path / "c")["passages"] == 1
+
+
+def test_read_leaves_questions_without_answers_out_of_em_and_says_so(kit, tmp_path, capsys):
+    rows = code_world(3, 2, 0)
+    write_jsonl(tmp_path / "fid.jsonl", [rows[0], rows[1], {**rows[2], "answers": []}])
+    assert main(["-q", "read", "--model", str(kit["reader"]), "--input", str(tmp_path / "fid.jsonl"),
+                 "--out", str(tmp_path / "p.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert " on 2 questions; 1 without answers, left out of EM" in out
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 3      # each still gets its prediction

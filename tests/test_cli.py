@@ -203,7 +203,7 @@ def test_a_bad_config_file_is_refused_naming_it(tmp_path, capsys):
     (tmp_path / "range.json").write_text('{"train-file": "t", "validation-file": "v", "out": "o", "encoder": "e", '
                                          '"epochs": 0}')
     assert main(["train-phrase", "--config", str(tmp_path / "range.json")]) == 2
-    assert "--epochs must be at least 1" in capsys.readouterr().err
+    assert "--epochs: must be at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["train-phrase", "--config", str(tmp_path / "missing.json")])
     assert "missing.json: no such file" in capsys.readouterr().err

@@ -544,7 +544,7 @@ def test_the_query_loss_adds_the_weighted_passage_term_to_the_phrase_term():
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     plain, _ = query_loss(Fixed(q), batch, step=0)
     assert plain.item() == pytest.approx((term(0, pos[0]) + term(1, pos[1])).item() / 2, rel=1e-5)
-    with pytest.raises(InputError, match="--passage-weight must be at least 0, not -0.5"):
+    with pytest.raises(InputError, match="--passage-weight: must be at least 0, not -0.5"):
         QueryTrainArgs(model="m", index="i", corpus="c", out_dir="o", passage_weight=-0.5)
 
 

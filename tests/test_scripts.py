@@ -77,7 +77,7 @@ def test_overlap_em_splits_each_files_right_answers_by_part(tmp_path, capsys, mo
     (tmp_path / "gen.jsonl").write_text("".join(json.dumps({"id": i, "question": q, "answers": [a], "em": i != "d"})
                                                  + "\n" for i, q, a, _, _ in tests))
     argv = ["overlap_em", "--train", str(tmp_path / "train.jsonl"), "--retrieval", str(tmp_path / "r.json"),
-            "--predictions", str(tmp_path / "gen.jsonl"), "--threshold", "0.7"]
+            "--predictions", str(tmp_path / "gen.jsonl"), "--threshold", "0.7", "--k", "1"]
     monkeypatch.setattr("sys.argv", argv)
     assert overlap.main() == 0
     rows = {r["part"]: r for r in json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]}
@@ -86,14 +86,29 @@ def test_overlap_em_splits_each_files_right_answers_by_part(tmp_path, capsys, mo
         "all": (4, 2, 3, 3)}
     (tmp_path / "run2").mkdir()
     (tmp_path / "run2" / "gen.jsonl").write_text((tmp_path / "gen.jsonl").read_text())
-    monkeypatch.setattr("sys.argv", argv[:-2] + [str(tmp_path / "run2" / "gen.jsonl")] + argv[-2:])
+    monkeypatch.setattr("sys.argv", argv[:-4] + [str(tmp_path / "run2" / "gen.jsonl")] + argv[-4:])
     assert overlap.main() == 0
     assert {"gen", "run2/gen"} <= set(json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0])
-    monkeypatch.setattr("sys.argv", argv[:-2] + [str(tmp_path / "gen.jsonl")] + argv[-2:])
+    monkeypatch.setattr("sys.argv", argv[:-4] + [str(tmp_path / "gen.jsonl")] + argv[-4:])
     assert overlap.main() == 2 and "given twice" in capsys.readouterr().err
     (tmp_path / "short.jsonl").write_text(json.dumps({"id": "a", "question": "q", "answers": ["x"], "em": 1}) + "\n")
-    monkeypatch.setattr("sys.argv", argv[:-2] + [str(tmp_path / "short.jsonl")])
+    monkeypatch.setattr("sys.argv", argv[:-4] + [str(tmp_path / "short.jsonl")] + argv[-4:])
     assert overlap.main() == 2 and "short: no answer for 3" in capsys.readouterr().err
+    # more questions than the first file's: of another set, refused
+    (tmp_path / "more.jsonl").write_text((tmp_path / "gen.jsonl").read_text() + json.dumps(
+        {"id": "e", "question": "q", "answers": ["x"], "em": 1}) + "\n")
+    monkeypatch.setattr("sys.argv", argv[:-4] + [str(tmp_path / "more.jsonl")] + argv[-4:])
+    assert overlap.main() == 2 and "more: 1 questions the first file does not hold" in capsys.readouterr().err
+    # a Top-k the file cannot have, and flags out of range
+    monkeypatch.setattr("sys.argv", argv[:-2] + ["--k", "10"])
+    assert overlap.main() == 2 and "at most 1 passages a question, so it has no Top-10" in capsys.readouterr().err
+    for bad, said in ((["--k", "0"], "argument --k: must be at least 1, not 0"),
+                      (["--k", "-5"], "argument --k: must be at least 1, not -5"),
+                      (["--threshold", "5"], "argument --threshold: must be between 0 and 1, not 5")):
+        monkeypatch.setattr("sys.argv", argv[:-4] + bad)
+        with pytest.raises(SystemExit) as refused:
+            overlap.main()
+        assert refused.value.code == 2 and said in capsys.readouterr().err
 
 
 def test_bench_prefilter_searches_its_synthetic_index_both_ways(monkeypatch, capsys):

@@ -1,6 +1,8 @@
 """The system on a tiny corpus with tiny untrained models: the pipeline returns both kinds of answer;
 the server answers, refuses bad input with 4xx, survives a reader error, sheds load with 429 and 503,
 says when it is loading, exports Prometheus metrics and finishes requests in flight on shutdown."""
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 from tiny_data import TINY_QUESTIONS, write_jsonl
@@ -536,3 +538,31 @@ def test_the_reports_f1_is_left_out_for_regex_answers_and_for_records_written_be
     assert [r["generated F1"] for r in rows] == [None, None] and rows[0]["Top-k"] == 100.0
     assert markdown(rows).splitlines()[2].endswith("| 0 | 0 | - | - |")
     assert table_rows(new)[0]["extractive F1"] == pytest.approx(66.67, abs=0.01)
+
+
+def test_a_run_with_other_arguments_never_leaves_the_old_report_beside_its_files(system, tmp_path, monkeypatch):
+    """`odqa run` into an --out holding another run's report (here of --limit 4) removes that report before
+    it starts: a run with --limit 2 cut short leaves its own files and no report of 4 questions."""
+    from tiny_data import write_jsonl
+
+    from odqa.common.io import InputError
+    from odqa.system.args import RunArgs
+    from odqa.system.run import run
+    root = system["root"]
+    questions = write_jsonl(tmp_path / "q.jsonl", TINY_QUESTIONS)
+
+    def args(limit):
+        return RunArgs(str(tmp_path / "run"), questions=[str(questions)], k=[2], limit=limit, baselines=["none"],
+                       index=str(root / "index"), model=str(root / "phrase"), reader=str(root / "t5"),
+                       corpus=str(system["corpus"]), no_prefilter=True, no_reranker=True, no_memory=True)
+    run(args(4))
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["rows"] and (tmp_path / "run" / "report.md").exists()
+
+    def cut(*a, **k):
+        raise InputError("cut short")
+    monkeypatch.setattr("odqa.system.run.read_with_ks", cut)
+    with pytest.raises(InputError, match="cut short"):
+        run(args(2))
+    assert not (tmp_path / "run" / "report.json").exists() and not (tmp_path / "run" / "report.md").exists()
+    assert json.loads((tmp_path / "run" / "run_args.json").read_text())["limit"] == 2

@@ -23,8 +23,8 @@ def test_an_epochs_order_depends_on_seed_and_epoch_alone():
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"accumulation": 0}, "--accumulation must be at least 1"),
-    ({"eval_steps": -1}, "--eval-steps must be at least 0"),
+    ({"accumulation": 0}, "--accumulation: must be at least 1"),
+    ({"eval_steps": -1}, "--eval-steps: must be at least 0"),
     ({"backend": "horovod"}, "--backend must be one of accelerate, deepspeed"),
     ({"zero_stage": 3}, "add --backend deepspeed"),
     ({"precision": "fp8"}, "--precision must be auto, bf16 or fp32"),

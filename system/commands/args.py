@@ -65,6 +65,8 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         rule = meta.get("range")
         if rule is not None:
             conv = _checked(conv, rule)
+        if meta.get("writes"):
+            conv = _writable(conv, meta["writes"])
         choices = {"choices": meta["choices"]} if "choices" in meta else \
             {"metavar": meta.get("metavar", flag.lstrip("-").upper().replace("-", "_"))}
         nargs = "+" if kind.startswith("list") else None
@@ -84,6 +86,19 @@ def _checked(conv, rule: str):
             raise argparse.ArgumentTypeError(said)
         return value
     parse.__name__ = conv.__name__   # argparse names the type in its "invalid int value" errors
+    return parse
+
+
+def _writable(conv, kind: str):
+    """An argparse type: a path that is not an existing path of the other kind (file or directory) than
+    the field writes (common.settings.check_ranges says the same to a settings object)."""
+    def parse(text: str):
+        value = conv(text)
+        if Path(text).exists() and Path(text).is_dir() != (kind == "dir"):
+            raise argparse.ArgumentTypeError(f"{text}: a {'file' if kind == 'dir' else 'directory'} is there; this "
+                                             f"writes a {'directory' if kind == 'dir' else kind} of that name: give another path, or remove it")
+        return value
+    parse.__name__ = conv.__name__
     return parse
 
 

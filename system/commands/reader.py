@@ -86,8 +86,9 @@ def cmd_read(args) -> None:
              limit=args.limit, decoding=s.decoding, parts=parts_beside(args.out), key=stage_key(args),
              tokenizer_path=args.tokenizer)
     if current().main:
-        print(f"EM {r['em']:.2f} on {r['questions']} questions (k={r['k']}, {r['questions'] / r['seconds']:.1f} "
-              f"questions/s) -> {args.out}")
+        unscored = f"; {r['without_answers']} without answers, left out of EM" if r["without_answers"] else ""
+        em = f"EM {r['em']:.2f} on {r['scored']} questions" if r["scored"] else "no question has answers to score"
+        print(f"{em}{unscored} (k={r['k']}, {r['questions'] / r['seconds']:.1f} questions/s) -> {args.out}")
 
 
 def add(sub) -> None:

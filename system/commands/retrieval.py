@@ -251,7 +251,8 @@ def cmd_build_memory(args) -> None:
 def cmd_verify(args) -> None:
     from odqa.common.io import read_json, require_file, verify_checksums
     from odqa.common.weights import CHECKSUMS, check_sealed
-    if not (args.path / "manifest.json").exists() and args.path.is_dir():
+    is_model = any((args.path / f).exists() for f in (CHECKSUMS, "config.json", "phrase_config.json"))
+    if not (args.path / "manifest.json").exists() and is_model:
         if not (args.path / CHECKSUMS).exists():
             print(f"{args.path}: no {CHECKSUMS}, so nothing to check it against: a checkpoint odqa did not write "
                   f"(a hub, T5, FiD or DensePhrases directory), which loads as it is")
