@@ -2,6 +2,7 @@
 the server answers, refuses bad input with 4xx, survives a reader error, sheds load with 429 and 503,
 says when it is loading, exports Prometheus metrics and finishes requests in flight on shutdown."""
 import json
+import os
 
 import pytest
 from fastapi.testclient import TestClient
@@ -341,6 +342,7 @@ def test_the_page_asks_and_shows_both_answers_in_headless_chromium(system):
     import uvicorn
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
+        assert not os.environ.get("ODQA_REQUIRE_BROWSER"), "ODQA_REQUIRE_BROWSER: no chromium on PATH (.ci/run installs it)"
         pytest.skip("no headless browser: `apt-get install chromium` (Debian) to run this test")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
