@@ -3,15 +3,24 @@
 supervision it trained on, which the training commands read when no `odqa supervise` output is there.
 
     $ODQA_HOME/pipeline.json   {"corpus", "supervision", "phrase_model", "phrase_index", "doc_model",
-                                "doc_index", "reranker", "memory", "reader", "recorded_by", "updated"}
+                                "doc_index", "reranker", "memory", "reader", "settings", "recorded_by",
+                                "updated"}
+
+A path inside $ODQA_HOME (or beside the record) is stored relative to the record's directory, so a
+copied or moved home finds its own files, never the original's. A record is read through its schema
+(`PipelineRecord`): the wrong shape is an error naming the file and the field.
 
 A flag that names a path always wins (`odqa.system.pipeline.resolve_parts` fills the others). A
 default that is needed but missing is refused with one line that says which command makes it.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from odqa.common.io import InputError, read_json, write_json
 from odqa.common.paths import default_corpus, odqa_home
@@ -34,13 +43,65 @@ def pipeline_file() -> Path:
     return odqa_home() / "pipeline.json"
 
 
+class PipelineRecord(BaseModel):
+    """The schema of a pipeline record: each artifact's path (relative to the record's directory, or
+    absolute), the settings it runs with, and who recorded it when."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    corpus: str | None = None
+    supervision: str | None = None
+    phrase_model: str | None = None
+    phrase_index: str | None = None
+    doc_model: str | None = None
+    doc_index: str | None = None
+    reranker: str | None = None
+    memory: str | None = None
+    reader: str | None = None
+    settings: dict[str, Any] = {}
+    recorded_by: str | None = None
+    updated: str | None = None
+
+
+def read_record(path: Path) -> tuple[dict[str, Path], dict]:
+    """(each recorded artifact's path, resolved against the record's directory; the record's settings)
+    of a pipeline record, refused by name where it is not valid JSON or not of the schema."""
+    raw = read_json(path)
+    try:
+        record = PipelineRecord.model_validate(raw)
+    except ValidationError as e:
+        said = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'the record'}: {err['msg']}" for err in e.errors()[:3])
+        raise InputError(f"{path}: not a pipeline record ({said})") from None
+    return ({k: _resolved(v, path.parent) for k in ARTIFACTS if (v := getattr(record, k))}, record.settings)
+
+
+def _resolved(stored: str, base: Path) -> Path:
+    return Path(stored) if Path(stored).is_absolute() else Path(os.path.normpath(base / stored))
+
+
+def _stored(path: str | Path, base: Path) -> str:
+    """`path` as a record in `base` stores it: relative to `base` when inside $ODQA_HOME or inside `base`
+    (so the record moves with them), else absolute."""
+    path = Path(path).resolve()
+    for root in (odqa_home().resolve(), base.resolve()):
+        if path == root or root in path.parents:
+            return os.path.relpath(path, base.resolve())
+    return str(path)
+
+
+def write_record(path: Path, artifacts: dict[str, str | Path], by: str, settings: dict | None = None,
+                 keep: dict | None = None) -> None:
+    """Write a pipeline record atomically: `keep` (what it already records, as read) updated with
+    `artifacts`, stored relative to the record where they can be."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recorded = {k: _stored(v, path.parent) for k, v in {**(keep or {}), **artifacts}.items()}
+    record = PipelineRecord(**recorded, settings=settings or {}, recorded_by=by,
+                            updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    write_json(path, record.model_dump(exclude_none=True))
+
+
 def default_pipeline() -> dict[str, Path]:
-    """The recorded artifacts that still exist on disk."""
+    """The default pipeline's recorded artifacts (`default_path` refuses one that is gone, by name)."""
     path = pipeline_file()
-    if not path.exists():
-        return {}
-    recorded = read_json(path)
-    return {k: Path(v) for k, v in recorded.items() if k in ARTIFACTS and v and Path(v).exists()}
+    return read_record(path)[0] if path.exists() else {}
 
 
 def default_path(name: str, pipeline: dict[str, Path] | None = None) -> Path:
@@ -50,6 +111,9 @@ def default_path(name: str, pipeline: dict[str, Path] | None = None) -> Path:
     if path is None:
         raise InputError(f"no {what} given and no default one: pass {flag}, or run `odqa demo` to build the "
                          f"default pipeline ({pipeline_file()})")
+    if not path.exists():
+        raise InputError(f"{pipeline_file()} records the {what} at {path}, which is not there: pass {flag}, or "
+                         f"build it again")
     return path
 
 
@@ -62,16 +126,11 @@ def record_pipeline(paths: dict[str, str | Path], by: str, forget: dict[str, str
     if unknown:
         raise ValueError(f"not pipeline artifacts: {sorted(unknown)}")
     path = pipeline_file()
-    recorded = read_json(path) if path.exists() else {}
+    recorded, old_settings = read_record(path) if path.exists() else ({}, {})
     for k, v in (forget or {}).items():
-        if recorded.get(k) == str(Path(v).resolve()):
+        if k in recorded and recorded[k].resolve() == Path(v).resolve():
             del recorded[k]
-    recorded.update({k: str(Path(v).resolve()) for k, v in paths.items()})
-    if settings is not None:
-        recorded["settings"] = settings
-    recorded.update(recorded_by=by, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, recorded)
+    write_record(path, paths, by, old_settings if settings is None else settings, keep=recorded)
 
 
 def default_supervision() -> Path:

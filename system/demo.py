@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from odqa.common.artifact import fingerprint
-from odqa.common.defaults import record_pipeline
+from odqa.common.defaults import record_pipeline, write_record
 from odqa.common.io import read_json, write_json
 from odqa.common.paths import odqa_home
 from odqa.system.estimate import machine_speed, refined
@@ -95,8 +95,7 @@ class Demo:
         built, forget = self.recipe.pipeline()
         by, settings = f"odqa demo -> {self.out}", self.recipe.settings()
         record_pipeline(built, by=by, forget=forget, settings=settings)
-        write_json(self.out / "pipeline.json", {**{k: str(Path(v).resolve()) for k, v in built.items()},
-                                                "settings": settings, "recorded_by": by})
+        write_record(self.out / "pipeline.json", built, by, settings)
 
     def _done(self, s: Stage, key: dict) -> bool:
         marker = self.stages_dir / f"{s.name}.json"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from odqa.common.device import pick_device
-from odqa.common.io import InputError, read_json
+from odqa.common.io import InputError
 from odqa.common.results import Answer, Document, Neighbour, Passage, Phrase
 from odqa.reader.args import ReaderSettings
 from odqa.reader.fid_data import FiDExample
@@ -139,7 +139,7 @@ def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, 
     read as is. A recorded path that is gone is refused by name: a pipeline is not loaded without a
     part. "settings", where the record has it, holds search and reading settings (`SearchConfig`'s and
     `ReaderSettings`' fields) that the pipeline runs with."""
-    from odqa.common.defaults import ARTIFACTS, pipeline_file
+    from odqa.common.defaults import ARTIFACTS, pipeline_file, read_record
     path = pipeline_file() if str(name_or_path) == "default" else Path(name_or_path).expanduser()
     if path.is_dir():
         path = path / "pipeline.json"
@@ -147,24 +147,22 @@ def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, 
         hint = "run `odqa demo` to build the default pipeline" if str(name_or_path) == "default" else \
             "give the default, a pipeline.json, or a directory holding one"
         raise InputError(f"no pipeline record at {path}: {hint}")
-    record = read_json(path)
-    recorded = {k: Path(v) for k, v in record.items() if k in ARTIFACTS and v}
+    recorded, settings = read_record(path)
     for name in ("phrase_index", "phrase_model", "reader", "corpus"):
         if name not in recorded:
             raise InputError(f"{path} records no {ARTIFACTS[name][1]}")
     gone = [f"{ARTIFACTS[k][1]} ({v})" for k, v in recorded.items() if k != "supervision" and not v.exists()]
     if gone:
         raise InputError(f"{path} records what is no longer there: {', '.join(gone)}")
-    search, read = recorded_settings(path, record)
+    search, read = recorded_settings(path, settings)
     return path, recorded, {**search, **read}
 
 
-def recorded_settings(path: Path, record: dict) -> tuple[dict, dict]:
+def recorded_settings(path: Path, settings: dict) -> tuple[dict, dict]:
     """(search settings, reading settings) of a pipeline record's "settings", refused by name if it holds
     anything else."""
-    settings = record.get("settings", {})
     try:
-        return split_settings(settings if isinstance(settings, dict) else {"(not a table)": settings})
+        return split_settings(settings)
     except InputError as e:
         raise InputError(f"{path}: \"settings\" holds what is not a search or reading setting: {e}") from None
 
@@ -176,24 +174,26 @@ def resolve_parts(parts: SearchParts, reader: bool = False) -> tuple[SearchParts
     with the default phrase index: an index named by a flag is searched as named, and `no_prefilter` /
     `no_reranker` leave those out. The answer memory comes along with the default phrase model (its
     vectors are that model's questions), unless `no_memory`."""
-    from odqa.common.defaults import default_path, default_pipeline, pipeline_file
-    pipeline = default_pipeline()
+    from odqa.common.defaults import default_path, pipeline_file, read_record
+    path = pipeline_file()
+    pipeline, settings = read_record(path) if path.exists() else ({}, {})
+
+    def part(name: str) -> str:   # a recorded part that is gone is refused by name, never left out
+        return str(default_path(name, pipeline))
     own_index, own_model = parts.index is None, parts.model is None
-    found = {"index": parts.index or str(default_path("phrase_index", pipeline)),
-             "model": parts.model or str(default_path("phrase_model", pipeline))}
+    found = {"index": parts.index or part("phrase_index"), "model": parts.model or part("phrase_model")}
     if own_index and parts.doc_index is None and not parts.no_prefilter and {"doc_index", "doc_model"} <= set(pipeline):
-        found.update(doc_index=str(pipeline["doc_index"]), doc_model=str(pipeline["doc_model"]))
+        found.update(doc_index=part("doc_index"), doc_model=part("doc_model"))
     if own_index and parts.reranker is None and not parts.no_reranker and "reranker" in pipeline:
-        found["reranker"] = str(pipeline["reranker"])
+        found["reranker"] = part("reranker")
     if own_model and parts.memory is None and not parts.no_memory and "memory" in pipeline:
-        found["memory"] = str(pipeline["memory"])
+        found["memory"] = part("memory")
     if own_index and parts.corpus is None and "corpus" in pipeline:
-        found["corpus"] = str(pipeline["corpus"])
+        found["corpus"] = part("corpus")
     own_reader = reader and parts.reader is None
     if own_reader:
-        found["reader"] = str(default_path("reader", pipeline))
-    path = pipeline_file()
-    search, read = recorded_settings(path, read_json(path)) if (own_index or own_reader) else ({}, {})
+        found["reader"] = part("reader")
+    search, read = recorded_settings(path, settings) if (own_index or own_reader) else ({}, {})
     return dataclasses.replace(parts, **found), {**(search if own_index else {}), **(read if own_reader else {})}
 
 
