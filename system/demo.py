@@ -20,13 +20,23 @@ from pathlib import Path
 
 from odqa.common.artifact import fingerprint
 from odqa.common.defaults import record_pipeline, write_record
-from odqa.common.io import read_json, write_json
+from odqa.common.io import InputError, read_json, write_json
 from odqa.common.paths import odqa_home
 from odqa.system.estimate import machine_speed, refined
 from odqa.system.recipe import Recipe, Stage
 from odqa.system.recipe_config import RecipeConfig, recipe_config
 
 log = logging.getLogger(__name__)
+
+
+def _stage_record(path: Path) -> dict:
+    """A stage record ({"key", "result"?}), refused by name when it is not one (hand-edited, or another
+    program's file)."""
+    record = read_json(path)
+    if not isinstance(record, dict) or not isinstance(record.get("key"), dict):
+        raise InputError(f"{path}: not a stage record (a JSON object with a \"key\" object): remove it, and the "
+                         f"stage runs again")
+    return record
 
 
 class Demo:
@@ -99,12 +109,12 @@ class Demo:
 
     def _done(self, s: Stage, key: dict) -> bool:
         marker = self.stages_dir / f"{s.name}.json"
-        return marker.exists() and read_json(marker).get("key") == key and all(o.exists() for o in s.outputs)
+        return marker.exists() and _stage_record(marker)["key"] == key and all(o.exists() for o in s.outputs)
 
     def _run_stage(self, s: Stage, key: dict) -> dict:
         """Resume a stage interrupted with the same key; anything else starts from a clean slate."""
         started = self.stages_dir / f"{s.name}.started.json"
-        resume = started.exists() and read_json(started).get("key") == key
+        resume = started.exists() and _stage_record(started)["key"] == key
         if not resume:
             for path in s.clean:
                 shutil.rmtree(path, ignore_errors=True)

@@ -88,3 +88,11 @@ def test_a_recorded_part_that_is_gone_is_refused_by_name(home, capsys):
     assert main(["ask", TINY_QUESTIONS[0]["question"], "--k", "2"]) == 2
     assert f"records the answer memory at {home / 'memory'}, which is not there" in capsys.readouterr().err
     assert main(["ask", TINY_QUESTIONS[0]["question"], "--k", "2", "--no-memory"]) == 0
+
+
+def test_a_stage_record_of_the_wrong_shape_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ODQA_HOME", str(tmp_path / "home"))
+    (tmp_path / "out" / "stages").mkdir(parents=True)
+    (tmp_path / "out" / "stages" / "data.json").write_text("[1]")
+    assert main(["demo", "--plan", "--out", str(tmp_path / "out")]) == 2
+    assert "stages/data.json: not a stage record" in capsys.readouterr().err
