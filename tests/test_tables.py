@@ -41,24 +41,25 @@ def seen(questions):
     return [(q.id, q.question, q.answers) for q in questions]
 
 
+def write_rows(path, rows, fields=None):
+    """`rows` in the format its name says (.json, .jsonl, .csv, .tsv, .parquet), compressed as it says
+    (.gz, .bz2, .xz)."""
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix)
+    kind = path.with_suffix("").suffix if opener else path.suffix
+    if kind == ".parquet":
+        pd.DataFrame(rows).to_parquet(path)
+        return path
+    text = {".json": lambda: json.dumps(rows), ".jsonl": lambda: "".join(json.dumps(r) + "\n" for r in rows),
+            ".csv": lambda: csv_text(rows, fields or list(rows[0])),
+            ".tsv": lambda: csv_text(rows, fields or list(rows[0]), delimiter="\t")}[kind]()
+    with (opener or open)(path, "wt") as f:
+        f.write(text)
+    return path
+
+
 @pytest.mark.parametrize("name", ["q.json", "q.jsonl.gz", "q.csv", "q.csv.bz2", "q.tsv.xz", "q.parquet"])
 def test_a_question_file_of_each_format_reads_the_same(tmp_path, name):
-    path = tmp_path / name
-    if name == "q.json":
-        path.write_text(json.dumps(QUESTIONS))
-    elif name == "q.jsonl.gz":
-        with gzip.open(path, "wt") as f:
-            f.writelines(json.dumps(q) + "\n" for q in QUESTIONS)
-    elif name == "q.csv":
-        path.write_text(csv_text(QUESTIONS, ["id", "question", "answers"]))
-    elif name == "q.csv.bz2":
-        with bz2.open(path, "wt") as f:
-            f.write(csv_text(QUESTIONS, ["id", "question", "answers"]))
-    elif name == "q.tsv.xz":
-        with lzma.open(path, "wt") as f:
-            f.write(csv_text(QUESTIONS, ["id", "question", "answers"], delimiter="\t"))
-    else:
-        pd.DataFrame(QUESTIONS).to_parquet(path)
+    path = write_rows(tmp_path / name, QUESTIONS)
     assert seen(load_questions(path)) == seen(load_questions(write_jsonl(tmp_path / "plain.jsonl", QUESTIONS)))
     assert seen(load_questions(f"{path}:1")) == seen(load_questions(path))[:1]
 
@@ -112,19 +113,13 @@ def test_a_dpr_qa_csv_is_still_read_as_dprs(tmp_path):
 
 @pytest.mark.parametrize("name", ["p.json", "p.csv.gz", "p.tsv", "p.parquet", "hub"])
 def test_a_corpus_of_each_format_builds_the_same_passages(tmp_path, name):
-    path = tmp_path / name
-    if name == "p.json":
-        path.write_text(json.dumps(PASSAGES))
-    elif name == "p.csv.gz":
-        with gzip.open(path, "wt") as f:
-            f.write(csv_text(PASSAGES, ["id", "title", "text"]))
-    elif name == "p.tsv":   # pyserini's field names
-        path.write_text(csv_text([{"docid": p["id"], "title": p["title"], "contents": p["text"]} for p in PASSAGES],
-                                 ["docid", "title", "contents"], delimiter="\t"))
-    elif name == "p.parquet":
-        pd.DataFrame(PASSAGES).to_parquet(path)
-    else:   # wiki_dpr's fields, vectors and all
+    if name == "p.tsv":   # pyserini's field names
+        path = write_rows(tmp_path / name, [{"docid": p["id"], "title": p["title"], "contents": p["text"]}
+                                            for p in PASSAGES])
+    elif name == "hub":   # wiki_dpr's fields, vectors and all
         path = f"hf:{hub_dir(tmp_path / 'wiki_dpr', [{**p, 'embeddings': [0.5] * 4} for p in PASSAGES], 'train')}"
+    else:
+        path = write_rows(tmp_path / name, PASSAGES)
     build_corpus([path], tmp_path / "corpus")
     build_corpus([write_jsonl(tmp_path / "plain.jsonl", PASSAGES)], tmp_path / "plain")
     got = [(p["id"], p["title"], p["text"]) for p in PassageStore(tmp_path / "corpus")]
