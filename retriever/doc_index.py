@@ -84,6 +84,10 @@ class DocRetriever:
         if not (self.dir / "manifest.json").exists():
             raise InputError(f"{self.dir} is not a document index (no manifest.json): run `odqa build-doc-index`")
         self.manifest = read_json(self.dir / "manifest.json")
+        self.device = pick_device(device)
+        # loaded (its files checked against its checksums) before its hash is compared: a damaged file is
+        # named as such, not taken for another encoder
+        self.model = DocEncoder.from_pretrained(model_dir).to(self.device, search_dtype(self.device)).eval()
         if doc_encoder_hash(model_dir) != self.manifest["encoder_hash"]:
             raise InputError(f"{self.dir} was built with another document encoder than {model_dir}: its "
                              f"question encoder would not match the index; rebuild it with `odqa build-doc-index`")
@@ -97,8 +101,6 @@ class DocRetriever:
         ivf = faiss.try_extract_index_ivf(self.index)
         if ivf is not None:
             ivf.nprobe = nprobe
-        self.device = pick_device(device)
-        self.model = DocEncoder.from_pretrained(model_dir).to(self.device, search_dtype(self.device)).eval()
         self.tokenizer = load_tokenizer(model_dir)
         self.table = DocumentTable(corpus_dir)
 

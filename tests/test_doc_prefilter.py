@@ -550,3 +550,17 @@ def test_cli_train_phrase_with_title_path_and_in_section_negatives(world, tmp_pa
                  "--max-passage-tokens", "64"]) == 0
     assert "validation EM by epoch" in capsys.readouterr().out
     assert json.loads((tmp_path / "m" / "best" / "phrase_config.json").read_text())["title_path"] is True
+
+
+def test_a_damaged_document_encoder_is_named_not_taken_for_another(world, doc_model, tmp_path):
+    import shutil
+
+    from odqa.retriever.doc_index import DocRetriever
+    damaged = tmp_path / "doc"
+    shutil.copytree(doc_model["dir"], damaged)
+    weights = damaged / "doc_lm" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"damaged document encoder: .*doc_lm/model.safetensors: its sha256 differs"):
+        DocRetriever(doc_model["index"], damaged, world["corpus"])
