@@ -145,7 +145,10 @@ class OptimArgs:
         # fields' own, a trainer's fields' (its rates, its negatives) too, and the loop's rule for a loop
         # setting a trainer gives a default of its own.
         check_ranges(self)
+        own = {f.name: f for f in dataclasses.fields(self)}
         for f in dataclasses.fields(OptimArgs):
+            if "range" in own[f.name].metadata:   # the trainer's own rule for it, checked above
+                continue
             said = "range" in f.metadata and getattr(self, f.name) is not None and \
                 range_error(f.metadata["range"], getattr(self, f.name), _counts(f))
             if said:

@@ -52,7 +52,8 @@ class LoopArgs(OptimArgs):
     defaults (DeepSpeed, evaluation and checkpoints by steps), its output directory and two of its own."""
     epochs: int = arg(1, "passes over the training data")
     batch_size: int = arg(4, "micro-batch per process")
-    lr: float = arg(1e-4, "peak learning rate", range="positive")
+    lr: float = arg(1e-4, "peak learning rate (0: the pretrained weights held, only --new-lr's train)",
+                    range="non_negative")
     warmup_steps: int | None = arg(100, "steps of linear warm-up")
     eval_steps: int = arg(500, "evaluate (and keep the best) every N steps and at the end")
     save_steps: int = arg(500, "checkpoint every N steps, after each epoch and at the end")
@@ -76,6 +77,9 @@ class LoopArgs(OptimArgs):
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         if self.freeze_layers < 0:
             raise InputError(f"--freeze-layers must be at least 0, not {self.freeze_layers}")
+        if self.lr == 0 and not self.new_lr:
+            raise InputError("--lr 0 with no --new-lr trains nothing: give an --lr above 0, or --new-lr for the "
+                             "weights a warm start made anew")
 
 
 @dataclass

@@ -20,7 +20,7 @@ from transformers import AutoModelForSequenceClassification
 
 from odqa.common.device import search_dtype
 from odqa.common.io import InputError, atomic_path, write_json
-from odqa.common.weights import check_sealed, from_pretrained_whole
+from odqa.common.weights import check_sealed, from_pretrained_whole, seal
 from odqa.retriever.lm import UNUSED_EXTRA, UNUSED_MISSING, load_tokenizer, read_config
 from odqa.retriever.rerank import standardise
 
@@ -112,7 +112,10 @@ def final_scores(search_scores, cross_scores, weight: float) -> np.ndarray:
 
 
 def set_weight(path: str | os.PathLike, weight: float) -> None:
-    """Store a tuned ranking weight in the checkpoint at `path`."""
+    """Store a tuned ranking weight in the checkpoint at `path`, and seal it again (a checkpoint the loop
+    wrote is checked against its checksums)."""
+    check_sealed(path, "reranker")      # what was there before the change was whole
     config = replace(read_config(Path(path) / CONFIG, CrossEncoderConfig), weight=float(weight))
     write_json(Path(path) / CONFIG, asdict(config))
+    seal(path)
 

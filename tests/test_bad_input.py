@@ -130,7 +130,7 @@ TABLE = [
     ("train-reranker --negatives 0", "train-reranker --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/rr --negatives 0", "argument --negatives: must be at least 1, not 0"),
     ("train-reranker --negatives -2", "train-reranker --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/rr --negatives -2", "argument --negatives: must be at least 1, not -2"),
     ("train-reranker --lr -1", "train-reranker --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/rr --lr -1", "argument --lr: must be above 0, not -1"),
-    ("train-reader --lr 0", "train-reader --train-file {root}/fid.jsonl --out {tmp}/r --lr 0", "argument --lr: must be above 0, not 0"),
+    ("train-reader --lr -1", "train-reader --train-file {root}/fid.jsonl --out {tmp}/r --lr -1", "argument --lr: must be at least 0, not -1"),
     ("train-phrase --warmup-ratio 2", "train-phrase --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/p --warmup-ratio 2", "argument --warmup-ratio: must be between 0 and 1, not 2"),
     ("build-memory --out a file", "build-memory --out {root}/good.jsonl", "argument --out: {root}/good.jsonl: a file is there; this writes a directory"),
     ("retrieve --out a directory", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {corpus}", "a directory is there; this writes a file"),

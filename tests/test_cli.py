@@ -202,8 +202,9 @@ def test_a_bad_config_file_is_refused_naming_it(tmp_path, capsys):
     # a value out of range is the settings' own check, as for the flag, before anything is loaded
     (tmp_path / "range.json").write_text('{"train-file": "t", "validation-file": "v", "out": "o", "encoder": "e", '
                                          '"epochs": 0}')
-    assert main(["train-phrase", "--config", str(tmp_path / "range.json")]) == 2
-    assert "--epochs: must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:    # the field's range, checked by the parser as for the flag
+        main(["train-phrase", "--config", str(tmp_path / "range.json")])
+    assert refused.value.code == 2 and "argument --epochs: must be at least 1, not 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["train-phrase", "--config", str(tmp_path / "missing.json")])
     assert "missing.json: no such file" in capsys.readouterr().err

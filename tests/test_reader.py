@@ -346,6 +346,11 @@ def test_loop_settings_that_cannot_train_are_refused_before_any_model_loads(tmp_
                 {"freeze_layers": -1}):
         with pytest.raises(InputError, match="must be at least [01]"):
             LoopArgs(out_dir=str(tmp_path), **bad)
+    with pytest.raises(InputError, match="--lr: must be at least 0, not -1"):
+        LoopArgs(out_dir=str(tmp_path), lr=-1)
+    with pytest.raises(InputError, match="--lr 0 with no --new-lr trains nothing"):
+        LoopArgs(out_dir=str(tmp_path), lr=0)
+    assert LoopArgs(out_dir=str(tmp_path), lr=0, new_lr=1e-3).lr == 0     # only the new weights train
 
 
 def test_the_report_and_its_plots_are_written_atomically(tmp_path, monkeypatch):
