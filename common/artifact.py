@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from odqa.common.io import VERIFY_ON_OPEN_BYTES, atomic_path, checksums, read_json, verify_checksums, write_json
+from odqa.common.paths import portable
 from odqa.common.ranks import current
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,12 @@ def plain(key: dict) -> dict:
     """`key` as it reads back from JSON (paths as strings, tuples as lists), so a recorded key and a
     fresh one compare equal."""
     return json.loads(json.dumps(key, default=str))
+
+
+def portable_key(key: dict) -> dict:
+    """`key` as recorded and compared: as JSON reads it back, with the paths inside $ODQA_HOME written
+    from "$ODQA_HOME/" (`common.paths.portable`), so that a moved home reuses what it holds."""
+    return portable(plain(key))
 
 
 def path_fingerprint(path: str | os.PathLike | None) -> str | None:
@@ -66,7 +73,7 @@ def current_manifest(directory: str | os.PathLike, key: dict) -> dict | None:
     manifest = read_manifest(directory)
     if manifest is None:
         return None
-    if manifest.get("key") != plain(key):
+    if portable(manifest.get("key")) != portable_key(key):
         log.info("%s was built with other inputs or settings: building it again", directory)
         return None
     problems = verify_checksums(directory, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
@@ -80,7 +87,7 @@ def current_manifest(directory: str | os.PathLike, key: dict) -> dict | None:
 def build_dir(directory: str | os.PathLike, key: dict, **info) -> Iterator[tuple[Path, dict]]:
     """Yield (a temporary directory to fill, the manifest to complete); when the block ends, the
     manifest gets the key and the checksums of the files, and the directory is renamed into place."""
-    manifest = {"key": plain(key), **info}
+    manifest = {"key": portable_key(key), **info}
     with atomic_path(directory) as tmp:
         tmp.mkdir()
         yield tmp, manifest
@@ -95,7 +102,8 @@ def cached_key(path: str | os.PathLike, key: dict, depth: int | None = None) -> 
     key_path = path.with_name(f"{path.name}.key.json")
     if path.exists() and key_path.exists():
         saved = read_json(key_path)
-        if {k: v for k, v in saved.items() if k != "depth"} == plain(key) and (depth is None or saved.get("depth", 0) >= depth):
+        if portable({k: v for k, v in saved.items() if k != "depth"}) == portable_key(key) and \
+                (depth is None or saved.get("depth", 0) >= depth):
             return saved
     return None
 
@@ -119,7 +127,7 @@ def cached_file(path: str | os.PathLike, key: dict, make: Callable[[], None], de
     if ranks.main:
         key_path.unlink(missing_ok=True)
     make()
-    key = plain(key)
+    key = portable_key(key)
     key = {**key, "depth": depth} if depth is not None else key
     if ranks.main:
         write_json(key_path, key)

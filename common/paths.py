@@ -39,3 +39,23 @@ def default_encoder() -> Path:
 def default_corpus() -> Path:
     """Output of `odqa corpus build` on the default documents."""
     return odqa_home() / "corpus" / "default"
+
+
+HOME_MARK = "$ODQA_HOME"
+
+
+def portable(obj):
+    """`obj` (a JSON-like key) with every string that is a path inside $ODQA_HOME written from
+    "$ODQA_HOME/": a key recorded in one home then equals the same key made in a copy of it (`cp -a`),
+    and a key recorded before keys were written so equals this one made in the same home."""
+    if isinstance(obj, dict):
+        return {k: portable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [portable(v) for v in obj]
+    if isinstance(obj, str) and obj.startswith(os.sep):
+        home = odqa_home()
+        for root in dict.fromkeys((str(home), str(home.resolve()))):
+            if obj == root or obj.startswith(root.rstrip(os.sep) + os.sep):
+                return HOME_MARK + obj[len(root.rstrip(os.sep)):]
+    return obj
+

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from odqa.common.artifact import fingerprint
+from odqa.common.artifact import fingerprint, portable_key
 from odqa.common.defaults import record_pipeline, write_record
 from odqa.common.io import InputError, read_json, write_json
 from odqa.common.paths import odqa_home
@@ -48,25 +48,29 @@ class Demo:
         self.stages_dir = self.out / "stages"
         self.speed = 1.0                     # this machine's time / the reference machine's
 
-    def keys(self, stages: list[Stage]) -> dict[str, dict]:
+    def keys(self, stages: list[Stage], legacy: bool = False) -> dict[str, dict]:
+        """Each stage's key: its settings, paths inside $ODQA_HOME written from "$ODQA_HOME/" (so that a
+        copied home's stages are done), and the key of the stage before. `legacy`: as keys were written
+        before 2026-11-29, with absolute paths, which a stage record of this home may still hold."""
         keys, previous = {}, None
         for s in stages:
-            keys[s.name] = {"settings": s.settings, "after": fingerprint(previous)}
+            keys[s.name] = {"settings": s.settings if legacy else portable_key(s.settings),
+                            "after": fingerprint(previous)}
             previous = keys[s.name]
         return keys
 
     def plan(self) -> str:
         """The stages, which are done, and the time estimate of the rest; runs nothing."""
         stages = self.recipe.stages()
-        keys = self.keys(stages)
-        self._show_plan(stages, [s.name for s in stages if not self._done(s, keys[s.name])])
+        keys, legacy = self.keys(stages), self.keys(stages, legacy=True)
+        self._show_plan(stages, [s.name for s in stages if not self._done(s, keys[s.name], legacy[s.name])])
         return ""
 
     def execute(self) -> str:
         stages = self.recipe.stages()
         self.stages_dir.mkdir(parents=True, exist_ok=True)
-        keys = self.keys(stages)
-        todo = [s.name for s in stages if not self._done(s, keys[s.name])]
+        keys, legacy = self.keys(stages), self.keys(stages, legacy=True)
+        todo = [s.name for s in stages if not self._done(s, keys[s.name], legacy[s.name], upgrade=True)]
         if todo and "data" not in todo:
             self.speed = machine_speed(self.recipe.encoder, self.recipe.corpus)
         if todo:
@@ -107,9 +111,17 @@ class Demo:
         record_pipeline(built, by=by, forget=forget, settings=settings)
         write_record(self.out / "pipeline.json", built, by, settings)
 
-    def _done(self, s: Stage, key: dict) -> bool:
+    def _done(self, s: Stage, key: dict, legacy: dict, upgrade: bool = False) -> bool:
+        """Whether `s` is done with `key` (or, in a record written before keys were portable, `legacy`,
+        which `upgrade` rewrites as `key`)."""
         marker = self.stages_dir / f"{s.name}.json"
-        return marker.exists() and _stage_record(marker)["key"] == key and all(o.exists() for o in s.outputs)
+        if not marker.exists() or not all(o.exists() for o in s.outputs):
+            return False
+        record = _stage_record(marker)
+        if record["key"] == legacy != key and upgrade:
+            write_json(marker, {**record, "key": key})
+            return True
+        return record["key"] in (key, legacy)
 
     def _run_stage(self, s: Stage, key: dict) -> dict:
         """Resume a stage interrupted with the same key; anything else starts from a clean slate."""

@@ -75,3 +75,42 @@ def test_writers_racing_to_publish_one_directory_each_publish_whole(tmp_path):
     files = sorted((tmp_path / "out").iterdir())
     assert len(files) == 20 and len({f.read_text() for f in files}) == 1      # one writer's, whole
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_key_naming_paths_in_the_home_is_reused_in_a_copy_of_it(tmp_path, monkeypatch):
+    """Keys record paths inside $ODQA_HOME from "$ODQA_HOME/": a copied home (`cp -a`) reuses its files and
+    indexes rather than making them again, and a key recorded with absolute paths in this home (before
+    keys were portable) is still this home's."""
+    import shutil
+
+    from odqa.common.artifact import cached_file, cached_key
+    home = tmp_path / "home"
+    monkeypatch.setenv("ODQA_HOME", str(home))
+    made = []
+
+    def make(path):
+        def write():
+            made.append(path)
+            path.write_text("x")
+        return write
+    (home / "corpus").mkdir(parents=True)
+    key = {"corpus": str(home / "corpus"), "k": [1, 2]}
+    cached_file(home / "run.json", key, make(home / "run.json"))
+    assert json.loads((home / "run.json.key.json").read_text())["corpus"] == "$ODQA_HOME/corpus"
+    with build_dir(home / "index", key) as (tmp, _):
+        (tmp / "vectors").write_text("v")
+
+    copy = tmp_path / "copy"
+    shutil.copytree(home, copy)
+    shutil.rmtree(home)
+    monkeypatch.setenv("ODQA_HOME", str(copy))
+    moved = {"corpus": str(copy / "corpus"), "k": [1, 2]}
+    assert cached_key(copy / "run.json", moved) is not None and current_manifest(copy / "index", moved)
+    cached_file(copy / "run.json", moved, make(copy / "run.json"))
+    assert made == [home / "run.json"]                          # reused, not made again
+    assert cached_key(copy / "run.json", {**moved, "corpus": str(tmp_path / "elsewhere")}) is None
+
+    legacy = copy / "legacy.json"        # a key written with the home's absolute path
+    legacy.write_text("y")
+    (copy / "legacy.json.key.json").write_text(json.dumps(moved))
+    assert cached_key(legacy, moved) is not None
