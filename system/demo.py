@@ -111,13 +111,15 @@ class Demo:
         record_pipeline(built, by=by, forget=forget, settings=settings)
         write_record(self.out / "pipeline.json", built, by, settings)
 
-    def _done(self, s: Stage, key: dict, legacy: dict, upgrade: bool = False) -> bool:
+    def _done(self, s: Stage, key: dict, legacy: dict | None = None, upgrade: bool = False) -> bool:
         """Whether `s` is done with `key` (or, in a record written before keys were portable, `legacy`,
         which `upgrade` rewrites as `key`)."""
         marker = self.stages_dir / f"{s.name}.json"
-        if not marker.exists() or not all(o.exists() for o in s.outputs):
+        if not marker.exists():
             return False
-        record = _stage_record(marker)
+        record, legacy = _stage_record(marker), legacy or key
+        if not all(o.exists() for o in s.outputs):
+            return False
         if record["key"] == legacy != key and upgrade:
             write_json(marker, {**record, "key": key})
             return True
