@@ -302,9 +302,12 @@ def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
     return problems
 
 
-def check_checksums(directory: str | os.PathLike, manifest: dict, what: str = "index") -> None:
-    """On opening an index: sizes of all its files and bytes of the smaller ones, as the manifest records."""
-    problems = verify_checksums(directory, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
+def check_checksums(directory: str | os.PathLike, manifest: dict, what: str = "index", state: str = "corrupt",
+                    record: str = "the manifest", advice: str = "rebuild it",
+                    hash_up_to: int | None = VERIFY_ON_OPEN_BYTES) -> None:
+    """On opening an index (or a checkpoint): sizes of all its files and bytes of those up to `hash_up_to`,
+    as its manifest's "files" record them; an InputError naming the first that differs."""
+    problems = verify_checksums(directory, manifest.get("files", {}), hash_up_to, record)
     if problems:
-        raise InputError(f"corrupt {what}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-                         + "; rebuild it")
+        raise InputError(f"{state} {what}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                         + f"; {advice}")

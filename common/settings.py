@@ -51,15 +51,23 @@ def range_error(rule: str, value, integer: bool | None = None) -> str | None:
     raise ValueError(f"unknown range rule {rule!r}")
 
 
+def writes_error(kind: str, path) -> str | None:
+    """What is wrong with `path` as the output of a field that writes a `kind` ("file" or "dir"): an
+    existing path of the other kind, as the flag's parser says it; None if nothing."""
+    if Path(path).exists() and Path(path).is_dir() != (kind == "dir"):
+        return (f"{path}: a {'file' if kind == 'dir' else 'directory'} is there; this writes a "
+                f"{'directory' if kind == 'dir' else 'file'} of that name: give another path, or remove it")
+    return None
+
+
 def check_ranges(settings) -> None:
     """Refuse a settings object whose field is outside its "range", or names an existing path of the
     other kind than the field "writes" (a file or a directory), naming the flag."""
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
-        kind = f.metadata.get("writes")
-        if kind and value is not None and Path(value).exists() and Path(value).is_dir() != (kind == "dir"):
-            raise InputError(f"{flag_of(f)} {value}: a {'file' if kind == 'dir' else 'directory'} is there; this "
-                             f"writes a {'directory' if kind == 'dir' else kind} of that name: give another path, or remove it")
+        said = f.metadata.get("writes") and value is not None and writes_error(f.metadata["writes"], value)
+        if said:
+            raise InputError(f"{flag_of(f)} {said}")
         if "range" in f.metadata and value is not None:
             for one in value if isinstance(value, (list, tuple)) else [value]:
                 said = range_error(f.metadata["range"], one, _counts(f))

@@ -73,8 +73,6 @@ def rows(spec: str | os.PathLike, default_split: str = "train") -> Iterator[tupl
         dataset = load_dataset(streaming=True, **kwargs)
         for i, row in enumerate(dataset, 1):
             yield i, row
-    except InputError:
-        raise
     except Exception as e:   # datasets raises many kinds: an unreachable hub, a missing split, a bad file
         raise InputError(f"{spec}: `datasets` could not read it ({type(e).__name__}: {str(e).strip()[:300]})") from None
 

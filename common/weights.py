@@ -14,15 +14,7 @@ from pathlib import Path
 
 import torch
 
-from odqa.common.io import (
-    VERIFY_ON_OPEN_BYTES,
-    InputError,
-    file_sha256,
-    loading,
-    read_json,
-    verify_checksums,
-    write_json,
-)
+from odqa.common.io import VERIFY_ON_OPEN_BYTES, InputError, check_checksums, file_sha256, loading, read_json, write_json
 
 SHOWN = 5   # keys named in an error, of each kind
 CHECKSUMS = "checksums.json"   # in every checkpoint odqa writes: {relative path: {"bytes", "sha256"}}
@@ -48,10 +40,8 @@ def check_sealed(directory: str | os.PathLike, what: str, whole: bool = False) -
     if not isinstance(recorded, dict) or not all(isinstance(v, dict) and {"bytes", "sha256"} <= set(v)
                                                  for v in recorded.values()):
         raise InputError(f"{directory / CHECKSUMS}: not a checksum record ({{path: {{bytes, sha256}}}})")
-    problems = verify_checksums(directory, recorded, None if whole else VERIFY_ON_OPEN_BYTES, record=CHECKSUMS)
-    if problems:
-        raise InputError(f"damaged {what}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
-                                                             else "") + "; restore it or train it again")
+    check_checksums(directory, {"files": recorded}, what, state="damaged", record=CHECKSUMS,
+                    advice="restore it or train it again", hash_up_to=None if whole else VERIFY_ON_OPEN_BYTES)
     return True
 
 

@@ -12,6 +12,7 @@ the phrase dump.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -254,7 +255,7 @@ def question_encoder_hash(path: str | os.PathLike) -> str:
     both sides in one file: each side's hash is its tensors'.)"""
     path = Path(path)
     if not is_phrase_checkpoint(path) and densephrases_layout(path):
-        return _tensors_hash(densephrases_state(path), ("query_start_encoder.", "query_end_encoder."))
+        return densephrases_hashes(path)[1]
     files = [f for part in ("q_start_lm", "q_end_lm") for f in sorted((path / part).rglob("*"))]
     return hash_files(path, files + [path / "question_heads.pt", path / CONFIG_FILE])
 
@@ -264,8 +265,23 @@ def phrase_encoder_hash(path: str | os.PathLike) -> str:
     built with; query-side fine-tuning leaves it unchanged."""
     path = Path(path)
     if not is_phrase_checkpoint(path) and densephrases_layout(path):
-        return _tensors_hash(densephrases_state(path), ("phrase_encoder.", "filter_linear."))
+        return densephrases_hashes(path)[0]
     return hash_files(path, sorted((path / "phrase_lm").rglob("*")) + [path / "phrase_heads.pt"])
+
+
+def densephrases_hashes(path: Path) -> tuple[str, str]:
+    """(phrase side's hash, question side's) of a DensePhrases checkpoint, both from one read of its
+    weights, and read again only when the file changes: a command asks for both, and the file is
+    gigabytes."""
+    stat = weight_file(path).stat()
+    return _densephrases_hashes(str(Path(path).resolve()), (stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _densephrases_hashes(path: str, stamp: tuple) -> tuple[str, str]:
+    state = densephrases_state(Path(path))
+    return (_tensors_hash(state, ("phrase_encoder.", "filter_linear.")),
+            _tensors_hash(state, ("query_start_encoder.", "query_end_encoder.")))
 
 
 def _tensors_hash(state: dict, prefixes: tuple[str, ...]) -> str:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from odqa.common.settings import flag_of, range_error, read_settings_file
+from odqa.common.settings import flag_of, range_error, read_settings_file, writes_error
 
 REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
 
@@ -93,11 +93,10 @@ def _writable(conv, kind: str):
     """An argparse type: a path that is not an existing path of the other kind (file or directory) than
     the field writes (common.settings.check_ranges says the same to a settings object)."""
     def parse(text: str):
-        value = conv(text)
-        if Path(text).exists() and Path(text).is_dir() != (kind == "dir"):
-            raise argparse.ArgumentTypeError(f"{text}: a {'file' if kind == 'dir' else 'directory'} is there; this "
-                                             f"writes a {'directory' if kind == 'dir' else kind} of that name: give another path, or remove it")
-        return value
+        said = writes_error(kind, text)
+        if said:
+            raise argparse.ArgumentTypeError(said)
+        return conv(text)
     parse.__name__ = conv.__name__
     return parse
 
