@@ -363,3 +363,16 @@ def test_the_report_and_its_plots_are_written_atomically(tmp_path, monkeypatch):
     write_report(records, tmp_path, curves={"d": {"phrase": [[True]]}}, max_k=1)
     assert {"report.json", "report.md", "em_by_k.png", "topk.png"} <= set(published)
     assert (tmp_path / "em_by_k.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pretraining_reports_to_tensorboard(t5, tmp_path):
+    """pretrain-reader is a trainer of the loop too: --report-to writes its event file."""
+    from odqa.common.corpus import build_corpus
+    from odqa.reader.args import PretrainArgs
+    from odqa.reader.pretrain import pretrain_reader
+    build_corpus([write_jsonl(tmp_path / "docs.jsonl", TINY_DOCS)], tmp_path / "corpus")
+    pretrain_reader(PretrainArgs(str(t5), str(tmp_path / "corpus"), input_length=32, validation_passages=2,
+                                 eval_batch_size=2),
+                    LoopArgs(out_dir=str(tmp_path / "pre"), backend="accelerate", batch_size=2, max_steps=4,
+                             eval_steps=2, save_steps=4, warmup_steps=1, log_steps=2, report_to="tensorboard"))
+    assert_reported(tmp_path / "pre", "neg_loss")
