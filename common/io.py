@@ -66,6 +66,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     publish(tmp, path)
 
 
+PUBLISH_TRIES = 20
+RACED = (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST)
+
+
 def publish(tmp: Path, path: Path) -> None:
     """Rename a finished `tmp` (file or directory) onto `path`. Writers racing to publish the same path
     each publish whole and the last one wins: a directory is moved aside before the new one goes in
@@ -76,18 +80,13 @@ def publish(tmp: Path, path: Path) -> None:
         try:
             _publish_once(tmp, path, old)
             return
-        except FileNotFoundError as e:   # `path`, seen a moment ago, was moved aside by another writer
-            if not tmp.exists():
-                raise
-            log.info("publishing %s raced another writer (%s); trying again", path, e.strerror)
         except OSError as e:
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not tmp.exists():
+            # ENOENT: `path`, seen a moment ago, was moved aside by another writer; ENOTEMPTY/EEXIST: another
+            # writer's directory went in between our look and our move
+            if e.errno not in RACED or not tmp.exists():
                 raise
             log.info("publishing %s raced another writer (%s); trying again", path, e.strerror)
     _publish_once(tmp, path, old)
-
-
-PUBLISH_TRIES = 20
 
 
 def _publish_once(tmp: Path, path: Path, old: Path) -> None:

@@ -128,14 +128,10 @@ class DenseIndex:
         out = cls.index_dir(corpus_dir, side)
         key = {"corpus": corpus_info(corpus_dir)["fingerprint"], "encoder": str(side),
                **({"pooling": "cls"} if passage_encoder else {})}
-        if passage_encoder:
-            enc = DPREncoder(str(encoder), "question")
-            if not current_manifest(out, key):
-                cls._build(DPREncoder(str(passage_encoder), "passage"), corpus_dir, out, key, batch_size, add_chunk)
-        else:
-            enc = MeanPoolEncoder(str(encoder))
-            if not current_manifest(out, key):
-                cls._build(enc, corpus_dir, out, key, batch_size, add_chunk)
+        enc = DPREncoder(str(encoder), "question") if passage_encoder else MeanPoolEncoder(str(encoder))
+        if not current_manifest(out, key):
+            passages = DPREncoder(str(passage_encoder), "passage") if passage_encoder else enc
+            cls._build(passages, corpus_dir, out, key, batch_size, add_chunk)
         with loading(out / "passages.faiss", "the dense index"):
             index = faiss.read_index(str(out / "passages.faiss"))
         if index.d != enc.dim:
