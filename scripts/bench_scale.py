@@ -2,6 +2,7 @@
 time, peak RSS and disk, fitted in N and extrapolated to DPR's 21M passages.
 
     python scripts/bench_scale.py [--sizes 10000 100000 300000] [--out /tmp/bench-scale] [--json results.json]
+        [--stages STAGE ...] [--repeat N]
 
 The corpus is synthetic: passages of the real passages' lengths, their words drawn from the real
 passages' words (the data pack's Wikipedia, `odqa data fetch`), three passages a document, written as
@@ -183,7 +184,28 @@ def time_search(index: Path, dense: Path, n_q: int) -> dict:
 
 # --- the rehearsal ------------------------------------------------------------------------------
 
-def rehearse(root: Path, n: int, words, lengths, models: dict, n_questions: int, only: set[str] | None = None) -> dict:
+def timed_split(rows: dict, stage: str, ranks: tuple[int, ...], run, repeat: int) -> None:
+    """`run(r)` (the stage under r ranks, its output removed first) for each r in `ranks`, as rows
+    "STAGE xR". Under `repeat` > 1 the 1-rank and 2-rank runs alternate, so that each pair shares the
+    shared machine's conditions of the moment: a row's seconds are the median of its runs, its peak RSS
+    the largest, and `runs` keeps every run's seconds."""
+    runs: dict[int, list[dict]] = {r: [] for r in ranks}
+    for _ in range(repeat if len(ranks) > 1 else 1):
+        for r in ranks:
+            runs[r].append(run(r))
+    for r, done in runs.items():
+        rows[f"{stage} x{r}"] = {**done[-1], "seconds": float(np.median([d["seconds"] for d in done])),
+                                 "rss_mb": max(d["rss_mb"] for d in done), "runs": [d["seconds"] for d in done]}
+
+
+def split_ratio(stages: dict, stage: str) -> tuple[float, list[float]]:
+    """2 ranks' time over 1 rank's: the median of the alternating pairs' ratios, and the ratios."""
+    one, two = stages[f"{stage} x1"], stages[f"{stage} x2"]
+    pairs = [b / a for a, b in zip(one.get("runs", [one["seconds"]]), two.get("runs", [two["seconds"]]))]
+    return float(np.median(pairs)), pairs
+
+def rehearse(root: Path, n: int, words, lengths, models: dict, n_questions: int, only: set[str] | None = None,
+             repeat: int = 1) -> dict:
     """Every stage, or the split stages in `only` under 1 and 2 ranks and what they need under 2."""
     root.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict] = {}
@@ -194,35 +216,50 @@ def rehearse(root: Path, n: int, words, lengths, models: dict, n_questions: int,
     write_questions(questions, n_questions, words)
     rows["corpus build"] = {**measure(odqa("corpus", "build", "--input", str(source), "--out", str(corpus))),
                             "disk_mb": disk_mb(corpus)}
-    for r in ranks("dump-phrases"):
-        dump = root / f"dump{r}"
-        rows[f"dump-phrases x{r}"] = {**measure(odqa("dump-phrases", "--model", str(models["phrase"]), "--corpus",
-                                                     str(corpus), "--out", str(dump), ranks=r)), "disk_mb": disk_mb(dump)}
+    split = lambda stage, run: timed_split(rows, stage, ranks(stage), run, repeat)   # noqa: E731
+
+    def dump_phrases(r):
+        shutil.rmtree(root / f"dump{r}", ignore_errors=True)
+        return {**measure(odqa("dump-phrases", "--model", str(models["phrase"]), "--corpus", str(corpus),
+                               "--out", str(root / f"dump{r}"), ranks=r)), "disk_mb": disk_mb(root / f"dump{r}")}
+    split("dump-phrases", dump_phrases)
     put_filter(root / "dump2", corpus, models)
     shutil.rmtree(root / "dump1", ignore_errors=True)   # the two dumps build the same index; one is enough on disk
     dump = root / "dump2"
-    for r in ranks("build-index"):
-        rows[f"build-index x{r}"] = {**measure(odqa("build-index", "--dump", str(dump), "--corpus", str(corpus),
-                                                    "--keep", "0.2", "--out", str(root / f"index{r}"), ranks=r)),
-                                     "disk_mb": disk_mb(root / f"index{r}")}
+
+    def build(r):
+        shutil.rmtree(root / f"index{r}", ignore_errors=True)
+        return {**measure(odqa("build-index", "--dump", str(dump), "--corpus", str(corpus), "--keep", "0.2",
+                               "--out", str(root / f"index{r}"), ranks=r)), "disk_mb": disk_mb(root / f"index{r}")}
+    split("build-index", build)
     index = root / "index2"
     phrase = ("--index", str(index), "--model", str(models["phrase"]), "--corpus", str(corpus))
-    for r in ranks("retrieve phrase") if timed("retrieve phrase") or timed("read") else ():
+
+    def retrieve_phrase(r):
         out = root / f"phrase{r}.json"
-        rows[f"retrieve phrase x{r}"] = {**measure(odqa("retrieve", "--retriever", "phrase", *phrase, "--questions",
-                                                        str(questions), "--k", "10", "--batch-size", "16",
-                                                        "--out", str(out), ranks=r)), "disk_mb": disk_mb(out)}
-    for r in (1, 2) if timed("retrieve dense") else ():
+        out.unlink(missing_ok=True)
+        return {**measure(odqa("retrieve", "--retriever", "phrase", *phrase, "--questions", str(questions), "--k", "10",
+                               "--batch-size", "16", "--out", str(out), ranks=r)), "disk_mb": disk_mb(out)}
+    if timed("retrieve phrase") or timed("read"):
+        split("retrieve phrase", retrieve_phrase)
+
+    def retrieve_dense(r):
         shutil.rmtree(corpus / "dense-bert", ignore_errors=True)   # each run encodes the corpus
         out = root / f"dense{r}.json"
-        rows[f"retrieve dense x{r}"] = {**measure(odqa("retrieve", "--retriever", "dense", "--model", str(models["bert"]),
-                                                       "--corpus", str(corpus), "--questions", str(questions),
-                                                       "--k", "10", "--out", str(out), ranks=r)),
-                                        "disk_mb": disk_mb(corpus / "dense-bert")}
-    for r in (1, 2) if timed("read") else ():
+        out.unlink(missing_ok=True)
+        return {**measure(odqa("retrieve", "--retriever", "dense", "--model", str(models["bert"]), "--corpus",
+                               str(corpus), "--questions", str(questions), "--k", "10", "--out", str(out), ranks=r)),
+                "disk_mb": disk_mb(corpus / "dense-bert")}
+    if timed("retrieve dense"):
+        split("retrieve dense", retrieve_dense)
+
+    def read(r):
         out = root / f"pred{r}.jsonl"
-        rows[f"read x{r}"] = {**measure(odqa("read", "--model", str(models["reader"]), "--input", str(root / "phrase2.json"),
-                                             "--k", "5", "--out", str(out), ranks=r)), "disk_mb": disk_mb(out)}
+        out.unlink(missing_ok=True)
+        return {**measure(odqa("read", "--model", str(models["reader"]), "--input", str(root / "phrase2.json"),
+                               "--k", "5", "--out", str(out), ranks=r)), "disk_mb": disk_mb(out)}
+    if timed("read"):
+        split("read", read)
     if only is not None:   # run, serve and search come with every stage only
         return {"passages": n, "stages": rows}
     rows["run x2"] = {**measure(odqa("run", *phrase, "--reader", str(models["reader"]), "--questions", str(questions),
@@ -314,8 +351,10 @@ def report(results: list[dict], fits: dict) -> str:
     lines += ["", "| split stage | " + " | ".join(f"{r['passages']:,}: 2 ranks / 1 rank" for r in results) + " |",
               "|---|" + "---:|" * len(results)]
     for stage in (s for s in SPLIT if f"{s} x1" in results[0]["stages"]):
+        ratios = [split_ratio(r["stages"], stage) for r in results]
         lines.append(f"| {stage} | " + " | ".join(
-            f"{r['stages'][f'{stage} x2']['seconds'] / r['stages'][f'{stage} x1']['seconds']:.2f}x" for r in results) + " |")
+            f"{median:.2f}x" + (f" ({', '.join(f'{x:.2f}' for x in pairs)})" if len(pairs) > 1 else "")
+            for median, pairs in ratios) + " |")
     if "search" not in fits:
         return "\n".join(lines)
     lines += ["", "| passages | index vectors | phrase search ms/question | dense Flat | dense IVF | phrase / Flat q/s | "
@@ -354,6 +393,9 @@ def main() -> int:
     p.add_argument("--questions", type=int, default=256, help="questions a size (default 256)")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-scale"), help="scratch directory (removed after)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run each timed split stage this many times under 1 and 2 ranks, alternating, and report "
+                        "the median (default 1)")
     p.add_argument("--stages", nargs="+", default=None, choices=SPLIT,
                    help="time only these split stages, under 1 and 2 ranks, running what they need under 2; "
                         "default: every stage, run, serve and search included")
@@ -380,7 +422,7 @@ def main() -> int:
     try:
         for n in args.sizes:
             results.append(rehearse(args.out / str(n), n, words, lengths, models, args.questions,
-                                    set(args.stages) if args.stages else None))
+                                    set(args.stages) if args.stages else None, args.repeat))
             print(f"{n:,} passages done", file=sys.stderr)
             shutil.rmtree(args.out / str(n))
     finally:
