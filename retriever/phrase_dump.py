@@ -93,7 +93,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
         path = out / f"chunk-{i:05d}.npz"
         if path.exists():
             continue
-        parts = {key: [] for key in DUMP_FIELDS}
+        parts = {key: [] for key in DUMP_FIELDS if not (key == "end" and model.shared_sides)}
         for b in range(0, len(chunk), batch_size):
             batch_rows = chunk[b:b + batch_size]
             passages = [store[int(r)] for r in batch_rows]
@@ -105,7 +105,8 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
             keep = kept_tokens(enc.candidate.to(device), filt, threshold)
             bi, ti = keep.nonzero(as_tuple=True)   # row-major: a passage's tokens stay together, in order
             parts["start"].append(start[bi, ti].half().cpu().numpy())
-            parts["end"].append(end[bi, ti].half().cpu().numpy())
+            if not model.shared_sides:   # else end is start, stored once (as DensePhrases' dumps hold it)
+                parts["end"].append(end[bi, ti].half().cpu().numpy())
             parts["filter"].append(filt[bi, ti].max(-1).values.half().cpu().numpy())
             bi, ti = bi.cpu(), ti.cpu()
             parts["passage_row"].append(np.asarray(batch_rows)[bi.numpy()].astype(np.int64))
@@ -125,7 +126,7 @@ def dump_phrases(model_dir: str | os.PathLike, corpus_dir: str | os.PathLike, du
     total_vectors = sum(int(np.load(out / f"chunk-{i:05d}.npz")["token"].shape[0]) for i in chunks)
     summary = {**settings, "passages": len(order), "chunks": len(chunks), "vectors": total_vectors,
                "vectors_per_passage": total_vectors / max(len(order), 1), "dim": model.dim,
-               "max_span_len": cfg.max_span_len, "title_path": cfg.title_path}
+               "max_span_len": cfg.max_span_len, "title_path": cfg.title_path, "shared_sides": model.shared_sides}
     write_json(out / "done.json", summary)
     log.info("%s: %d vectors for %d passages (%.1f per passage)", out, total_vectors, len(order),
              summary["vectors_per_passage"])
@@ -165,10 +166,14 @@ def dump_chunks(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike) -> t
 
 
 def read_chunk(path: Path, fields=DUMP_FIELDS) -> dict[str, np.ndarray]:
-    """Some fields of one dump chunk (an npz reads only the arrays asked for)."""
+    """Some fields of one dump chunk (an npz reads only the arrays asked for). A model whose start and
+    end vectors are one stores only start: its end is the same array."""
     with np.load(path) as z:
-        # a dump made before title phrases has no in_title: text tokens only
-        return {k: z[k] if k != "in_title" or k in z.files else np.zeros(len(z["token"]), bool) for k in fields}
+        def field(k):
+            if k == "in_title" and k not in z.files:   # a dump made before title phrases: text tokens only
+                return np.zeros(len(z["token"]), bool)
+            return z["start" if k == "end" and k not in z.files else k]
+        return {k: field(k) for k in fields}
 
 
 def read_dump(dump_dir: str | os.PathLike, corpus_dir: str | os.PathLike, rows: np.ndarray | None = None

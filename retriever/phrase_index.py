@@ -45,6 +45,7 @@ from odqa.retriever.phrase_filter import chunk_scores, filter_dir, fitted_filter
 
 log = logging.getLogger(__name__)
 MANIFEST_VERSION = 3   # 3: IVF-PQ codes beside the .faiss files, not inside them (2 still opens)
+SIDES = ("start", "end")
 
 
 def default_factory(n_vectors: int, dim: int) -> str:
@@ -93,6 +94,9 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
     ids, meta, counts = _placed(chunks, kept, n_pass)
     n_vec = len(meta["token"])
     factory = factory or default_factory(n_vec, dim)
+    # A model whose start and end vectors are one (DensePhrases' "full" head) dumps one side: it is
+    # indexed once and searched by both the start and the end query.
+    sides = ("start",) if first.get("shared_sides") else SIDES
 
     key = {"corpus": first["fingerprint"], "encoder_hash": first["encoder_hash"], "factory": factory, "keep": keep,
            "filter_threshold": threshold, "train_size": train_size, "seed": seed,
@@ -110,7 +114,7 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
         ranks.barrier()   # before any rank writes its trained side there
     with build_dir(out_dir, key) if ranks.main else contextlib.nullcontext((None, None)) as (tmp, manifest):
         work = shared or tmp
-        indexes = {side: faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT) for side in ("start", "end")}
+        indexes = {side: faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT) for side in sides}
         for index in indexes.values():
             ivf = faiss.try_extract_index_ivf(index)
             if isinstance(faiss.downcast_index(ivf) if ivf is not None else None, faiss.IndexIVFPQ):
@@ -157,7 +161,7 @@ def build_index(dump_dir: str | os.PathLike, out_dir: str | os.PathLike, corpus_
             manifest.update(version=MANIFEST_VERSION, encoder_hash=first["encoder_hash"], factory=factory, keep=keep,
                             filter_threshold=threshold, vectors=int(n_vec), passages=int(n_pass), dim=int(dim),
                             max_span_len=first["max_span_len"], fingerprint=first["fingerprint"],
-                            vectors_per_passage=n_vec / max(n_pass, 1), bytes=sizes,
+                            vectors_per_passage=n_vec / max(n_pass, 1), sides=list(sides), bytes=sizes,
                             bytes_per_passage=sum(sizes.values()) / max(n_pass, 1))
     if shared is not None:
         ranks.barrier()   # the index is in place before any rank goes on
@@ -193,7 +197,7 @@ def _encode_codes(indexes: dict, chunks: list[Path], kept: list, ids: list, n_ve
     codes = {side: np.load(work / f"{side}.codes.npy", mmap_mode="r+") for side in indexes}
     lists = {side: np.load(work / f"{side}.lists.npy", mmap_mode="r+") for side in indexes}
     mine = slice(ranks.rank, None, ranks.world)
-    for side, x, at in _kept_batches(chunks[mine], kept[mine], ids[mine], add_chunk):
+    for side, x, at in _kept_batches(chunks[mine], kept[mine], ids[mine], add_chunk, tuple(indexes)):
         lists[side][at], codes[side][at] = IVFPQCodes.encode(indexes[side], x)
     for side in indexes:
         codes[side].flush()
@@ -206,10 +210,10 @@ def _fill_in_faiss(indexes: dict, chunks, kept, ids, n_vec: int, dim: int, add_c
     """Any index but an 8-bit IVF-PQ: an IVF filled chunk by chunk under each vector's id, any other (Flat,
     HNSW) in id order from the kept vectors gathered first."""
     if all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
-        for side, x, at in _kept_batches(chunks, kept, ids, add_chunk):
+        for side, x, at in _kept_batches(chunks, kept, ids, add_chunk, tuple(indexes)):
             indexes[side].add_with_ids(x, at.astype(np.int64))
     else:
-        every = _gathered(chunks, kept, ids, np.arange(n_vec), dim, "gather", np.float16)
+        every = _gathered(chunks, kept, ids, np.arange(n_vec), dim, "gather", np.float16, tuple(indexes))
         for side, index in indexes.items():
             for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
                 index.add(every[side][a:a + add_chunk].astype(np.float32))
@@ -271,20 +275,20 @@ def _placed(chunks: list[Path], kept: list[np.ndarray], n_pass: int
     return ids, meta, counts
 
 
-def _kept_batches(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], size: int
+def _kept_batches(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], size: int, sides=SIDES
                   ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    """(side, float32 vectors, their ids) of every kept vector, a dump chunk and `size` vectors at a time,
-    the start side before the end side in each chunk."""
+    """(side, float32 vectors, their ids) of every kept vector of `sides`, a dump chunk and `size`
+    vectors at a time, the start side before the end side in each chunk."""
     for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
-        vectors = read_chunk(c, ("start", "end"))
-        for side in ("start", "end"):
+        vectors = read_chunk(c, sides)
+        for side in sides:
             x = vectors[side][kept[i]]
             for a in range(0, len(x), size):
                 yield side, x[a:a + size].astype(np.float32), ids[i][a:a + size]
 
 
 def _gathered(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], want: np.ndarray, dim: int,
-              desc: str, dtype=np.float32, sides=("start", "end")) -> dict[str, np.ndarray]:
+              desc: str, dtype=np.float32, sides=SIDES) -> dict[str, np.ndarray]:
     """The start and end vectors (or the `sides` named) of the ids `want`, in that order."""
     out = {side: np.empty((len(want), dim), dtype) for side in sides}
     order = np.argsort(want, kind="stable")
@@ -330,8 +334,13 @@ class PhraseIndex:
             log.warning("%s has no checksums (built before they were recorded): rebuild it to have its files "
                         "checked on opening", self.dir)
         n, dim = self.manifest["vectors"], self.manifest["dim"]
+        stored = tuple(self.manifest.get("sides", SIDES))
+        if not stored or set(stored) - set(SIDES):
+            raise InputError(f"{manifest_path}: sides {stored} are not the start and end sides")
+        # the side each query searches: its own, or the one side of a model whose two are one
+        self._side = {side: side if side in stored else stored[0] for side in SIDES}
         self._faiss, self._codes, self._from_codes = {}, {}, set()
-        for side in ("start", "end"):
+        for side in stored:
             with loading(self.dir / f"{side}.faiss", "a faiss index"):
                 self._faiss[side] = faiss.read_index(str(self.dir / f"{side}.faiss"))
             if (self.dir / f"{side}.codes.npy").exists():
@@ -369,6 +378,7 @@ class PhraseIndex:
         the metadata and one batch's work, and every process on a node shares the codes through the
         page cache. With GPUs, the index is split across all of them (`_on_gpus`). Any other index
         (Flat, an IVF of another kind) is searched by faiss, from the lists it holds."""
+        side = self._side[side]
         if self._gpu:
             with self._searchable_lock:
                 if side not in self._searchable:
@@ -407,7 +417,7 @@ class PhraseIndex:
     def vectors(self, side: str, ids) -> np.ndarray:
         """Vectors as the index holds them: exact for Flat, decoded from the codes for SQ/PQ, so scores and
         query-side fine-tuning see what search sees (quantisation-aware)."""
-        ids = np.asarray(ids, dtype=np.int64)
+        ids, side = np.asarray(ids, dtype=np.int64), self._side[side]
         if not len(ids):
             return np.zeros((0, self.manifest["dim"]), np.float32)
         codes = self._codes.get(side)
@@ -416,6 +426,7 @@ class PhraseIndex:
     def scores(self, side: str, ids, q: np.ndarray) -> np.ndarray:
         """q . vector for each id, as `vectors(ids) @ q` but, for IVF-PQ, from the codes through lookup
         tables (asymmetric distance computation) without decoding a vector."""
+        side = self._side[side]
         codes = self._codes.get(side)
         if codes is None or not len(ids):
             return self.vectors(side, ids) @ q

@@ -79,6 +79,11 @@ class DensePhraseModel(nn.Module):
         self.filter_head = nn.Linear(d, 2)
         self.densephrases = False   # loaded from a DensePhrases checkpoint, and saved as one
 
+    @property
+    def shared_sides(self) -> bool:
+        """Whether a token's start and end vectors are one vector (head "full"): dumped and indexed once."""
+        return self.config.head == "full"
+
     def _split(self, h: torch.Tensor, start_head: str, end_head: str) -> tuple[torch.Tensor, torch.Tensor]:
         if self.config.head == "split":
             return h[..., : self.dim], h[..., self.dim:]

@@ -32,6 +32,31 @@ def test_whole_index_search_finds_what_faiss_finds_in_its_own_lists(tmp_path, fa
         assert np.allclose(scores[0], ix.scores("start", ids[0], q[0]), rtol=1e-4, atol=1e-4)
 
 
+def test_an_index_of_shared_sides_holds_one_and_searches_it_for_both(tmp_path):
+    """A dump whose start and end are one vector (DensePhrases' models) is indexed once: the end query
+    searches the start side's codes, as an index holding both copies would answer."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    dump, corpus = synthetic_dump(tmp_path / "one", 800, 10, 32, shared_sides=True)
+    twin, _ = synthetic_dump(tmp_path / "two", 800, 10, 32)
+    for chunk in (twin / "shard-001-of-001").glob("chunk-*.npz"):   # the same vectors, both copies stored
+        arrays = dict(np.load(dump / "shard-001-of-001" / chunk.name))
+        np.savez(chunk, **arrays, end=arrays["start"])
+    build_index(dump, tmp_path / "index", corpus, factory="IVF32,PQ8", train_size=8000)
+    build_index(twin, tmp_path / "index2", tmp_path / "two" / "corpus", factory="IVF32,PQ8", train_size=8000)
+    files = {p.name for p in (tmp_path / "index").iterdir()}
+    assert "start.codes.npy" in files and not any(name.startswith("end.") for name in files)
+    one, two = PhraseIndex(tmp_path / "index"), PhraseIndex(tmp_path / "index2")
+    assert one.manifest["sides"] == ["start"] and two.manifest["sides"] == ["start", "end"]
+    q = np.random.default_rng(1).standard_normal((20, 32), dtype=np.float32)
+    for side in ("start", "end"):
+        scores, ids = one.search(side, q, 10)
+        ref_scores, ref_ids = two.search(side, q, 10)
+        assert (ids == ref_ids).all() and np.allclose(scores, ref_scores, rtol=1e-5, atol=1e-5)
+        assert np.allclose(one.scores(side, ids[0], q[0]), scores[0], rtol=1e-4, atol=1e-4)
+        assert np.array_equal(one.vectors(side, ids[0]), two.vectors(side, ids[0]))
+
+
 CHILD = """
 import sys
 import numpy as np

@@ -182,6 +182,44 @@ def test_every_phrase_command_runs_on_a_densephrases_checkpoint(bert, tmp_path, 
     assert reply.status_code == 200 and reply.json()["extractive"]["text"]
 
 
+def test_a_densephrases_dump_and_index_hold_each_vector_once(bert, tmp_path):
+    """Its start and end vectors are one: the dump stores one array, the index one side that both
+    questions' vectors search, and retrieval is what an index of both copies gives."""
+    import numpy as np
+    from tiny_data import TINY_DOCS
+
+    from odqa.common.corpus import build_corpus
+    from odqa.system.cli import main
+    path, _, _ = densephrases_checkpoint(tmp_path / "dp", bert)
+    corpus = tmp_path / "corpus"
+    build_corpus([write_jsonl(tmp_path / "docs.jsonl", TINY_DOCS)], corpus)
+    questions = write_jsonl(tmp_path / "q.jsonl", TINY_QUESTIONS)
+    c = ["--corpus", str(corpus)]
+    assert main(["-q", "dump-phrases", "--model", str(path), "--out", str(tmp_path / "dump"), "--threshold=-1e8",
+                 *c]) == 0
+    shard = next((tmp_path / "dump").glob("shard-*"))
+    assert json.loads((shard / "done.json").read_text())["shared_sides"] is True
+    chunks = sorted(shard.glob("chunk-*.npz"))
+    assert chunks and all("end" not in np.load(chunk).files for chunk in chunks)
+    # the same dump with both copies written, as a model of two sides dumps them
+    twin = tmp_path / "twin" / shard.name
+    twin.mkdir(parents=True)
+    (twin / "settings.json").write_text((shard / "settings.json").read_text())
+    (twin / "done.json").write_text(json.dumps({**json.loads((shard / "done.json").read_text()), "shared_sides": False}))
+    for chunk in chunks:
+        arrays = dict(np.load(chunk))
+        with open(twin / chunk.name, "wb") as f:
+            np.savez(f, **arrays, end=arrays["start"])
+    for dump, out in ((tmp_path / "dump", "index"), (tmp_path / "twin", "index2")):
+        assert main(["-q", "build-index", "--dump", str(dump), "--out", str(tmp_path / out), "--keep", "1", *c]) == 0
+        assert main(["-q", "retrieve", "--retriever", "phrase", "--model", str(path), "--index", str(tmp_path / out),
+                     *c, "--questions", str(questions), "--k", "3", "--out", str(tmp_path / f"{out}.json")]) == 0
+    once, twice = (json.loads((tmp_path / f"{out}/manifest.json").read_text()) for out in ("index", "index2"))
+    assert once["sides"] == ["start"] and twice["sides"] == ["start", "end"]
+    assert not (tmp_path / "index" / "end.faiss").exists() and once["bytes_per_passage"] < twice["bytes_per_passage"]
+    assert json.loads((tmp_path / "index.json").read_text()) == json.loads((tmp_path / "index2.json").read_text())
+
+
 def dpr_pair(root, bert):
     from transformers import (
         DPRConfig,

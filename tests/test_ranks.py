@@ -129,17 +129,20 @@ def test_the_dense_baseline_encodes_the_corpus_split_by_rank_into_the_same_index
     assert not list((tmp_path / "corpus2").glob(".*"))    # no parts or vectors left behind
 
 
-def test_build_index_under_two_ranks_writes_the_codes_one_process_writes(tmp_path):
-    """Rank 0 trains the quantisers; each rank encodes every other chunk into the codes and lists files,
-    at its vectors' ids: every file of the index is the one a single process writes."""
-    dump, corpus = synthetic_dump(tmp_path, 600, 10, 32, chunks=4)
+@pytest.mark.parametrize("shared_sides", [False, True])
+def test_build_index_under_two_ranks_writes_the_codes_one_process_writes(tmp_path, shared_sides):
+    """Rank 0 trains the start side's quantisers and rank 1 the end side's (nothing, when the two are one);
+    each rank encodes every other chunk into the codes and lists files, at its vectors' ids: every file
+    of the index is the one a single process writes."""
+    dump, corpus = synthetic_dump(tmp_path, 600, 10, 32, chunks=4, shared_sides=shared_sides)
     args = ["build-index", "--dump", str(dump), "--corpus", str(corpus), "--keep", "1", "--factory", "OPQ8,IVF16,PQ8"]
     # one process under the same launcher: one thread, as each rank has (faiss's k-means sums in the
     # order its threads give)
     torchrun([*args, "--out", str(tmp_path / "one")], nproc=1)
     torchrun([*args, "--out", str(tmp_path / "two")], nproc=2)
     files = sorted(p.name for p in (tmp_path / "one").iterdir())
-    assert {"start.codes.npy", "start.lists.npy", "start.order.npy", "end.codes.npy"} <= set(files)
+    assert {"start.codes.npy", "start.lists.npy", "start.order.npy"} <= set(files)
+    assert ("end.codes.npy" in files) is not shared_sides
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == files
     for name in files:
         if name != "manifest.json":

@@ -57,10 +57,11 @@ def code_world(n: int, k: int, seed: int) -> list[dict]:
     return out
 
 
-def synthetic_dump(root: Path, passages: int, tokens: int, dim: int, seed: int = 0, chunks: int = 1
-                   ) -> tuple[Path, Path]:
+def synthetic_dump(root: Path, passages: int, tokens: int, dim: int, seed: int = 0, chunks: int = 1,
+                   shared_sides: bool = False) -> tuple[Path, Path]:
     """A corpus of `passages` and a complete dump of `tokens` random vectors a passage, in `chunks`
-    chunk files: what build-index reads, without a model."""
+    chunk files: what build-index reads, without a model. `shared_sides`: one vector a token, as a
+    model whose start and end are one dumps it (only "start" stored)."""
     import numpy as np
 
     from odqa.common.corpus import build_corpus, corpus_info
@@ -79,7 +80,7 @@ def synthetic_dump(root: Path, passages: int, tokens: int, dim: int, seed: int =
     # clustered, as phrase vectors are: an IVF's lists are then uneven, as they are in a real index
     centres = rng.standard_normal((64, dim), dtype=np.float32)
     vectors = {side: (centres[rng.integers(0, 64, m)] + 0.5 * rng.standard_normal((m, dim), dtype=np.float32)
-                      ).astype(np.float16) for side in ("start", "end")}
+                      ).astype(np.float16) for side in (("start",) if shared_sides else ("start", "end"))}
     columns = {**vectors, "passage_row": rows.astype(np.int64),
                "token": np.tile(np.arange(1, tokens + 1, dtype=np.int32), passages), "char_start": np.zeros(m, np.int32),
                "char_end": np.ones(m, np.int32), "filter": np.zeros(m, np.float16), "in_title": np.zeros(m, bool)}
@@ -87,6 +88,6 @@ def synthetic_dump(root: Path, passages: int, tokens: int, dim: int, seed: int =
         at = slice(part[0] * tokens, (part[-1] + 1) * tokens)
         np.savez(shard / f"chunk-{c:05d}.npz", **{k: v[at] for k, v in columns.items()})
     summary.update(passages=passages, chunks=chunks, vectors=m, vectors_per_passage=tokens, dim=dim, max_span_len=20,
-                   title_path=False)
+                   title_path=False, shared_sides=shared_sides)
     (shard / "done.json").write_text(json.dumps(summary))
     return root / "dump", corpus
