@@ -33,7 +33,8 @@ def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim
     for side in index._faiss.values():
         for a in range(0, n_vec, 1_000_000):
             side.add(rng.standard_normal((min(1_000_000, n_vec - a), dim), dtype=np.float32))
-    index._codes, index._unfilled, index._gpu = {}, set(), False
+    index._codes, index._from_codes, index._gpu = {}, set(), False
+    index._side = {"start": "start", "end": "end"}
     index._searchable, index._searchable_lock, index._gpu_resources = dict(index._faiss), threading.Lock(), None
     index.max_span_len = 20
     index.manifest = {"vectors": n_vec, "dim": dim, "max_span_len": 20}
