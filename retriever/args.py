@@ -24,6 +24,7 @@ from odqa.common.settings import (
     listed,
     required,
 )
+from odqa.common.tracking import REPORT_TO
 
 DEFAULT_KEEP = 0.2   # the share of tokens `odqa build-index` and the demo index, by the phrase filter
 # The pipeline's longest answer phrase, in word pieces. The index keeps L = 20 (DensePhrases'), but
@@ -262,6 +263,9 @@ class FilterArgs(Settings):
                                              "supervision's validation.jsonl)")
     hidden: int = arg(256, "MLP hidden size", range="positive")
     epochs: int = arg(8, "passes over the training tokens", range="positive")
+    report_to: str = arg("none", "also log the loss every 10 steps and the calibration table's answer recall to: "
+                                 "tensorboard, wandb or mlflow (accelerate's trackers; local files under OUT/runs), "
+                                 "all (those installed), or none", choices=list(REPORT_TO))
     out: Path | None = arg(None, "filter directory (default: DUMP/filter)", writes="dir")
     corpus: Path | None = arg(None, CORPUS_HELP)
 

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, atomic_path, loading, read_json, write_json
 from odqa.common.metrics.has_answer import answer_spans
+from odqa.common.tracking import Trackers
 from odqa.retriever.phrase_data import passage_title
 from odqa.retriever.phrase_dump import dump_chunks, read_chunk, read_dump
 from odqa.retriever.phrase_train import load_examples
@@ -128,13 +129,38 @@ def answer_recall(keep: np.ndarray, spans: list) -> float:
 
 def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, validation_file: str | os.PathLike,
                  corpus_dir: str | os.PathLike, hidden: int = 256, epochs: int = 8, batch_size: int = 4096,
-                 lr: float = 1e-3, seed: int = 0, out: str | os.PathLike | None = None) -> dict:
+                 lr: float = 1e-3, seed: int = 0, out: str | os.PathLike | None = None, report_to: str = "none",
+                 log_steps: int = 10) -> dict:
+    """Fit the filter on the supervision passages' tokens, score the whole dump with it, and write OUT
+    (default DUMP/filter): the weights, every token's score and the calibration table. `report_to`:
+    the loss every `log_steps` and each share's answer recall to accelerate's trackers (OUT/runs)."""
     out = Path(out) if out else filter_dir(dump_dir)
     train_examples, val_examples = load_examples(str(train_file)), load_examples(str(validation_file))
     # Only the supervision passages' tokens are read whole: a large corpus's dump does not fit in memory.
     places = passage_places(corpus_dir, {ex.get("passage_id") for ex in train_examples + val_examples})
     arrays, summary = read_dump(dump_dir, corpus_dir, rows=np.array(sorted(
         {places[0][ex["passage_id"]] for ex in train_examples + val_examples if ex.get("passage_id") in places[0]})))
+    with atomic_path(out) as tmp:   # the trackers' files too: the directory appears whole, or not at all
+        tmp.mkdir()
+        trackers = Trackers(report_to, tmp, "train-filter", {"dump": dump_dir, "train_file": train_file, "hidden": hidden,
+                                                             "epochs": epochs, "batch_size": batch_size, "lr": lr,
+                                                             "seed": seed}, rank=0)
+        try:
+            info, model, kept_scores = _fit(arrays, summary, train_examples, val_examples, train_file, dump_dir,
+                                             corpus_dir, places, hidden, epochs, batch_size, lr, seed, trackers,
+                                             log_steps)
+        finally:
+            trackers.finish()
+        info.update(train_file=str(train_file), validation_file=str(validation_file))
+        torch.save(model.state_dict(), tmp / "filter.pt")
+        np.save(tmp / "scores.npy", kept_scores)
+        write_json(tmp / "filter.json", info)
+    return info
+
+
+def _fit(arrays, summary, train_examples, val_examples, train_file, dump_dir, corpus_dir, places, hidden, epochs,
+         batch_size, lr, seed, trackers: Trackers, log_steps: int):
+    """The fitted filter, its scores of every dumped token, and filter.json's record."""
     start, end = arrays["start"], arrays["end"]
     title_path = summary.get("title_path", False)   # dumps made before it was recorded: the title alone
     train_ids, train_y, _ = answer_labels(arrays, train_examples, corpus_dir, title_path, places)
@@ -150,6 +176,7 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     g = torch.Generator().manual_seed(seed)
     steps = epochs * -(-len(train_ids) // batch_size)
     bar = tqdm(total=steps, desc="train-filter", disable=None)
+    step = 0
     for _ in range(epochs):
         for b in torch.randperm(len(train_ids), generator=g).split(batch_size):
             ids = train_ids[b.numpy()]
@@ -158,8 +185,11 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
             opt.zero_grad()
             loss.backward()
             opt.step()
+            step += 1
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.4f}")
+            if step % log_steps == 0 or step == steps:
+                trackers.log({"train/loss": loss.item()}, step)
     bar.close()
     model.eval()
     chunks = dump_chunks(dump_dir, corpus_dir)[0]
@@ -171,17 +201,12 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
         threshold = float(np.quantile(every, 1 - share, overwrite_input=True)) if share < 1 else float("-inf")
         table.append({"keep": share, "threshold": threshold,
                       "answer_recall": answer_recall(scores >= threshold, val_spans)})
+    trackers.log({f"eval/answer_recall_keep_{row['keep']:g}": row["answer_recall"] for row in table}, steps)
     info = {"dim": model.dim, "hidden": hidden, "encoder_hash": summary["encoder_hash"],
-            "fingerprint": summary["fingerprint"], "train_file": str(train_file),
-            "validation_file": str(validation_file), "train_tokens": len(train_ids),
+            "fingerprint": summary["fingerprint"], "train_tokens": len(train_ids),
             "validation_answerable": sum(bool(s) for s in val_spans), "epochs": epochs, "calibration": table,
             "scores_of": chunk_stamps(chunks)}
-    with atomic_path(out) as tmp:
-        tmp.mkdir()
-        torch.save(model.state_dict(), tmp / "filter.pt")
-        np.save(tmp / "scores.npy", kept_scores)
-        write_json(tmp / "filter.json", info)
-    return info
+    return info, model, kept_scores
 
 
 def chunk_stamps(chunks: list[Path]) -> list[list]:

@@ -17,6 +17,7 @@ from loop_checks import (
     assert_two_processes_train_as_one_with_twice_the_accumulation,
     assert_zero3_trains_like_zero2,
     losses,
+    tensorboard_scalars,
     without_dropout,
 )
 from tiny_data import write_jsonl
@@ -593,8 +594,14 @@ def test_cli_train_dump_index_retrieve_evaluate(world, index, tmp_path, capsys):
     assert main(build) == 2     # the default keeps 20% of tokens: it needs the phrase filter
     assert "run `odqa train-filter --dump DUMP` first" in capsys.readouterr().err
     assert main(["-q", "train-filter", "--dump", str(tmp_path / "dump"), "--train-file", str(root / "sup" / "train.jsonl"),
-                 "--validation-file", str(root / "sup" / "validation.jsonl"), "--epochs", "300", "--corpus", corpus]) == 0
+                 "--validation-file", str(root / "sup" / "validation.jsonl"), "--epochs", "300", "--corpus", corpus,
+                 "--report-to", "tensorboard"]) == 0
     assert "| 20% |" in capsys.readouterr().out
+    scalars = tensorboard_scalars(tmp_path / "dump" / "filter")   # the loss, and each share's answer recall
+    assert [step for step, _ in scalars["train/loss"]] == list(range(10, 301, 10))
+    recall = {row["keep"]: row["answer_recall"] for row in
+              json.loads((tmp_path / "dump" / "filter" / "filter.json").read_text())["calibration"]}
+    assert scalars["eval/answer_recall_keep_0.2"] == [(300, pytest.approx(recall[0.2]))]
     assert main(build) == 0
     assert "Flat index of" in capsys.readouterr().out   # tiny: too few vectors for IVF-PQ
     assert json.loads((tmp_path / "index" / "manifest.json").read_text())["keep"] == 0.2

@@ -138,7 +138,7 @@ def cmd_train_filter(args) -> None:
     from odqa.common.paths import default_corpus
     from odqa.retriever.phrase_filter import filter_dir, train_filter
     info = train_filter(args.dump, args.train_file, args.validation_file, args.corpus or default_corpus(),
-                        hidden=args.hidden, epochs=args.epochs, out=args.out)
+                        hidden=args.hidden, epochs=args.epochs, out=args.out, report_to=args.report_to)
     print(f"{info['train_tokens']:,} training tokens; answer phrases kept on {info['validation_answerable']} "
           f"validation passages:")
     print("| tokens kept | score threshold | answer phrases kept |")
