@@ -130,21 +130,30 @@ def test_an_encoder_missing_a_weight_is_refused_by_name(bert, tmp_path):
         load_lm(tmp_path / "bert")
 
 
-def test_every_phrase_command_runs_on_a_densephrases_checkpoint(bert, tmp_path, capsys):
-    """dump-phrases (its filter as the dump's), build-index (kept by its filter), train-query, retrieve,
-    ask and serve, through the CLI and the server as a user runs them."""
+def dumped_densephrases(tmp_path, bert):
+    """A DensePhrases checkpoint, the tiny corpus dumped by it into TMP/dump (every token kept), and the
+    tiny questions: (checkpoint, the --corpus flags, the questions file)."""
     from tiny_data import TINY_DOCS
-    from tiny_models import make_tiny_t5
 
     from odqa.common.corpus import build_corpus
     from odqa.system.cli import main
     path, _, _ = densephrases_checkpoint(tmp_path / "dp", bert)
     corpus = tmp_path / "corpus"
     build_corpus([write_jsonl(tmp_path / "docs.jsonl", TINY_DOCS)], corpus)
-    questions = write_jsonl(tmp_path / "q.jsonl", TINY_QUESTIONS)
     c = ["--corpus", str(corpus)]
     assert main(["-q", "dump-phrases", "--model", str(path), "--out", str(tmp_path / "dump"), "--threshold=-1e8",
                  *c]) == 0
+    return path, c, write_jsonl(tmp_path / "q.jsonl", TINY_QUESTIONS)
+
+
+def test_every_phrase_command_runs_on_a_densephrases_checkpoint(bert, tmp_path, capsys):
+    """dump-phrases (its filter as the dump's), build-index (kept by its filter), train-query, retrieve,
+    ask and serve, through the CLI and the server as a user runs them."""
+    from tiny_data import TINY_DOCS
+    from tiny_models import make_tiny_t5
+
+    from odqa.system.cli import main
+    path, c, questions = dumped_densephrases(tmp_path, bert)
     assert main(["-q", "build-index", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "index"),
                  "--keep", "0.5", "--model-filter", *c]) == 0
     manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
@@ -186,17 +195,9 @@ def test_a_densephrases_dump_and_index_hold_each_vector_once(bert, tmp_path):
     """Its start and end vectors are one: the dump stores one array, the index one side that both
     questions' vectors search, and retrieval is what an index of both copies gives."""
     import numpy as np
-    from tiny_data import TINY_DOCS
 
-    from odqa.common.corpus import build_corpus
     from odqa.system.cli import main
-    path, _, _ = densephrases_checkpoint(tmp_path / "dp", bert)
-    corpus = tmp_path / "corpus"
-    build_corpus([write_jsonl(tmp_path / "docs.jsonl", TINY_DOCS)], corpus)
-    questions = write_jsonl(tmp_path / "q.jsonl", TINY_QUESTIONS)
-    c = ["--corpus", str(corpus)]
-    assert main(["-q", "dump-phrases", "--model", str(path), "--out", str(tmp_path / "dump"), "--threshold=-1e8",
-                 *c]) == 0
+    path, c, questions = dumped_densephrases(tmp_path, bert)
     shard = next((tmp_path / "dump").glob("shard-*"))
     assert json.loads((shard / "done.json").read_text())["shared_sides"] is True
     chunks = sorted(shard.glob("chunk-*.npz"))
