@@ -204,6 +204,7 @@ def split_ratio(stages: dict, stage: str) -> tuple[float, list[float]]:
     pairs = [b / a for a, b in zip(one.get("runs", [one["seconds"]]), two.get("runs", [two["seconds"]]))]
     return float(np.median(pairs)), pairs
 
+
 def rehearse(root: Path, n: int, words, lengths, models: dict, n_questions: int, only: set[str] | None = None,
              repeat: int = 1) -> dict:
     """Every stage, or the split stages in `only` under 1 and 2 ranks and what they need under 2."""

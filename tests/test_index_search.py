@@ -6,7 +6,7 @@ import sys
 import faiss
 import numpy as np
 import pytest
-from tiny_data import synthetic_dump
+from tiny_data import both_sides_copy, synthetic_dump
 
 from odqa.retriever.phrase_index import PhraseIndex, build_index
 
@@ -35,15 +35,10 @@ def test_whole_index_search_finds_what_faiss_finds_in_its_own_lists(tmp_path, fa
 def test_an_index_of_shared_sides_holds_one_and_searches_it_for_both(tmp_path):
     """A dump whose start and end are one vector (DensePhrases' models) is indexed once: the end query
     searches the start side's codes, as an index holding both copies would answer."""
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
-    dump, corpus = synthetic_dump(tmp_path / "one", 800, 10, 32, shared_sides=True)
-    twin, _ = synthetic_dump(tmp_path / "two", 800, 10, 32)
-    for chunk in (twin / "shard-001-of-001").glob("chunk-*.npz"):   # the same vectors, both copies stored
-        arrays = dict(np.load(dump / "shard-001-of-001" / chunk.name))
-        np.savez(chunk, **arrays, end=arrays["start"])
+    dump, corpus = synthetic_dump(tmp_path, 800, 10, 32, shared_sides=True)
+    twin = both_sides_copy(dump, tmp_path / "twin")
     build_index(dump, tmp_path / "index", corpus, factory="IVF32,PQ8", train_size=8000)
-    build_index(twin, tmp_path / "index2", tmp_path / "two" / "corpus", factory="IVF32,PQ8", train_size=8000)
+    build_index(twin, tmp_path / "index2", corpus, factory="IVF32,PQ8", train_size=8000)
     files = {p.name for p in (tmp_path / "index").iterdir()}
     assert "start.codes.npy" in files and not any(name.startswith("end.") for name in files)
     one, two = PhraseIndex(tmp_path / "index"), PhraseIndex(tmp_path / "index2")

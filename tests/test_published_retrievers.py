@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from tiny_data import TINY_QUESTIONS, write_jsonl
+from tiny_data import TINY_QUESTIONS, both_sides_copy, write_jsonl
 from tiny_models import make_tiny_bert
 from transformers import BertConfig, BertModel, BertTokenizer
 
@@ -202,15 +202,7 @@ def test_a_densephrases_dump_and_index_hold_each_vector_once(bert, tmp_path):
     assert json.loads((shard / "done.json").read_text())["shared_sides"] is True
     chunks = sorted(shard.glob("chunk-*.npz"))
     assert chunks and all("end" not in np.load(chunk).files for chunk in chunks)
-    # the same dump with both copies written, as a model of two sides dumps them
-    twin = tmp_path / "twin" / shard.name
-    twin.mkdir(parents=True)
-    (twin / "settings.json").write_text((shard / "settings.json").read_text())
-    (twin / "done.json").write_text(json.dumps({**json.loads((shard / "done.json").read_text()), "shared_sides": False}))
-    for chunk in chunks:
-        arrays = dict(np.load(chunk))
-        with open(twin / chunk.name, "wb") as f:
-            np.savez(f, **arrays, end=arrays["start"])
+    both_sides_copy(tmp_path / "dump", tmp_path / "twin")   # as a model of two sides dumps it
     for dump, out in ((tmp_path / "dump", "index"), (tmp_path / "twin", "index2")):
         assert main(["-q", "build-index", "--dump", str(dump), "--out", str(tmp_path / out), "--keep", "1", *c]) == 0
         assert main(["-q", "retrieve", "--retriever", "phrase", "--model", str(path), "--index", str(tmp_path / out),

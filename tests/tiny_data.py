@@ -91,3 +91,21 @@ def synthetic_dump(root: Path, passages: int, tokens: int, dim: int, seed: int =
                    title_path=False, shared_sides=shared_sides)
     (shard / "done.json").write_text(json.dumps(summary))
     return root / "dump", corpus
+
+
+def both_sides_copy(dump: Path, out: Path) -> Path:
+    """A copy of a dump of shared sides (start alone stored) with both copies written, as a model of two
+    sides dumps them: what an index of shared sides must answer as."""
+    import numpy as np
+    for shard in sorted(p for p in dump.glob("shard-*") if p.is_dir()):
+        twin = out / shard.name
+        twin.mkdir(parents=True)
+        (twin / "settings.json").write_text((shard / "settings.json").read_text())
+        (twin / "done.json").write_text(json.dumps({**json.loads((shard / "done.json").read_text()),
+                                                    "shared_sides": False}))
+        for chunk in sorted(shard.glob("chunk-*.npz")):
+            arrays = dict(np.load(chunk))
+            with open(twin / chunk.name, "wb") as f:
+                np.savez(f, **arrays, end=arrays["start"])
+    return out
+
