@@ -43,6 +43,12 @@ class Trackers:
         for tracker in self.trackers:
             tracker.finish()
 
+    def __enter__(self) -> "Trackers":
+        return self
+
+    def __exit__(self, *exc) -> None:   # a run that fails still closes its trackers' runs and files
+        self.finish()
+
 
 def hyperparameters(config) -> dict:
     """A settings dataclass as the flat str/int/float/bool values trackers take (paths and lists as text)."""

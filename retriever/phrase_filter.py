@@ -140,33 +140,43 @@ def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, val
     places = passage_places(corpus_dir, {ex.get("passage_id") for ex in train_examples + val_examples})
     arrays, summary = read_dump(dump_dir, corpus_dir, rows=np.array(sorted(
         {places[0][ex["passage_id"]] for ex in train_examples + val_examples if ex.get("passage_id") in places[0]})))
+    title_path = summary.get("title_path", False)   # dumps made before it was recorded: the title alone
+    train_ids, train_y, _ = answer_labels(arrays, train_examples, corpus_dir, title_path, places)
+    _, _, val_spans = answer_labels(arrays, val_examples, corpus_dir, title_path, places)
+    if not train_y.any():
+        raise InputError(f"{train_file}: no answer occurrence falls on the dump's token boundaries")
+    config = {"dump": dump_dir, "train_file": train_file, "hidden": hidden, "epochs": epochs,
+              "batch_size": batch_size, "lr": lr, "seed": seed}
     with atomic_path(out) as tmp:   # the trackers' files too: the directory appears whole, or not at all
         tmp.mkdir()
-        trackers = Trackers(report_to, tmp, "train-filter", {"dump": dump_dir, "train_file": train_file, "hidden": hidden,
-                                                             "epochs": epochs, "batch_size": batch_size, "lr": lr,
-                                                             "seed": seed}, rank=0)
-        try:
-            info, model, kept_scores = _fit(arrays, summary, train_examples, val_examples, train_file, dump_dir,
-                                             corpus_dir, places, hidden, epochs, batch_size, lr, seed, trackers,
-                                             log_steps)
-        finally:
-            trackers.finish()
-        info.update(train_file=str(train_file), validation_file=str(validation_file))
+        with Trackers(report_to, tmp, "train-filter", config, rank=0) as trackers:
+            model, steps = fit(arrays, train_ids, train_y, hidden, epochs, batch_size, lr, seed, trackers, log_steps)
+            chunks = dump_chunks(dump_dir, corpus_dir)[0]
+            every = np.concatenate(chunk_scores(model, chunks))   # shares of the whole dump
+            kept_scores = every.copy()   # for build-index, which would otherwise read the whole dump again
+            scores = model.score(arrays["start"], arrays["end"])
+            table = []
+            for share in SHARES:
+                threshold = float(np.quantile(every, 1 - share, overwrite_input=True)) if share < 1 else float("-inf")
+                table.append({"keep": share, "threshold": threshold,
+                              "answer_recall": answer_recall(scores >= threshold, val_spans)})
+            trackers.log({f"eval/answer_recall_keep_{row['keep']:g}": row["answer_recall"] for row in table}, steps)
+        info = {"dim": model.dim, "hidden": hidden, "encoder_hash": summary["encoder_hash"],
+                "fingerprint": summary["fingerprint"], "train_tokens": len(train_ids),
+                "validation_answerable": sum(bool(s) for s in val_spans), "epochs": epochs, "calibration": table,
+                "scores_of": chunk_stamps(chunks), "train_file": str(train_file),
+                "validation_file": str(validation_file)}
         torch.save(model.state_dict(), tmp / "filter.pt")
         np.save(tmp / "scores.npy", kept_scores)
         write_json(tmp / "filter.json", info)
     return info
 
 
-def _fit(arrays, summary, train_examples, val_examples, train_file, dump_dir, corpus_dir, places, hidden, epochs,
-         batch_size, lr, seed, trackers: Trackers, log_steps: int):
-    """The fitted filter, its scores of every dumped token, and filter.json's record."""
+def fit(arrays: dict, train_ids: np.ndarray, train_y: np.ndarray, hidden: int, epochs: int, batch_size: int,
+        lr: float, seed: int, trackers: Trackers, log_steps: int) -> tuple[PhraseFilter, int]:
+    """The filter fitted on the labelled tokens `train_ids` of `arrays` (the dump's rows read), and its
+    number of steps."""
     start, end = arrays["start"], arrays["end"]
-    title_path = summary.get("title_path", False)   # dumps made before it was recorded: the title alone
-    train_ids, train_y, _ = answer_labels(arrays, train_examples, corpus_dir, title_path, places)
-    _, _, val_spans = answer_labels(arrays, val_examples, corpus_dir, title_path, places)
-    if not train_y.any():
-        raise InputError(f"{train_file}: no answer occurrence falls on the dump's token boundaries")
     torch.manual_seed(seed)
     model = PhraseFilter(start.shape[1], hidden)
     opt = torch.optim.Adam(model.parameters(), lr)
@@ -192,21 +202,7 @@ def _fit(arrays, summary, train_examples, val_examples, train_file, dump_dir, co
                 trackers.log({"train/loss": loss.item()}, step)
     bar.close()
     model.eval()
-    chunks = dump_chunks(dump_dir, corpus_dir)[0]
-    every = np.concatenate(chunk_scores(model, chunks))   # shares of the whole dump
-    kept_scores = every.copy()   # for build-index, which would otherwise read the whole dump again for them
-    scores = model.score(start, end)
-    table = []
-    for share in SHARES:
-        threshold = float(np.quantile(every, 1 - share, overwrite_input=True)) if share < 1 else float("-inf")
-        table.append({"keep": share, "threshold": threshold,
-                      "answer_recall": answer_recall(scores >= threshold, val_spans)})
-    trackers.log({f"eval/answer_recall_keep_{row['keep']:g}": row["answer_recall"] for row in table}, steps)
-    info = {"dim": model.dim, "hidden": hidden, "encoder_hash": summary["encoder_hash"],
-            "fingerprint": summary["fingerprint"], "train_tokens": len(train_ids),
-            "validation_answerable": sum(bool(s) for s in val_spans), "epochs": epochs, "calibration": table,
-            "scores_of": chunk_stamps(chunks)}
-    return info, model, kept_scores
+    return model, steps
 
 
 def chunk_stamps(chunks: list[Path]) -> list[list]:
