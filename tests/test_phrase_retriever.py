@@ -844,6 +844,14 @@ def test_the_phrase_filter_keeps_answer_tokens_and_build_index_keeps_its_share(w
     assert gold_passage_answers(tmp_path / "kept") >= gold_passage_answers(index) - 1 >= 9
     with pytest.raises(InputError, match="no phrase filter"):
         build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.2, filter_path=tmp_path / "none")
+    # Answers that fall inside tokens teach the filter nothing: refused, and nothing is written.
+    inside = [{**ex, "answer_char_spans": [[a + 1, b - 1] for a, b in ex["answer_char_spans"]]}
+              for ex in map(json.loads, (sup / "train.jsonl").read_text().splitlines())]
+    write_jsonl(tmp_path / "inside.jsonl", inside)
+    with pytest.raises(InputError, match="inside.jsonl: no answer occurrence falls on the dump's token boundaries"):
+        train_filter(root / "dump", tmp_path / "inside.jsonl", sup / "validation.jsonl", world["corpus"],
+                     out=tmp_path / "bad-filter")
+    assert not (tmp_path / "bad-filter").exists()
     with pytest.raises(InputError, match="--keep"):
         build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.0)
 
