@@ -3,6 +3,10 @@
     {"id", "question", "answers": [...], "target"?: str,
      "ctxs": [{"id", "title", "text", "score", "phrase"?: {"text", "score"}}, ...]}
 
+A row of `odqa supervise` (no ctxs: its answer-bearing passage as passage_id, title, text and
+answer_char_spans) reads as that one passage, the answer as the passage writes it the target: a
+reader's k = 1 practice on the evidence alone (`retrieval_file.gold_entry`).
+
 A question keeps its k best passages by score. Each passage becomes `question: Q title: T context: P`,
 truncated to `text_maxlength` tokens; a question with fewer than k passages gets empty ones, masked
 out. The target is `target` if given, else the first answer as the k passages write it (with
@@ -22,6 +26,7 @@ import torch
 
 from odqa.common.io import InputError, atomic_path, read_json, read_jsonl, require_file
 from odqa.common.questions import parse_question
+from odqa.common.retrieval_file import gold_entry
 from odqa.reader.spans import PassageSpans
 
 
@@ -40,9 +45,12 @@ class FiDExample:
 
 def _parse(obj: dict, where: str) -> FiDExample:
     q = parse_question({**obj, "answers": obj.get("answers", [])}, where)   # a file to read may lack answers
+    if "ctxs" not in obj and "passage_id" in obj:
+        obj = _supervision_entry({**obj, "answers": q.answers}, where)
     ctxs = obj.get("ctxs")
     if not isinstance(ctxs, list):
-        raise InputError(f"{where}: needs a \"ctxs\" list")
+        raise InputError(f"{where}: needs a \"ctxs\" list (or, as `odqa supervise` writes, a \"passage_id\" "
+                         "and its \"text\")")
     for j, c in enumerate(ctxs):
         if not isinstance(c, dict) or not isinstance(c.get("text"), str):
             raise InputError(f"{where}: ctx {j} needs a \"text\"")
@@ -58,6 +66,18 @@ def _parse(obj: dict, where: str) -> FiDExample:
                       else None,
                       phrases=[_phrase(c.get("phrase"), f"{where}: ctx {j}") for j, c in enumerate(ctxs)]
                       if any("phrase" in c for c in ctxs) else None)
+
+
+def _supervision_entry(row: dict, where: str) -> dict:
+    """A row of `odqa supervise` as its one-passage entry, once its passage and spans are checked."""
+    text, spans = row.get("text"), row.get("answer_char_spans", [])
+    if not isinstance(text, str):
+        raise InputError(f"{where}: a supervision row needs its passage's \"text\"")
+    if not isinstance(spans, list) or not all(
+            isinstance(sp, list) and len(sp) == 2 and all(type(i) is int for i in sp) and 0 <= sp[0] < sp[1] <= len(text)
+            for sp in spans):
+        raise InputError(f"{where}: \"answer_char_spans\" must be [start, end] character offsets into the text")
+    return gold_entry(row)
 
 
 def _phrase(obj, where: str) -> tuple[str, float] | None:

@@ -256,6 +256,8 @@ VALID = {   # a well-formed record of each input, which the mutations below brea
                  "sections": [{"title": "History", "paragraphs": ["Founded long ago ."], "sections": []}]},
     "question": {"id": "q1", "question": "where is paris", "answers": ["France"], "regex": False},
     "entry": {"id": "q1", "question": "where is paris", "answers": ["France"], "ctxs": [CTX, dict(CTX, id="p2")]},
+    "supervision": {"id": "q1", "question": "where is paris", "answers": ["France"], "passage_id": "p1",
+                    "title": "Paris", "text": "Paris is the capital of France .", "answer_char_spans": [[24, 30]]},
 }
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | \
     st.text(string.printable + "é\u2028\ud800\x00", max_size=12)
@@ -302,7 +304,7 @@ CONTENTS = {   # per reader: random bytes, random JSON lines, and its own record
     "corpus": records("passage").map(as_jsonl) | records("document").map(as_jsonl),
     "questions": records("question").map(as_jsonl) | records("question").map(as_dpr_tsv),
     "retrieval file": records("entry").map(as_json),
-    "FiD file": records("entry").map(as_json) | records("entry").map(as_jsonl),
+    "FiD file": records("entry").map(as_json) | records("entry").map(as_jsonl) | records("supervision").map(as_jsonl),
 }
 noise = st.binary(max_size=200) | st.lists(values.map(json.dumps), max_size=3).map("\n".join).map(
     lambda s: s.encode("utf-8", "surrogatepass"))

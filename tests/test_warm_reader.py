@@ -305,6 +305,22 @@ def test_the_target_is_the_answer_as_the_passages_write_it():
     assert pick_target(ex, None) == "Given"
 
 
+def test_a_supervision_file_reads_as_each_question_with_its_answer_bearing_passage(tmp_path):
+    """`odqa supervise`'s train.jsonl is a FiD file of k = 1: the reader's first phase on it needs no
+    conversion step."""
+    row = {"id": "q1", "question": "what was beijing called?", "answers": ["peking"], "passage_id": "Beijing#0",
+           "title": "Beijing", "text": "Beijing was once known in English as Peking.", "answer_char_spans": [[37, 43]],
+           "bm25_rank": 3}
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "q2", "answer_char_spans": [[37, 99]]}) + "\n")
+    [ex] = load_fid_file(path, limit=1)
+    assert (ex.id, ex.question, ex.answers) == ("q1", "what was beijing called?", ["peking"])
+    assert ex.passages == [("Beijing", row["text"])] and ex.has_answer == [True]
+    assert ex.target == "Peking"                      # as the passage writes it
+    with pytest.raises(InputError, match=r"train.jsonl:2: \"answer_char_spans\" must be"):
+        load_fid_file(path)
+
+
 def test_span_loss_is_a_softmax_over_what_span_decoding_may_choose(b2b):
     model, tok = load_reader(b2b)
     examples = [FiDExample("0", "what is the code of bob ?", ["7"], [("people", "the code of bob is 7 .")]),
