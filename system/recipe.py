@@ -361,9 +361,9 @@ class Recipe:
                             **self._reader_frozen(), precision="bf16" if self._reader_bf16() else "auto",
                             seed=LoopArgs.seed + c.seed)
 
-        if c.reader_gold_steps:
-            gold_train, gold_val = self.gold_data()
-            r = train_reader(ReaderArgs(model, [str(gold_train)], str(gold_val), n_passages=1,
+        if c.reader_gold_steps:   # the supervision files read as each question's answer-bearing passage alone
+            sup = p["supervision"]
+            r = train_reader(ReaderArgs(model, [str(sup / "train.jsonl")], str(sup / "validation.jsonl"), n_passages=1,
                                         text_maxlength=c.text_maxlength, max_validation=c.reader_validation,
                                         span_loss=c.reader_span_loss),
                              loop(p["reader-gold"], c.reader_gold_steps, c.reader_gold_batch, c.reader_gold_evals))
@@ -403,18 +403,6 @@ class Recipe:
                                      resume=resume))
             return str(p["reader-pretrain"] / "best")
         return str(p["reader-init"])
-
-    def gold_data(self) -> tuple[Path, Path]:
-        """Each supervision question with its answer-bearing passage alone, the answer as it is written there."""
-        from odqa.common.retrieval_file import gold_entry
-        out = self.p["reader-data"]
-        out.mkdir(parents=True, exist_ok=True)
-        files = []
-        for split in ("train", "validation"):
-            path = out / f"gold-{split}.jsonl"
-            write_jsonl(path, (gold_entry(row) for _, row in read_jsonl(self.p["supervision"] / f"{split}.jsonl")))
-            files.append(path)
-        return files[0], files[1]
 
     def reader_data(self, resume: bool = False) -> tuple[Path, Path]:
         """The top-k passages of the supervision questions, BM25's or the pipeline's own (`reader_passages`):

@@ -274,7 +274,6 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
         seeds.clear()
         demo = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm", seed=seed),
                     tmp_path / f"out{seed}")
-        monkeypatch.setattr(demo, "gold_data", lambda: ("gold-train", "gold-val"))
         monkeypatch.setattr(demo, "reader_data", lambda resume: ("train", "val"))
         monkeypatch.setattr(demo, "searcher", lambda **kw: None)
         one_question_a_split(demo.out)
