@@ -71,6 +71,15 @@ def config_pages() -> dict[Path, str]:
              "text (not empty).", ""]
     pages = {}
     from odqa.common.settings import OptimArgs
+
+    def row(f: dataclasses.Field) -> str:
+        default = "required" if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING \
+            else f.default_factory() if f.default is dataclasses.MISSING else f.default
+        rule = f.metadata.get("range") or " ".join(map(str, f.metadata.get("choices", ())))
+        cell = lambda x: clean(str(x)).replace("|", "\\|")  # noqa: E731
+        return f"| `{f.name}` | `{flag_of(f)}` | {cell(default)} | {cell(rule)} | {cell(f.metadata.get('help', ''))} |"
+
+    loop_rows = {f.name: row(f) for f in dataclasses.fields(OptimArgs)}
     for module, training in ((m, t) for m in MODULES for t in (False, True)):
         # a module's trainers (the loop's settings embedded) on a page of their own, so no page is long
         classes = [v for v in vars(importlib.import_module(module)).values()
@@ -84,16 +93,14 @@ def config_pages() -> dict[Path, str]:
             fields = dataclasses.fields(cls)
             doc = " ".join((cls.__doc__ or "").split())
             doc = "" if doc.startswith(cls.__name__ + "(") else doc   # the dataclass's generated signature
+            if training and cls is not OptimArgs:
+                # the loop's fields once, on OptimArgs' page: here only those this trainer changes
+                fields = [f for f in fields if row(f) != loop_rows.get(f.name)]
+                doc += (" " if doc else "") + ("It takes every setting of the training loop ([`OptimArgs`]"
+                                               "(common-training.md)); here, those it gives a default or a help of its own.")
             lines += [f"## `{cls.__name__}`", "", *([doc, ""] if doc else []),
-                      "| field | flag | default | range | help |", "|---|---|---|---|---|"]
-            for f in fields:
-                default = "required" if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING \
-                    else f.default_factory() if f.default is dataclasses.MISSING else f.default
-                rule = f.metadata.get("range") or " ".join(map(str, f.metadata.get("choices", ())))
-                cell = lambda x: clean(str(x)).replace("|", "\\|")  # noqa: E731
-                lines.append(f"| `{f.name}` | `{flag_of(f)}` | {cell(default)} | {cell(rule)} | "
-                             f"{cell(f.metadata.get('help', ''))} |")
-            lines.append("")
+                      "| field | flag | default | range | help |", "|---|---|---|---|---|",
+                      *map(row, fields), ""]
         pages[DOCS / "config" / f"{name}.md"] = "\n".join(lines)
         index.append(f"- [`{module}`]({name}.md): " + ", ".join(f"`{c.__name__}`" for c in classes))
     pages[DOCS / "config" / "index.md"] = "\n".join(index + [""])
