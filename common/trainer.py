@@ -468,64 +468,64 @@ def train(task: Task, args: OptimArgs, engine, out: str | os.PathLike, desc: str
             save_model("best", {"step": state["global_step"], **result})
         log.info("%s step %d: %s", desc, state["global_step"], ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
 
-    engine.module.train()
-    bar = tqdm(total=total, initial=state["global_step"], desc=desc, unit=" step", disable=rank != 0 or None,
-               mininterval=2)
-    running, since, since_step = [], time.perf_counter(), state["global_step"]
-    while state["global_step"] < total:
-        batches = task.batches(state["epoch"])
-        for s in range(state["step_in_epoch"], steps_per_epoch):
-            step = state["global_step"]
-            engine.seed_step(step)
-            micro = [batches[s * per_step + a * W + rank] for a in range(A)]
-            skip = torch.tensor([float(any(b is None for b in micro))], device=engine.device)
-            if engine.mean(skip).item() > 0:   # all processes skip together, or DDP waits forever
-                engine.skip_step()
-            else:
-                sums: dict[str, float] = {}
-                for a, batch in enumerate(micro):
-                    boundary = a == A - 1
-                    with engine.accumulating(boundary):
-                        with engine.autocast():
-                            loss, parts = task.loss(engine.model, to_device(batch, engine.device), step)
-                        engine.backward(loss)
-                    engine.micro_step(boundary)
-                    for k, v in parts.items():
-                        sums[k] = sums.get(k, 0.0) + v / A
-                keys = sorted(sums)
-                values = engine.mean(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=engine.device))
-                state["history"].append({"step": step + 1, "epoch": state["epoch"] + 1,
-                                         **dict(zip(keys, values.tolist())), "lr": engine.lr()})
-                running.append(state["history"][-1])
-            state["global_step"] = step + 1
-            state["step_in_epoch"] = s + 1
-            bar.update(1)
-            if (state["global_step"] % args.log_steps == 0 or state["global_step"] == total) and running:
-                means = {k: sum(h[k] for h in running) / len(running) for k in running[-1] if k not in ("step", "epoch")}
-                bar.set_postfix(loss=f"{means['loss']:.4f}", epoch=state["epoch"] + 1)
-                if bar.disable and rank == 0:   # no terminal (a log file): say it in the log instead
-                    log.info("%s step %d/%d: loss %.4f", desc, state["global_step"], total, means["loss"])
-                now = time.perf_counter()
-                examples = (state["global_step"] - since_step) * per_step * args.batch_size
-                trackers.log({**{f"train/{k}": v for k, v in means.items()}, "train/lr": engine.lr(),
-                              "train/epoch": state["epoch"] + (s + 1) / steps_per_epoch,
-                              "train/examples_per_second": examples / max(now - since, 1e-9)}, state["global_step"])
-                running.clear()
-                since, since_step = now, state["global_step"]
-            last = state["global_step"] == total
-            epoch_end = s + 1 == steps_per_epoch
-            if epoch_end:   # before the checkpoint, so that a resumed run starts the next epoch
-                state["epoch"] += 1
-                state["step_in_epoch"] = 0
-            if task.evaluate is not None and (last or (args.eval_steps and state["global_step"] % args.eval_steps == 0)
-                                              or (not args.eval_steps and epoch_end)):
-                evaluate()
-            if last or epoch_end or (args.save_steps and state["global_step"] % args.save_steps == 0):
-                checkpoint()
-            if last:
-                break
-    bar.close()
-    trackers.finish()
+    with trackers:   # a run that fails still closes its trackers' runs and files
+        engine.module.train()
+        bar = tqdm(total=total, initial=state["global_step"], desc=desc, unit=" step", disable=rank != 0 or None,
+                   mininterval=2)
+        running, since, since_step = [], time.perf_counter(), state["global_step"]
+        while state["global_step"] < total:
+            batches = task.batches(state["epoch"])
+            for s in range(state["step_in_epoch"], steps_per_epoch):
+                step = state["global_step"]
+                engine.seed_step(step)
+                micro = [batches[s * per_step + a * W + rank] for a in range(A)]
+                skip = torch.tensor([float(any(b is None for b in micro))], device=engine.device)
+                if engine.mean(skip).item() > 0:   # all processes skip together, or DDP waits forever
+                    engine.skip_step()
+                else:
+                    sums: dict[str, float] = {}
+                    for a, batch in enumerate(micro):
+                        boundary = a == A - 1
+                        with engine.accumulating(boundary):
+                            with engine.autocast():
+                                loss, parts = task.loss(engine.model, to_device(batch, engine.device), step)
+                            engine.backward(loss)
+                        engine.micro_step(boundary)
+                        for k, v in parts.items():
+                            sums[k] = sums.get(k, 0.0) + v / A
+                    keys = sorted(sums)
+                    values = engine.mean(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=engine.device))
+                    state["history"].append({"step": step + 1, "epoch": state["epoch"] + 1,
+                                             **dict(zip(keys, values.tolist())), "lr": engine.lr()})
+                    running.append(state["history"][-1])
+                state["global_step"] = step + 1
+                state["step_in_epoch"] = s + 1
+                bar.update(1)
+                if (state["global_step"] % args.log_steps == 0 or state["global_step"] == total) and running:
+                    means = {k: sum(h[k] for h in running) / len(running) for k in running[-1] if k not in ("step", "epoch")}
+                    bar.set_postfix(loss=f"{means['loss']:.4f}", epoch=state["epoch"] + 1)
+                    if bar.disable and rank == 0:   # no terminal (a log file): say it in the log instead
+                        log.info("%s step %d/%d: loss %.4f", desc, state["global_step"], total, means["loss"])
+                    now = time.perf_counter()
+                    examples = (state["global_step"] - since_step) * per_step * args.batch_size
+                    trackers.log({**{f"train/{k}": v for k, v in means.items()}, "train/lr": engine.lr(),
+                                  "train/epoch": state["epoch"] + (s + 1) / steps_per_epoch,
+                                  "train/examples_per_second": examples / max(now - since, 1e-9)}, state["global_step"])
+                    running.clear()
+                    since, since_step = now, state["global_step"]
+                last = state["global_step"] == total
+                epoch_end = s + 1 == steps_per_epoch
+                if epoch_end:   # before the checkpoint, so that a resumed run starts the next epoch
+                    state["epoch"] += 1
+                    state["step_in_epoch"] = 0
+                if task.evaluate is not None and (last or (args.eval_steps and state["global_step"] % args.eval_steps == 0)
+                                                  or (not args.eval_steps and epoch_end)):
+                    evaluate()
+                if last or epoch_end or (args.save_steps and state["global_step"] % args.save_steps == 0):
+                    checkpoint()
+                if last:
+                    break
+        bar.close()
     # the last checkpoint's card gives the validation figures of its own step, where it was evaluated there
     last_eval = next((e for e in reversed(state["evals"]) if e.get("step") == state["global_step"]), {})
     save_model("last", {**{k: v for k, v in last_eval.items() if k != "epoch"}, "step": state["global_step"]})

@@ -123,3 +123,31 @@ def test_each_engine_reports_to_tensorboard_and_a_missing_tracker_is_named(backe
     wanted = OptimArgs(backend=backend, report_to="wandb", max_steps=1)
     with pytest.raises(InputError, match="--report-to wandb: wandb is not installed"):
         train(task(), wanted, make_engine(wanted), tmp_path / "other")
+
+
+
+def test_a_run_that_fails_still_closes_its_trackers(tmp_path, monkeypatch):
+    """A loss that raises mid-run: the figures logged before it are on disk and the trackers' runs are
+    finished (a wandb or MLflow run left open shows as running for ever)."""
+    from loop_checks import tensorboard_scalars
+
+    from odqa.common.tracking import Trackers
+    finished = []
+    finish = Trackers.finish
+    monkeypatch.setattr(Trackers, "finish", lambda self: (finished.append(len(self.trackers)), finish(self)))
+    x = torch.randn(64, 8)
+
+    def loss(model, batch, step):
+        if step == 6:
+            raise RuntimeError("out of memory")
+        value = model(batch).pow(2).mean()
+        return value, {"loss": value.item()}
+
+    args = OptimArgs(batch_size=16, lr=0.01, warmup_steps=1, max_steps=12, eval_steps=0, log_steps=2,
+                     report_to="tensorboard")
+    task = Task(model=torch.nn.Linear(8, 1), n_batches=4, loss=loss, save=lambda m, path: path.mkdir(),
+                batches=lambda epoch: [x[i:i + 16] for i in range(0, 64, 16)])
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(task, args, make_engine(args), tmp_path)
+    assert finished == [1]
+    assert [step for step, _ in tensorboard_scalars(tmp_path)["train/loss"]] == [2, 4, 6]
