@@ -61,7 +61,9 @@ def page(run: Path, preset: str, machine: str, when: str) -> str:
     changed = {k: v for k, v in config.items() if k not in ("documents", "corpus", "encoder")}
     lines += ["", "## The recipe", "",
               f"Every setting of the run's recipe (`RecipeConfig`, `system/presets/{preset}.toml`):", "",
-              "```json", json.dumps(changed, indent=1), "```", ""]
+              "```json", json.dumps(changed, indent=1), "```", "",
+              "What each design decision of the recipe gave, kept or not: [decisions](decisions.md). Earlier runs "
+              "and their figures: [the demo's runs](../notes/demo-runs.md).", ""]
     return "\n".join(lines)
 
 
