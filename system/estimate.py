@@ -30,8 +30,8 @@ REFERENCE = dict(
     fid_token_s=0.0004,       # per (passage x token) of a training batch, tiny preset
     read_token_s=0.00004,     # per (passage x token) read, greedy decoding, tiny preset
     warm_fid_token_s=0.0010,  # the same for the bert2bert reader (MiniLM encoder, 2 decoder layers), span loss
-    warm_read_token_s=0.00026,  # the full preset's run stage read 57-60 questions a minute at k = 5, 10, 25
-                                # (160 tokens) on a float32 2-core CPU at 0.93x the reference (2026-11-30)
+    warm_read_token_s=0.00028,  # the full preset's run stage read 57-60 questions a minute at k = 5, 10, 25
+                                # (160 tokens) on a float32 2-core CPU at 0.93x the reference's time (2026-11-30)
     rerank_pair_s=0.12,       # a question-passage pair of a reranker training step (forward and backward,
                               # <= 128 tokens; 400 steps of 8 x 4 pairs took 23 minutes on a float32-only
                               # 2-core machine); scoring one is about encode_s
