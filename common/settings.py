@@ -1,11 +1,24 @@
 """What the settings dataclasses of every package share: fields that carry their command-line help
-(tevatron-style; `odqa.system.commands.args` makes one flag per field), and the optimiser settings
-that every trainer embeds. No torch here: building the CLI's parser imports this.
+(tevatron-style; `odqa.system.commands.args` makes one flag per field), sections, the settings that
+many commands share, and the optimiser settings that every trainer embeds. No torch here: building the
+CLI's parser imports this.
+
+Each setting is declared once, in the class of its concern. A larger class holds another whole as a
+*section* (ColBERT's `ColBERTConfig`): `PhraseTrainArgs.model` is a `PhraseModelConfig`, `RunArgs.search`
+a `SearchConfig`. A section's fields keep their flat names on the command line, in --config files,
+in pipeline records and in the Python API's overrides (`flat`, `from_flat`, `updated`); a section
+may rename one where two of a tree's sections would share it (`ReaderArgs.reading`'s `batch_size` is
+`--eval-batch-size`). A concern that needs another default inherits the setting and gives it
+(`override`), so one name is one quantity whatever the command.
 
 Field metadata: "help"; "flag" where the flag is not --field-name, or "positional"; "aliases" for old
 spellings that still work, with a deprecation line; "choices"; "range" (positive, non_negative,
-percent, port, text: not empty), which both the flag's parser and `check_ranges` (a dataclass's
-__post_init__, for settings made in Python) enforce.
+percent, port, share, text: not empty, finite), which both the flag's parser and `check_ranges` (a
+dataclass's __post_init__, for settings made in Python) enforce; "input" for what a command reads or
+writes (a path, a question set, the question), which names its own file rather than a setting;
+"required" for an input its flag must give though Python may leave it None until a recipe fills it;
+"section" for a field that holds a settings class whole; "tuned" for what training sets and a
+checkpoint keeps (a reranker's weight), which is no command's flag.
 """
 from __future__ import annotations
 
@@ -22,11 +35,174 @@ def arg(default=None, help: str = "", **meta):
     return field(default=default, metadata={"help": help, **meta})
 
 
-def flag_of(f) -> str:
-    """The command-line flag of a settings field (a positional one: its name)."""
+def required(help: str, **meta):
+    """An input with no default: its flag is required."""
+    return field(metadata={"help": help, "input": True, **meta})
+
+
+def path(default=None, help: str = "", **meta):
+    """An input (a file, a directory, a checkpoint, a question set) with a default, often None: the
+    default pipeline's or the default corpus. `required=True`: its flag must be given, though Python
+    may leave it None until a recipe fills it in."""
+    return field(default=default, metadata={"help": help, "input": True, **meta})
+
+
+def listed(default: list, help: str, **meta):
+    """A list-valued settings field (a flag taking several values)."""
+    return field(default_factory=lambda: list(default), metadata={"help": help, **meta})
+
+
+def section(cls, help: str = "", rename: dict[str, str] | None = None, **values):
+    """A field holding a settings class whole, by default `cls` with `values` (flat names) in place of
+    its own defaults; `rename`: flat names of its fields as this tree calls them (and flags them)."""
+    return field(default_factory=lambda: from_flat(cls, values),
+                 metadata={"help": help, "section": cls, "rename": dict(rename or {})})
+
+
+def override(base, name: str, default, **meta):
+    """`base`'s field `name` with another default (and help), for a subclass whose concern needs it:
+    the same setting, its range and flag, not a copy of it."""
+    f = next(f for f in dataclasses.fields(base) if f.name == name)
+    meta = {**f.metadata, **meta}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def flag_of(f, name: str | None = None) -> str:
+    """The command-line flag of a settings field (a positional one: its name); `name`: its flat name in
+    a tree that renames it."""
     if f.metadata.get("positional"):
         return f.name
+    if name is not None and name != f.name:
+        return "--" + name.replace("_", "-")
     return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
+def is_section(f) -> bool:
+    return "section" in f.metadata
+
+
+def leaves(cls, rename: dict[str, str] | None = None) -> list[tuple[str, tuple[str, ...], dataclasses.Field]]:
+    """(flat name, path of field names, field) of every setting of `cls`, sections opened, in order."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if is_section(f):
+            for name, at, leaf in leaves(f.metadata["section"], f.metadata["rename"]):
+                out.append((name, (f.name, *at), leaf))
+        else:
+            out.append(((rename or {}).get(f.name, f.name), (f.name,), f))
+    return out
+
+
+def flat_names(cls) -> dict[str, tuple[str, ...]]:
+    """Each flat name of `cls`'s tree and where it lives; a tree whose flags are flat (a command's) has
+    each name once, else `TypeError` names both places. (A recipe's sections share names: each is set
+    in its own table.)"""
+    seen: dict[str, tuple[str, ...]] = {}
+    for name, at, _ in leaves(cls):
+        if name in seen:
+            raise TypeError(f"{cls.__name__}: {'.'.join(seen[name])} and {'.'.join(at)} are both {name!r}")
+        seen[name] = at
+    return seen
+
+
+def from_flat(cls, values: dict, where: str = ""):
+    """`cls` made from its settings by flat name, each not given keeping its default (a section's: the
+    section's default). A section may also be given as a table of its own (TOML's [section]), which is
+    how a tree whose sections share names (a recipe's) sets them. A name that is none of its settings is
+    refused, naming `where`."""
+    kwargs = _changes(cls, None, dict(values), where)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:   # a required setting not given
+        raise InputError(f"{where or cls.__name__}: {e}") from None
+
+
+def updated(obj, values: dict | None = None, **more):
+    """A copy of `obj` with the settings named (flat names, into whichever section holds them, or a
+    section's table) changed; `obj` is left as it is. A name that is none of its settings is refused."""
+    values = {**(values or {}), **more}
+    if not values:
+        return obj
+    return dataclasses.replace(obj, **_changes(type(obj), obj, values, ""))
+
+
+def _changes(cls, obj, values: dict, where: str, rename: dict | None = None) -> dict:
+    """The constructor arguments of `cls` (changed from `obj`, or from the defaults) that `values` sets:
+    its own fields by (renamed) name, a section by its table or by its fields' unambiguous flat names."""
+    rename = rename or {}
+    out, fields = {}, dataclasses.fields(cls)
+    own_names = {rename.get(f.name, f.name): f for f in fields if not is_section(f)}
+    for name in list(values):
+        if name in own_names:
+            out[own_names[name].name] = values.pop(name)
+    counts: dict[str, int] = {}
+    for f in fields:
+        if is_section(f):
+            for name, _, _ in leaves(f.metadata["section"], f.metadata["rename"]):
+                counts[name] = counts.get(name, 0) + 1
+    for f in fields:
+        if not is_section(f):
+            continue
+        sub, sub_rename = f.metadata["section"], f.metadata["rename"]
+        current = getattr(obj, f.name) if obj is not None else f.default_factory()
+        mine = {}
+        if isinstance(values.get(f.name), dict):
+            table = values.pop(f.name)
+            mine.update({k: v for k, v in table.items()})
+            table_where = f"{where}[{f.name}]" if where else f"[{f.name}]"
+        else:
+            table_where = where
+            if isinstance(values.get(f.name), sub):
+                out[f.name] = values.pop(f.name)
+                continue
+        for name, _, _ in leaves(sub, sub_rename):
+            if name in values and counts[name] == 1:
+                mine[name] = values.pop(name)
+        if mine:
+            inner = _changes(sub, current, {_undo(sub_rename, k): v for k, v in mine.items()}, table_where)
+            out[f.name] = dataclasses.replace(current, **inner) if inner else current
+    if values:
+        ambiguous = sorted(n for n in values if counts.get(n, 0) > 1)
+        known = ", ".join(own_names) + (", and the sections' " + ", ".join(
+            f.name for f in fields if is_section(f)) if any(is_section(f) for f in fields) else "")
+        said = f"; {', '.join(ambiguous)}: more than one section has it, so set it in a section's table" if ambiguous \
+            else ""
+        raise InputError(f"{where or cls.__name__}: not settings of {cls.__name__}: {', '.join(sorted(values))} "
+                         f"(its settings: {known}){said}")
+    return out
+
+
+def _undo(rename: dict, name: str) -> str:
+    """A flat name of `cls`'s tree as `cls` itself calls it (the names a holder renamed given back)."""
+    back = {v: k for k, v in rename.items()}
+    return back.get(name, name)
+
+
+def flat(obj) -> dict:
+    """Every setting of `obj` by its flat name, sections opened (a command's tree: each name once)."""
+    out = {}
+    for name, at in flat_names(type(obj)).items():
+        value = obj
+        for part in at:
+            value = getattr(value, part)
+        out[name] = value
+    return out
+
+
+def settings_of(obj) -> dict:
+    """`obj` as a stage's or a run's key is made of it: every setting, sections nested as they are
+    declared, without the inputs (the files a command reads and writes, which a key names by their
+    contents, not their paths)."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if is_section(f):
+            out[f.name] = settings_of(value)
+        elif not f.metadata.get("input"):
+            out[f.name] = value
+    return out
 
 
 def range_error(rule: str, value, integer: bool | None = None) -> str | None:
@@ -62,7 +238,8 @@ def writes_error(kind: str, path) -> str | None:
 
 def check_ranges(settings) -> None:
     """Refuse a settings object whose field is outside its "range", or names an existing path of the
-    other kind than the field "writes" (a file or a directory), naming the flag."""
+    other kind than the field "writes" (a file or a directory), naming the flag. Sections check
+    themselves when they are made."""
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
         said = f.metadata.get("writes") and value is not None and writes_error(f.metadata["writes"], value)
@@ -93,19 +270,58 @@ CORPUS_HELP = "a directory built by `odqa corpus build` (default: the default co
 QUESTIONS_HELP = ("a name (nq-test, tqa-dev, ...); a JSONL, DPR .qa.csv, JSON, CSV, TSV or Parquet path, plain or "
                   "compressed; or a hub dataset hf:NAME[:CONFIG][@SPLIT] (hf:nq_open); NAME:N is its first N")
 
-
-def required(help: str, **meta):
-    """A settings field with no default: its flag is required."""
-    return field(metadata={"help": help, **meta})
-
-
-def listed(default: list, help: str, **meta):
-    """A list-valued settings field (a flag taking several values)."""
-    return field(default_factory=lambda: list(default), metadata={"help": help, **meta})
-
-
 OUT = dict(flag="--out", aliases=["--out-dir"], writes="dir")   # every output directory is --out; --out-dir until 0.3
 FILE_OUT = dict(writes="file")
+
+
+# The settings many commands share, each declared here once; a command inherits the ones it has and
+# gives them its own default (`override`).
+@dataclass(kw_only=True)
+class Passages:
+    k: int = arg(10, "passages per question", range="positive")
+
+
+@dataclass(kw_only=True)
+class Limited:
+    limit: int | None = arg(None, "only the first N questions", range="positive")
+
+
+@dataclass(kw_only=True)
+class Batched:
+    batch_size: int = arg(16, "examples per forward pass", range="positive")
+
+
+@dataclass(kw_only=True)
+class Seeded:
+    seed: int = arg(0, "seed of the draw")
+
+
+@dataclass(kw_only=True)
+class HeldOut:
+    validation_percent: float = arg(10.0, "share of the questions held out (by question hash) for validation",
+                                    range="percent")
+
+
+@dataclass(kw_only=True)
+class TrainExamples:
+    max_train_examples: int | None = arg(None, "use only the first N training examples", range="positive")
+
+
+@dataclass(kw_only=True)
+class ValidationExamples:
+    max_validation_examples: int | None = arg(500, "validate on the first N examples", range="positive")
+
+
+@dataclass(kw_only=True)
+class Fit(Batched, Seeded):
+    """What any fit has, the shared loop's (`OptimArgs`) or a small model's own (the phrase filter's)."""
+    epochs: int = arg(2, "passes over the training examples", range="positive")
+    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up then linear decay)", range="positive")
+    log_steps: int = arg(10, "log the loss every N steps", range="positive")
+    report_to: str = arg("none", "also log the loss, learning rate and throughput every --log-steps and the "
+                                 "validation figures at each evaluation to: tensorboard, wandb or mlflow (accelerate's "
+                                 "trackers; local files under OUT/runs), all (those installed), or none",
+                         choices=list(REPORT_TO))
 
 
 BACKENDS = ("accelerate", "deepspeed")
@@ -113,15 +329,14 @@ CONFIG_DIR = Path(__file__).parent / "configs"   # DeepSpeed JSONs: zero2.json, 
 
 
 @dataclass(kw_only=True)
-class OptimArgs:
+class OptimArgs(Fit):
     """The settings of the one training loop (`odqa.common.trainer.train`), embedded whole in every
     trainer's settings; each trainer may give them defaults of its own. The DeepSpeed JSON's "auto"
     values are filled from these."""
-    epochs: int = arg(2, "passes over the training examples", range="positive")
+    seed: int = override(Seeded, "seed", 13, help="seed of data order and initialisation")
     max_steps: int | None = arg(None, "optimizer steps (default: --epochs over the data)", range="positive")
-    batch_size: int = arg(16, "examples per micro-batch (per process)", range="positive")
+    batch_size: int = override(Batched, "batch_size", 16, help="examples per micro-batch (per process)")
     accumulation: int = arg(1, "micro-batches per optimizer step (gradient accumulation)", range="positive")
-    lr: float = arg(5e-5, "peak learning rate (AdamW, linear warm-up then linear decay)", range="positive")
     weight_decay: float = arg(0.01, "AdamW weight decay", range="non_negative")
     warmup_steps: int | None = arg(None, "steps of linear warm-up (default: --warmup-ratio of the steps)",
                                     range="non_negative")
@@ -132,12 +347,6 @@ class OptimArgs:
                           range="non_negative")
     save_steps: int = arg(0, "also checkpoint every N steps (a checkpoint is written after each epoch and at "
                              "the end)", range="non_negative")
-    log_steps: int = arg(10, "log the loss every N steps", range="positive")
-    report_to: str = arg("none", "also log the loss, learning rate and throughput every --log-steps and the "
-                                 "validation figures at each evaluation to: tensorboard, wandb or mlflow (accelerate's "
-                                 "trackers; local files under OUT/runs), all (those installed), or none",
-                         choices=list(REPORT_TO))
-    seed: int = arg(13, "seed of data order and initialisation")
     resume: bool = arg(False, "continue from OUT/checkpoint")
     backend: str = arg("accelerate", "accelerate (one process, or DDP under torchrun / accelerate launch) or "
                                      "deepspeed (ZeRO; under deepspeed, torchrun or accelerate launch)")
@@ -170,6 +379,14 @@ class OptimArgs:
 
     def warmup(self, total_steps: int) -> int:
         return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * total_steps)
+
+
+def needs(settings, *names: str) -> None:
+    """Refuse `settings` where an input it must have (a file a recipe fills in, from Python) is None."""
+    missing = [n for n in names if getattr(settings, n) is None]
+    if missing:
+        fields = {f.name: f for f in dataclasses.fields(settings)}
+        raise InputError(f"{type(settings).__name__} needs {', '.join(flag_of(fields[n]) for n in missing)}")
 
 
 def read_settings_file(path: Path, label: str) -> dict:

@@ -60,7 +60,7 @@ def cloze_questions(text: str, rng: random.Random, args: ClozeArgs) -> list[tupl
     for sentence in _SENTENCE_END.split(text):
         sentence = sentence.strip()
         n_words = len(sentence.split())
-        if not args.min_words <= n_words <= args.max_words:
+        if not args.min_words <= n_words <= args.max_sentence_words:
             continue
         for start, end, wh in salient_spans(sentence, args.max_answer_words):
             answer = sentence[start:end]
@@ -72,8 +72,8 @@ def cloze_questions(text: str, rng: random.Random, args: ClozeArgs) -> list[tupl
 
 
 def write_cloze_file(args: ClozeArgs) -> dict:
-    if args.passages < 1:
-        raise InputError(f"--passages must be at least 1, not {args.passages}")
+    if args.k < 1:
+        raise InputError(f"--k must be at least 1, not {args.k}")
     store = PassageStore(Path(args.corpus))
     n = len(store)
     rng = random.Random(args.seed)
@@ -82,17 +82,17 @@ def write_cloze_file(args: ClozeArgs) -> dict:
         for row, passage in enumerate(tqdm(store, total=n, desc="cloze", mininterval=5)):
             for j, (question, answer) in enumerate(cloze_questions(passage["text"], rng, args)):
                 ctxs, draws = [passage], 0
-                while len(ctxs) < args.passages:
+                while len(ctxs) < args.k:
                     other, draws = store[rng.randrange(n)], draws + 1
                     if other["doc_id"] != passage["doc_id"]:
                         ctxs.append(other)
-                    elif draws > 100 * args.passages:
+                    elif draws > 100 * args.k:
                         raise InputError(f"{args.corpus}: distractor passages need a corpus of more than one "
                                          f"document")
                 rng.shuffle(ctxs)
                 f.write(json.dumps({
                     "id": f"cloze-{row}-{j}", "question": question, "answers": [answer],
-                    "ctxs": [{"id": c["id"], "title": c["title"], "text": c["text"], "score": float(args.passages - r),
+                    "ctxs": [{"id": c["id"], "title": c["title"], "text": c["text"], "score": float(args.k - r),
                               "has_answer": answer in c["text"]} for r, c in enumerate(ctxs)],
                 }, ensure_ascii=False) + "\n")
                 questions += 1

@@ -175,12 +175,12 @@ def pick_target(ex: FiDExample, rng: random.Random | None, k: int | None = None)
 class FiDCollator:
     """Examples -> input_ids/attention_mask (B, k, L) and labels (B, T) with -100 on padding."""
 
-    def __init__(self, tokenizer, n_passages: int, text_maxlength: int = 200, answer_maxlength: int = 32,
+    def __init__(self, tokenizer, k: int, text_maxlength: int = 200, max_new_tokens: int = 32,
                  span_loss: bool = False):
         self.tokenizer = tokenizer
-        self.k = n_passages
+        self.k = k
         self.text_maxlength = text_maxlength
-        self.answer_maxlength = answer_maxlength
+        self.max_new_tokens = max_new_tokens
         self.span_loss = span_loss
 
     def encode_passages(self, examples: list[FiDExample], offsets: bool = False) -> dict:
@@ -207,7 +207,7 @@ class FiDCollator:
         """Labels (B, T): the answer's tokens and the end token, -100 on padding. Special tokens other
         than the end are left out: the decoder's start token is prepended by the model."""
         end = answer_end_id(self.tokenizer)
-        ids = [seq[: self.answer_maxlength - 1] + [end] for seq in
+        ids = [seq[: self.max_new_tokens - 1] + [end] for seq in
                self.tokenizer(targets, add_special_tokens=False)["input_ids"]]
         width = max(len(seq) for seq in ids)
         return torch.tensor([seq + [-100] * (width - len(seq)) for seq in ids])

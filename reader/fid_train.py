@@ -17,9 +17,10 @@ from odqa.common.io import InputError, write_json
 from odqa.common.metrics.answers import answer_em
 from odqa.common.model_card import Card
 from odqa.common.questions import split_of
-from odqa.reader.args import DECODING, LoopArgs, ReaderArgs
+from odqa.common.settings import needs
+from odqa.reader.args import LoopArgs, ReaderArgs
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
-from odqa.reader.read import generate_answers, load_reader
+from odqa.reader.read import generate, load_reader
 from odqa.reader.task import reader_task
 
 log = logging.getLogger(__name__)
@@ -40,19 +41,17 @@ def split_examples(args: ReaderArgs) -> tuple[list[FiDExample], list[FiDExample]
         if any(ex.has_answer is None for ex in train):
             raise InputError("training files lack ctxs' \"has_answer\": pass --keep-unanswerable or write them "
                              "with `odqa retrieve`")
-        train = [ex for ex in train if any(ex.has_answer[: args.n_passages])]
+        train = [ex for ex in train if any(ex.has_answer[: args.k])]
     train = [ex for ex in train if ex.answers or ex.target]
     if not train:
         raise InputError("no training questions left (none has an answer in its top-k passages)")
-    return train, validation[: args.max_validation]
+    return train, validation[: args.max_validation_examples]
 
 
 def make_evaluate(validation: list[FiDExample], tokenizer, args: ReaderArgs, device):
     def evaluate(model, rank: int, world: int) -> dict:
         mine = validation[rank::world]
-        predictions = generate_answers(model, tokenizer, mine, args.n_passages, args.eval_batch_size,
-                                       args.text_maxlength, args.answer_maxlength, device=device,
-                                       progress=False, decoding=args.decoding) if mine else []
+        predictions = generate(model, tokenizer, mine, [args.k], args.reading, device)[args.k] if mine else []
         counts = torch.tensor([sum(answer_em(p, ex.answers, ex.regex) for p, ex in zip(predictions, mine)),
                                len(mine)], dtype=torch.float64)
         if world > 1:
@@ -62,8 +61,8 @@ def make_evaluate(validation: list[FiDExample], tokenizer, args: ReaderArgs, dev
 
 
 def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
-    if args.decoding not in DECODING:   # checked before any training step, not at the first evaluation
-        raise InputError(f"--decoding must be one of {', '.join(DECODING)}, not {args.decoding!r}")
+    needs(args, "model")
+    needs(loop, "out_dir")
     if args.passage_loss_coef is not None and args.passage_loss_coef < 0:
         raise InputError(f"--passage-loss-coef must be >= 0, not {args.passage_loss_coef}")
     if loop.resume:   # before anything is written over
@@ -76,9 +75,9 @@ def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
     model, tokenizer = load_reader(args.model, "cpu")
     if args.passage_loss_coef is not None:
         model.config.passage_loss_coef = args.passage_loss_coef     # saved with the checkpoints
-    collator = FiDCollator(tokenizer, args.n_passages, args.text_maxlength, args.answer_maxlength, args.span_loss)
+    collator = FiDCollator(tokenizer, args.k, args.reading.text_maxlength, args.reading.max_new_tokens, args.span_loss)
     log.info("FiD on %d training / %d validation questions, k=%d, %d processes", len(train_ex), len(validation),
-             args.n_passages, world)
+             args.k, world)
     if rank == 0:
         write_json(f"{loop.out_dir}/reader_args.json", {**asdict(args), "train_questions": len(train_ex),
                                                          "validation_questions": len(validation)})

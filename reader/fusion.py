@@ -57,7 +57,7 @@ def _key(text: str) -> str:
 
 @torch.no_grad()
 def choose(model, tokenizer, encoded: FusedEncoderOutput, mask: torch.Tensor, examples: list[FiDExample],
-           generated: list[str], k: int, answer_maxlength: int = 32) -> list[str]:
+           generated: list[str], k: int, max_new_tokens: int = 32) -> list[str]:
     """Each row's best candidate (see the module's docstring). `encoded`/`mask`: the k passages' fused
     encoder output and its (B, k * L) mask, as the greedy answers were decoded from."""
     rows, texts, prior = [], [], []
@@ -68,7 +68,7 @@ def choose(model, tokenizer, encoded: FusedEncoderOutput, mask: torch.Tensor, ex
             prior.append(FLOOR if term is None else term)
     if not rows:
         return list(generated)
-    likelihood = _per_token_log_likelihood(model, tokenizer, encoded, mask, rows, texts, answer_maxlength)
+    likelihood = _per_token_log_likelihood(model, tokenizer, encoded, mask, rows, texts, max_new_tokens)
     score = likelihood + WEIGHT * torch.tensor(prior)
     out = list(generated)
     best = [-math.inf] * len(examples)
@@ -79,12 +79,12 @@ def choose(model, tokenizer, encoded: FusedEncoderOutput, mask: torch.Tensor, ex
 
 
 @torch.no_grad()
-def _per_token_log_likelihood(model, tokenizer, encoded, mask, rows, texts, answer_maxlength) -> torch.Tensor:
+def _per_token_log_likelihood(model, tokenizer, encoded, mask, rows, texts, max_new_tokens) -> torch.Tensor:
     """Mean log-probability of each text's tokens and end, read from row rows[i] of the encoder output.
     The decoder's cross-attention keys and values of a row are computed once, at the start token, and
     copied for its candidates: computed for each candidate instead, they made reading take 2.7 times as
     long (docs/notes/reader.md)."""
-    targets = FiDCollator(tokenizer, 1, answer_maxlength=answer_maxlength)    # the labels training builds
+    targets = FiDCollator(tokenizer, 1, max_new_tokens=max_new_tokens)    # the labels training builds
     start = decoder_start_id(model)
     out = torch.empty(len(texts))
     for r in sorted(set(rows)):

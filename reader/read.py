@@ -21,13 +21,13 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig
 
-from odqa.common.device import pick_device, search_dtype
+from odqa.common.device import search_dtype
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import answer_em, is_echo
 from odqa.common.ranks import current, split_map
 from odqa.common.weights import check_sealed
 from odqa.reader import fusion
-from odqa.reader.args import READ_DECODING
+from odqa.reader.args import ReaderSettings
 from odqa.reader.checkpoints import load_tokenizer, load_weights
 from odqa.reader.fid import FusedEncoderOutput, decoder_start_id, reader_class
 from odqa.reader.fid_data import FiDCollator, FiDExample, answer_end_id, load_fid_file, write_predictions
@@ -76,41 +76,30 @@ def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "c
 
 
 @torch.no_grad()
-def generate_answers(model, tokenizer, examples: list[FiDExample], n_passages: int, batch_size: int = 8,
-                     text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-                     device: str | torch.device = "cpu", progress: bool = True, decoding: str = "spans",
-                     refuse_echoes: bool = True, dtype: torch.dtype | None = None) -> list[str]:
-    return generate_answers_by_k(model, tokenizer, examples, [n_passages], batch_size, text_maxlength, max_new_tokens,
-                                 num_beams, device, progress, decoding, refuse_echoes, dtype)[n_passages]
-
-
-@torch.no_grad()
-def generate_answers_by_k(model, tokenizer, examples: list[FiDExample], ks: list[int], batch_size: int = 8,
-                          text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-                          device: str | torch.device = "cpu", progress: bool = True,
-                          decoding: str = "spans", refuse_echoes: bool = True,
-                          dtype: torch.dtype | None = None) -> dict[int, list[str]]:
-    """Answers from the best k passages for each k in `ks`. FiD encodes each passage on its own, so
-    the encoder runs once, over the largest k, and each k decodes from the first k passages' outputs:
-    reading at k = 5, 10 and 25 costs the encoder what k = 25 alone does. With `spans` decoding and
-    `refuse_echoes`, an answer that only repeats the question is decoded again (`_redecode_echoes`).
-    `dtype` (default `search_dtype`: bfloat16 where the hardware computes it natively): bfloat16 reads
-    under autocast, the weights staying as they are; 1.7x faster on this CPU, 98-99% of the answers
-    the same as float32's and EM within a question (docs/notes/reader.md)."""
-    if decoding not in READ_DECODING:
-        raise InputError(f"decoding must be one of {', '.join(READ_DECODING)}, not {decoding!r}")
-    if decoding == "phrases":
+def generate(model, tokenizer, examples: list[FiDExample], ks: list[int], settings: ReaderSettings,
+             device: str | torch.device = "cpu", *, progress: bool = False, refuse_echoes: bool = True,
+             dtype: torch.dtype | None = None) -> dict[int, list[str]]:
+    """The reader's answers from the best k passages of each example, for each k in `ks`, read by
+    `settings` (batches of `batch_size` questions, `text_maxlength` tokens a passage, `max_new_tokens`,
+    `num_beams`, `decoding`). FiD encodes each passage on its own, so the encoder runs once, over the
+    largest k, and each k decodes from the first k passages' outputs: reading at k = 5, 10 and 25 costs
+    the encoder what k = 25 alone does. With `spans` decoding and `refuse_echoes`, an answer that only
+    repeats the question is decoded again (`_redecode_echoes`). `dtype` (default `search_dtype`:
+    bfloat16 where the hardware computes it natively): bfloat16 reads under autocast, the weights
+    staying as they are; 1.7x faster on this CPU, 98-99% of the answers the same as float32's and EM
+    within a question (docs/notes/reader.md)."""
+    if settings.decoding == "phrases":
         fusion.check_phrases(examples)
     kind = torch.device(device).type
     dtype = search_dtype(kind) if dtype is None else dtype
     with torch.autocast(kind, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        return _generate_answers_by_k(model, tokenizer, examples, ks, batch_size, text_maxlength, max_new_tokens,
-                                      num_beams, device, progress, decoding, refuse_echoes)
+        return _generate(model, tokenizer, examples, ks, settings, device, progress, refuse_echoes)
 
 
-def _generate_answers_by_k(model, tokenizer, examples, ks, batch_size, text_maxlength, max_new_tokens, num_beams,
-                           device, progress, decoding, refuse_echoes) -> dict[int, list[str]]:
-    ks = sorted(set(ks))
+def _generate(model, tokenizer, examples, ks, settings: ReaderSettings, device, progress, refuse_echoes
+              ) -> dict[int, list[str]]:
+    ks, batch_size, decoding = sorted(set(ks)), settings.batch_size, settings.decoding
+    text_maxlength, max_new_tokens, num_beams = settings.text_maxlength, settings.max_new_tokens, settings.num_beams
     collator = FiDCollator(tokenizer, ks[-1], text_maxlength)
     end, pad, start = answer_end_id(tokenizer), tokenizer.pad_token_id, decoder_start_id(model)
     was_training = model.training
@@ -197,25 +186,6 @@ def _redecode_echoes(decode: _Decoder, spans: PassageSpans, questions: list[str]
         todo = still
 
 
-def read(model_path: str | os.PathLike, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
-         batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-         limit: int | None = None, device: str | None = None, decoding: str = "spans",
-         parts: str | os.PathLike | None = None, key=None, tokenizer_path: str | os.PathLike | None = None) -> dict:
-    device = pick_device(device)
-    model, tokenizer = load_reader(model_path, device, tokenizer_path)
-    return read_with(model, tokenizer, fid_file, out, n_passages, batch_size, text_maxlength, max_new_tokens,
-                     num_beams, limit, device, decoding, parts, key)
-
-
-def read_with(model, tokenizer, fid_file: str | os.PathLike, out: str | os.PathLike, n_passages: int = 10,
-              batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-              limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans",
-              parts: str | os.PathLike | None = None, key=None) -> dict:
-    """`read` with a reader already loaded (`load_reader`), for callers that read many files."""
-    return read_with_ks(model, tokenizer, fid_file, {n_passages: out}, batch_size, text_maxlength, max_new_tokens,
-                        num_beams, limit, device, decoding, parts=parts, key=key)[n_passages]
-
-
 def check_readable(examples: list[FiDExample], fid_file) -> None:
     """Refuse a file to read with a question without passages (FiD would answer it from nothing) or an
     id twice (predictions are found by id), naming them."""
@@ -229,25 +199,25 @@ def check_readable(examples: list[FiDExample], fid_file) -> None:
                          f"found by its id")
 
 
-def read_with_ks(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, str | os.PathLike],
-                 batch_size: int = 8, text_maxlength: int = 200, max_new_tokens: int = 32, num_beams: int = 1,
-                 limit: int | None = None, device: str | torch.device = "cpu", decoding: str = "spans",
-                 refuse_echoes: bool = True, parts: str | os.PathLike | None = None, key=None) -> dict:
-    """Predictions at several k (`outs`: k -> file) from one pass of the encoder; k -> summary. Under a
-    launcher each rank reads its share of the batches, and rank 0 writes the files; given `parts`
-    (where finished batches wait to be merged, common/ranks.py), a killed read resumes."""
+def read(model, tokenizer, fid_file: str | os.PathLike, outs: dict[int, str | os.PathLike], settings: ReaderSettings,
+         device: str | torch.device = "cpu", *, limit: int | None = None, refuse_echoes: bool = True,
+         parts: str | os.PathLike | None = None, key=None) -> dict:
+    """`odqa read`: predictions at several k (`outs`: k -> file) of a retrieval file's first `limit`
+    questions, from one pass of the encoder; k -> summary. Under a launcher each rank reads its share
+    of the batches, and rank 0 writes the files; given `parts` (where finished batches wait to be
+    merged, common/ranks.py), a killed read resumes."""
     examples = load_fid_file(fid_file, limit=limit)
     check_readable(examples, fid_file)
-    if decoding == "phrases":
+    if settings.decoding == "phrases":
         fusion.check_phrases(examples, str(fid_file))    # named here, before any reading
     start = time.perf_counter()
     ks = sorted(outs)
 
     def read_batch(batch: list[FiDExample]) -> list[list[str]]:
-        by_k = generate_answers_by_k(model, tokenizer, batch, ks, batch_size, text_maxlength, max_new_tokens,
-                                     num_beams, device, progress=False, decoding=decoding, refuse_echoes=refuse_echoes)
+        by_k = generate(model, tokenizer, batch, ks, settings, device, refuse_echoes=refuse_echoes)
         return [[by_k[k][i] for k in ks] for i in range(len(batch))]
-    answers = split_map(read_batch, examples, batch_size, parts, {"key": key, "ks": ks}, desc=f"read k={','.join(map(str, ks))}")
+    answers = split_map(read_batch, examples, settings.batch_size, parts, {"key": key, "ks": ks},
+                        desc=f"read k={','.join(map(str, ks))}")
     seconds = time.perf_counter() - start
     summaries = {}
     for j, k in enumerate(ks):

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, T5Config, T5Tokenizer
 
 from odqa.common.io import InputError, atomic_path, write_json
 from odqa.common.weights import seal
-from odqa.reader.args import PRESETS
+from odqa.reader.args import SHAPES
 from odqa.reader.fid import FiDT5
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,9 @@ def train_tokenizer(texts: Iterable[str], out_dir: str | os.PathLike, vocab_size
 
 
 def t5_config(preset: str, vocab_size: int) -> T5Config:
-    if preset not in PRESETS:
-        raise InputError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
-    p = PRESETS[preset]
+    if preset not in SHAPES:
+        raise InputError(f"unknown shape {preset!r}: one of {', '.join(SHAPES)}")
+    p = SHAPES[preset]
     return T5Config(vocab_size=vocab_size, d_model=p["d_model"], d_ff=p["d_ff"], num_layers=p["num_layers"],
                     num_decoder_layers=p["num_layers"], num_heads=p["num_heads"], d_kv=p["d_kv"],
                     feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.1,
@@ -85,9 +85,9 @@ def t5_config(preset: str, vocab_size: int) -> T5Config:
 def init_reader(texts: Iterable[str], out_dir: str | os.PathLike, preset: str = "tiny",
                 vocab_size: int | None = None, seed: int = 0) -> dict:
     """Tokenizer + randomly initialised T5 of the preset's shape, written atomically to `out_dir`."""
-    if preset not in PRESETS:
-        raise InputError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
-    vocab_size = vocab_size or PRESETS[preset]["vocab"]
+    if preset not in SHAPES:
+        raise InputError(f"unknown preset {preset!r}: one of {', '.join(SHAPES)}")
+    vocab_size = vocab_size or SHAPES[preset]["vocab"]
     with atomic_path(out_dir) as tmp:
         tokenizer = train_tokenizer(texts, tmp, vocab_size)
         config = t5_config(preset, len(tokenizer))
@@ -95,7 +95,7 @@ def init_reader(texts: Iterable[str], out_dir: str | os.PathLike, preset: str = 
         model = FiDT5(config)
         model.save_pretrained(str(tmp))
         info = {"preset": preset, "vocab_size": len(tokenizer), "parameters": model.num_parameters(),
-                **PRESETS[preset]}
+                **SHAPES[preset]}
         write_json(tmp / "reader_init.json", info)
         seal(tmp)
     log.info("%s T5, %d parameters, %d-token vocabulary -> %s", preset, info["parameters"], len(tokenizer), out_dir)

@@ -18,7 +18,6 @@ question, and reports should say so (docs/notes/retrieval.md, "The answer memory
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,9 @@ import numpy as np
 from odqa.common.artifact import build_dir, read_manifest
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, check_checksums, read_jsonl, write_jsonl
+from odqa.common.metrics.answers import normalize_answer
 from odqa.common.questions import Question
+from odqa.common.results import Neighbour, Phrase
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_model import DensePhraseModel, question_encoder_hash, question_vectors_of
 
@@ -48,13 +49,6 @@ def memory_answers(q: Question) -> list[str]:
         if a and a not in out:
             out.append(a)
     return out
-
-
-@dataclass
-class Neighbour:
-    similarity: float
-    question: str
-    answers: list[str]
 
 
 class AnswerMemory:
@@ -94,9 +88,29 @@ class AnswerMemory:
             top = np.argpartition(-sims, n - 1, axis=1)[:, :n]
             for s, rows in zip(sims, top):
                 rows = rows[np.argsort(-s[rows], kind="stable")]
-                out.append([Neighbour(float(s[r]), self.questions[r], self.answers[r])
+                out.append([Neighbour(self.questions[r], tuple(self.answers[r]), float(s[r]))
                             for r in rows if s[r] >= threshold])
         return out
+
+
+def memory_votes(neighbours: list[Neighbour], hits: list, weight: float, indexed_phrase) -> list[tuple[Phrase, float]]:
+    """The memory's votes for the extractive answer: each neighbour votes once for each of its distinct
+    answer strings (as exact match compares them) with `weight` x cosine, for the answer as an indexed
+    phrase of the highest-ranked of `hits` that holds it (`indexed_phrase(row, answer)`, phrase
+    search's); an answer that no hit holds as a phrase gets no vote."""
+    votes, found = [], {}
+    for nb in neighbours:
+        seen = set()
+        for answer in nb.answers:
+            key = normalize_answer(answer)
+            if not key or key in seen:
+                continue
+            if key not in found:
+                found[key] = next((p for h in hits if h.phrase and (p := indexed_phrase(h.row, answer))), None)
+            if found[key] is not None:
+                seen.add(key)
+                votes.append((found[key], weight * nb.similarity))
+    return votes
 
 
 def memory_sets(directory: str | os.PathLike) -> list[str]:

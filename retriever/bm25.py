@@ -10,7 +10,7 @@ import itertools
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import bm25s
@@ -23,18 +23,10 @@ from odqa.common.artifact import build_dir, current_manifest, read_manifest
 from odqa.common.corpus import PassageStore, corpus_info
 from odqa.common.io import InputError, loading
 from odqa.common.ranks import current
+from odqa.retriever.args import BM25Params
 
 log = logging.getLogger(__name__)
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on its logger when imported
-
-
-@dataclass(frozen=True)
-class BM25Params:
-    k1: float = 1.5
-    b: float = 0.75
-    method: str = "lucene"
-    stopwords: str = "en"
-    stemmer: str = "english"
 
 
 class TermIds(Sequence):

@@ -10,7 +10,7 @@ A checkpoint is a plain `AutoModelForSequenceClassification` with one label, its
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,17 +21,10 @@ from transformers import AutoModelForSequenceClassification
 from odqa.common.device import search_dtype
 from odqa.common.io import InputError, atomic_path, write_json
 from odqa.common.weights import check_sealed, from_pretrained_whole, seal
+from odqa.retriever.args import CrossEncoderConfig
 from odqa.retriever.lm import UNUSED_EXTRA, UNUSED_MISSING, load_tokenizer, read_config
-from odqa.retriever.rerank import standardise
 
 CONFIG = "cross_encoder.json"
-
-
-@dataclass
-class CrossEncoderConfig:
-    encoder: str                      # the checkpoint it started from
-    max_tokens: int = 128             # question and passage together
-    weight: float | None = None       # its score's weight in the final ranking (None: not tuned yet, 1)
 
 
 def passage_input(passage: dict) -> str:
@@ -48,7 +41,7 @@ class CrossEncoder(nn.Module):
         """A new reranker: a BERT-family encoder with a fresh one-output head."""
         lm = from_pretrained_whole(AutoModelForSequenceClassification, name_or_path, "a language model's weights",
                                    may_lack=("classifier.", *UNUSED_MISSING), may_add=UNUSED_EXTRA, num_labels=1)
-        return cls(lm, load_tokenizer(name_or_path), CrossEncoderConfig(str(name_or_path), max_tokens))
+        return cls(lm, load_tokenizer(name_or_path), CrossEncoderConfig(encoder=str(name_or_path), max_tokens=max_tokens))
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "CrossEncoder":
@@ -103,12 +96,6 @@ class CrossEncoder(nn.Module):
     def weight(self) -> float:
         """Its score's weight beside the search's in the final ranking (1 where none was tuned)."""
         return 1.0 if self.config.weight is None else float(self.config.weight)
-
-
-def final_scores(search_scores, cross_scores, weight: float) -> np.ndarray:
-    """The final ranking's scores of one question's passages: z(search score) + weight x z(reranker score),
-    each standardised over those passages (the two come from different models)."""
-    return standardise(search_scores) + weight * standardise(cross_scores)
 
 
 def set_weight(path: str | os.PathLike, weight: float) -> None:

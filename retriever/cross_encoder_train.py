@@ -27,9 +27,11 @@ from odqa.common.io import InputError, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
 from odqa.common.model_card import Card
 from odqa.common.retrieval_file import read_results
+from odqa.common.settings import needs
 from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded, train
 from odqa.retriever.args import RerankerTrainArgs
-from odqa.retriever.cross_encoder import CrossEncoder, final_scores, set_weight
+from odqa.retriever.cross_encoder import CrossEncoder, set_weight
+from odqa.retriever.rerank import final_scores
 
 log = logging.getLogger(__name__)
 # Up to 32, where z(search) only breaks the reranker's ties: a well-trained reranker ranks best
@@ -117,39 +119,40 @@ def param_groups(model: CrossEncoder, args: RerankerTrainArgs) -> list[dict]:
 
 
 def train_reranker(args: RerankerTrainArgs) -> dict:
+    needs(args, "train_file", "validation_file", "out_dir", "encoder")
     out = Path(args.out_dir)
     if args.resume:   # before anything is written over
         check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
-    if args.depth < 2:
-        raise InputError(f"--depth must be at least 2 (a positive and a negative), not {args.depth}")
+    if args.rerank_depth < 2:
+        raise InputError(f"--rerank-depth must be at least 2 (a positive and a negative), not {args.rerank_depth}")
     model = CrossEncoder.from_encoder(args.encoder, args.max_tokens)
-    groups, asked = load_groups(args.train_file, args.depth, args.max_train_examples)
+    groups, asked = load_groups(args.train_file, args.rerank_depth, args.max_train_examples)
     validation = read_results(args.validation_file)[:args.max_validation_examples]
     log.info("%d of %d training questions have answer-bearing and other passages in their top %d; %d validation",
-             len(groups), asked, args.depth, len(validation))
+             len(groups), asked, args.rerank_depth, len(validation))
     if len(groups) < args.batch_size:
         raise InputError(f"{args.train_file}: {len(groups)} questions with both kinds of passage in their top "
-                         f"{args.depth}, fewer than one batch of {args.batch_size}")
+                         f"{args.rerank_depth}, fewer than one batch of {args.batch_size}")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))
 
     def batches(epoch: int) -> MicroBatches:
-        collate = _collate(model, args.negatives, args.seed + epoch)
+        collate = _collate(model, args.negatives_per_question, args.seed + epoch)
         return MicroBatches(groups, permuted_batches(len(groups), args.batch_size, args.seed + epoch),
                             lambda exs, m: collate(exs))
 
-    metric = f"MRR@{args.depth}"
+    metric = f"MRR@{args.rerank_depth}"
     best_scores: dict = {}   # the best evaluation's scores so far, as the loop keeps its checkpoint: tuned on below
 
     def evaluate(m: CrossEncoder, rank: int, world: int) -> dict:
-        scores = rerank_scores(m, validation, args.depth)
-        result = ranking_metrics(validation, scores, None, args.depth)
+        scores = rerank_scores(m, validation, args.rerank_depth)
+        result = ranking_metrics(validation, scores, None, args.rerank_depth)
         if not best_scores or result[metric] > best_scores["value"]:
             best_scores.update(value=result[metric], scores=scores)
         return result
 
-    baseline = ranking_metrics(validation, [np.zeros(len(e["ctxs"][:args.depth])) for e in validation], 0.0, args.depth)
+    baseline = ranking_metrics(validation, [np.zeros(len(e["ctxs"][:args.rerank_depth])) for e in validation], 0.0, args.rerank_depth)
     log.info("the retriever's own order on validation: %s", {k: round(v, 2) for k, v in baseline.items()})
     task = Task(model=model, n_batches=len(groups) // args.batch_size, batches=batches, loss=GroupLoss(),
                 save=lambda m, path: m.save_pretrained(path), evaluate=evaluate, metric=metric,
@@ -158,8 +161,8 @@ def train_reranker(args: RerankerTrainArgs) -> dict:
                           task="text-ranking"))
     state = train(task, args, make_engine(args), out, "train-reranker")
     if best_scores.get("value") != state["best"]["value"]:   # the best was evaluated before a resume
-        best_scores["scores"] = rerank_scores(CrossEncoder.from_pretrained(out / "best").eval(), validation, args.depth)
-    weight, grid = tune_weight(validation, best_scores["scores"], args.depth)
+        best_scores["scores"] = rerank_scores(CrossEncoder.from_pretrained(out / "best").eval(), validation, args.rerank_depth)
+    weight, grid = tune_weight(validation, best_scores["scores"], args.rerank_depth)
     for name in ("best", "last"):
         set_weight(out / name, weight)
     summary = {"train_questions": len(groups), "steps": state["global_step"], "retriever": baseline,

@@ -10,7 +10,6 @@ retrieves; scores are cosines, scaled by `scale` inside the training softmax.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from torch import nn
 from tqdm import tqdm
 
 from odqa.common.io import InputError, hash_files
+from odqa.retriever.args import DocEncoderConfig
 from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
 from odqa.retriever.pooling import mean_pool
 
@@ -29,14 +29,6 @@ def doc_summary(doc: dict) -> tuple[str, str]:
 
 
 CONFIG_FILE = "doc_encoder_config.json"
-
-
-@dataclass
-class DocEncoderConfig:
-    encoder: str                  # AutoModel name or path both LMs start from
-    max_doc_tokens: int = 192
-    max_question_tokens: int = 48
-    scale: float = 20.0           # softmax temperature on cosines (sentence-transformers' default)
 
 
 class DocEncoder(nn.Module):

@@ -30,6 +30,7 @@ from odqa.common.corpus import DocumentTable, PassageStore
 from odqa.common.io import InputError, read_jsonl, write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
 from odqa.common.model_card import Card
+from odqa.common.settings import needs
 from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded, train
 from odqa.retriever.args import DocTrainArgs
 from odqa.retriever.bm25 import BM25Index
@@ -142,19 +143,22 @@ def _collate(tokenizer, table: DocumentTable, cfg: DocEncoderConfig, n_neg: int,
 
 
 def train_doc(args: DocTrainArgs) -> dict:
+    needs(args, "train_file", "validation_file", "corpus", "out_dir")
+    needs(args.model_config, "encoder")
     if args.negatives not in NEGATIVES:
         raise InputError(f"negatives must be one of {NEGATIVES}, not {args.negatives!r}")
     out = Path(args.out_dir)
     if args.resume:   # before anything is written over
         check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
-    if is_doc_checkpoint(args.encoder):
-        model = DocEncoder.from_pretrained(args.encoder)
+    encoder = args.model_config.encoder
+    if is_doc_checkpoint(encoder):
+        model = DocEncoder.from_pretrained(encoder)
     else:
         if args.negatives == "model":
-            raise InputError(f"--negatives model mines with a trained document encoder; {args.encoder} is not one")
-        model = DocEncoder(DocEncoderConfig(args.encoder, args.max_doc_tokens, args.max_question_tokens))
-    tokenizer = load_tokenizer(args.encoder)
+            raise InputError(f"--negatives model mines with a trained document encoder; {encoder} is not one")
+        model = DocEncoder(args.model_config)
+    tokenizer = load_tokenizer(encoder)
     table = DocumentTable(args.corpus)
     # the rows of the supervision's passages only: every passage's would be gigabytes at 21M passages
     wanted = {ex.get("passage_id") for path in (args.train_file, args.validation_file)
@@ -193,7 +197,7 @@ def train_doc(args: DocTrainArgs) -> dict:
     task = Task(model=model, n_batches=len(train_ex) // args.batch_size, batches=batches,
                 loss=DocLoss(model.config.scale), save=lambda m, path: m.save_pretrained(path, tokenizer),
                 evaluate=evaluate, metric="Top-20",
-                card=Card("document encoder", "train-doc", args.encoder, [args.train_file], args.validation_file,
+                card=Card("document encoder", "train-doc", encoder, [args.train_file], args.validation_file,
                           task="text-retrieval"))
     state = train(task, args, make_engine(args), out, "train-doc")
     validation = [{k: v for k, v in e.items() if k not in ("step", "epoch")} for e in state["evals"]]

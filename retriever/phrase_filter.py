@@ -32,10 +32,13 @@ from tqdm import tqdm
 from odqa.common.corpus import PassageStore
 from odqa.common.io import InputError, atomic_path, loading, read_json, write_json
 from odqa.common.metrics.has_answer import answer_spans
+from odqa.common.paths import default_corpus
+from odqa.common.settings import needs
 from odqa.common.tracking import Trackers
+from odqa.retriever.args import FilterArgs
 from odqa.retriever.phrase_data import passage_title
 from odqa.retriever.phrase_dump import dump_chunks, read_chunk, read_dump
-from odqa.retriever.phrase_train import load_examples
+from odqa.retriever.supervise import load_examples
 
 log = logging.getLogger(__name__)
 SHARES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 1.0)
@@ -127,14 +130,17 @@ def answer_recall(keep: np.ndarray, spans: list) -> float:
     return sum(any(keep[s] and keep[e] for s, e in own) for own in answerable) / max(len(answerable), 1)
 
 
-def train_filter(dump_dir: str | os.PathLike, train_file: str | os.PathLike, validation_file: str | os.PathLike,
-                 corpus_dir: str | os.PathLike, hidden: int = 256, epochs: int = 8, batch_size: int = 4096,
-                 lr: float = 1e-3, seed: int = 0, out: str | os.PathLike | None = None, report_to: str = "none",
-                 log_steps: int = 10) -> dict:
-    """Fit the filter on the supervision passages' tokens, score the whole dump with it, and write OUT
-    (default DUMP/filter): the weights, every token's score and the calibration table. `report_to`:
-    the loss every `log_steps` and each share's answer recall to accelerate's trackers (OUT/runs)."""
-    out = Path(out) if out else filter_dir(dump_dir)
+def train_filter(args: FilterArgs) -> dict:
+    """`odqa train-filter`: fit the filter on the supervision passages' tokens, score the whole dump with
+    it, and write OUT (default DUMP/filter): the weights, every token's score and the calibration table.
+    `report_to`: the loss every `log_steps` and each share's answer recall to accelerate's trackers
+    (OUT/runs)."""
+    needs(args, "dump", "train_file", "validation_file")
+    dump_dir, train_file, validation_file = args.dump, args.train_file, args.validation_file
+    corpus_dir = args.corpus or default_corpus()
+    hidden, epochs, batch_size, lr, seed = args.hidden, args.epochs, args.batch_size, args.lr, args.seed
+    report_to, log_steps = args.report_to, args.log_steps
+    out = Path(args.out) if args.out else filter_dir(dump_dir)
     train_examples, val_examples = load_examples(str(train_file)), load_examples(str(validation_file))
     # Only the supervision passages' tokens are read whole: a large corpus's dump does not fit in memory.
     places = passage_places(corpus_dir, {ex.get("passage_id") for ex in train_examples + val_examples})

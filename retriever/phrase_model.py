@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from torch import nn
 
 from odqa.common.io import InputError, atomic_path, hash_files, loading
 from odqa.common.weights import check_sealed, read_state_dict, refuse_misfit, seal, weight_file, weight_keys
+from odqa.retriever.args import PhraseModelConfig
 from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
 from odqa.retriever.phrase_data import encode_questions
 
@@ -36,24 +36,6 @@ DENSEPHRASES_LMS = {"phrase_lm": "phrase_encoder.", "q_start_lm": "query_start_e
 DENSEPHRASES_OLD = {"bert_start": "phrase_encoder", "bert_q_start": "query_start_encoder",
                     "bert_q_end": "query_end_encoder"}
 DENSEPHRASES_TEACHER = ("cross_encoder.", "bert_qd.", "qa_outputs.")
-
-
-@dataclass
-class PhraseModelConfig:
-    encoder: str                      # any AutoModel name or path (BERT family)
-    head: str = "split"               # "split" | "linear" | "full"
-    question_encoder: str = "dual"    # "dual" | "shared"
-    max_span_len: int = 20            # L, in tokens
-    max_passage_tokens: int = 192
-    max_question_tokens: int = 48
-    title_path: bool = False          # prefix passages with "title, section, subsection" (DHR), not the title alone
-    title_phrases: bool = False       # title tokens are phrase candidates too (a phrase never spans both segments)
-
-    def __post_init__(self):
-        if self.head not in ("split", "linear", "full"):
-            raise ValueError(f"head must be 'split', 'linear' or 'full', not {self.head!r}")
-        if self.question_encoder not in ("dual", "shared"):
-            raise ValueError(f"question_encoder must be 'dual' or 'shared', not {self.question_encoder!r}")
 
 
 class DensePhraseModel(nn.Module):

@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from odqa.common.corpus import DocumentTable, PassageStore
-from odqa.common.io import InputError, read_json, read_jsonl, write_json
+from odqa.common.io import InputError, read_json, write_json
 from odqa.common.metrics.answers import exact_match
 from odqa.common.metrics.has_answer import has_answer
 from odqa.common.model_card import Card
-from odqa.common.settings import OptimArgs
+from odqa.common.settings import OptimArgs, needs
 from odqa.common.trainer import MicroBatches, Task, check_resumed_settings, make_engine, permuted_batches, seeded
 from odqa.common.trainer import train as train_loop
 from odqa.retriever.args import PhraseTrainArgs
@@ -61,26 +61,13 @@ from odqa.retriever.phrase_model import (
     kept_tokens,
     phrase_encoder_hash,
 )
+from odqa.retriever.supervise import load_examples
 from odqa.retriever.teacher import SpanTeacher, same_vocabulary
 
 log = logging.getLogger(__name__)
 NEG = -1e4  # masked logit; finite so fp16/bf16 stay finite
 IN_DOC = ("none", "doc", "section")
 MINE_DEPTH = 20  # passages searched per question for round-2 hard negatives
-
-
-def load_examples(path: str, limit: int | None = None) -> list[dict]:
-    out = []
-    for lineno, ex in read_jsonl(path):
-        for key in ("question", "title", "text", "answers", "answer_char_spans"):
-            if key not in ex:
-                raise InputError(f"{path}:{lineno}: supervision example without {key!r}")
-        out.append(ex)
-        if limit and len(out) >= limit:
-            break
-    if not out:
-        raise InputError(f"{path}: no examples")
-    return out
 
 
 def load_splits(args) -> tuple[list[dict], list[dict]]:
@@ -304,17 +291,20 @@ def with_passage_context(examples: list[dict], args: PhraseTrainArgs, corpus_dir
 def mine_hard_negatives(examples: list[dict], args: PhraseTrainArgs) -> None:
     """Each question's first `hard_negative_count` passages among its top MINE_DEPTH under the round-1
     model that are not its supervision passage and hold no answer; appended to its negative passages."""
+    from odqa.retriever.search_config import PhraseSearchConfig, SearchConfig
     from odqa.retriever.searcher import Searcher  # the index and faiss only for round 2
 
     questions = sorted({e["question"] for e in examples})
-    key = {"index": str(Path(args.hard_negatives).resolve()), "encoder_hash": phrase_encoder_hash(args.encoder),
+    encoder = args.model_config.encoder
+    key = {"index": str(Path(args.hard_negatives).resolve()), "encoder_hash": phrase_encoder_hash(encoder),
            "depth": MINE_DEPTH, "questions": hashlib.sha256("\n".join(questions).encode()).hexdigest()}
     cache = Path(args.out_dir) / "hard_negatives.json"
     mined = read_json(cache) if cache.exists() else {}
     if mined.get("key") != key:
-        searcher = Searcher(args.hard_negatives, args.encoder, args.corpus, max_answer_tokens=None)   # spans up to L
+        searcher = Searcher.open(args.hard_negatives, encoder, args.corpus,   # spans up to L
+                                 config=SearchConfig(phrase=PhraseSearchConfig(max_answer_tokens=None)))
         rows, _ = searcher.search_passages(questions, MINE_DEPTH)
-        searcher.store.close()
+        searcher.artifacts.store.close()
         mined = {"key": key, "rows": dict(zip(questions, rows.tolist()))}
         write_json(cache, mined, indent=None)
     store = PassageStore(args.corpus)
@@ -334,23 +324,24 @@ def mine_hard_negatives(examples: list[dict], args: PhraseTrainArgs) -> None:
 
 
 def train(args: PhraseTrainArgs) -> dict:
+    needs(args, "train_file", "validation_file", "out_dir")
+    needs(args.model_config, "encoder")
+    encoder = args.model_config.encoder
     if args.in_doc_negatives not in IN_DOC:
         raise InputError(f"in_doc_negatives must be one of {IN_DOC}, not {args.in_doc_negatives!r}")
     out = Path(args.out_dir)
     if args.resume:   # before anything is written over
         check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
-    continuing = is_phrase_checkpoint(args.encoder)
+    continuing = is_phrase_checkpoint(encoder)
     if continuing:
-        model = DensePhraseModel.from_pretrained(args.encoder)
-        if args.title_phrases:   # turned on for a continued checkpoint too (never off: its default is False)
+        model = DensePhraseModel.from_pretrained(encoder)
+        if args.model_config.title_phrases:   # turned on for a continued checkpoint too (never off: its default is False)
             model.config = replace(model.config, title_phrases=True)
     else:
-        model = DensePhraseModel(PhraseModelConfig(args.encoder, args.head, args.question_encoder, args.max_span_len,
-                                                   args.max_passage_tokens, args.max_question_tokens, args.title_path,
-                                                   args.title_phrases))
+        model = DensePhraseModel(args.model_config)
     cfg = model.config
-    tokenizer = load_tokenizer(args.encoder)
+    tokenizer = load_tokenizer(encoder)
     train_ex, val_ex = load_splits(args)
     if (cfg.title_path or args.in_doc_negatives != "none" or args.hard_negatives) and not args.corpus:
         raise InputError("--title-path, --in-doc-negatives and --hard-negatives read the corpus: give --corpus")
@@ -359,7 +350,7 @@ def train(args: PhraseTrainArgs) -> dict:
         with_passage_context(val_ex, replace(args, in_doc_negatives="none"), args.corpus)
     if args.hard_negatives:
         if not continuing:
-            raise InputError(f"--hard-negatives mines with a round-1 phrase model; {args.encoder} is not one")
+            raise InputError(f"--hard-negatives mines with a round-1 phrase model; {encoder} is not one")
         out.mkdir(parents=True, exist_ok=True)
         mine_hard_negatives(train_ex, args)
     out.mkdir(parents=True, exist_ok=True)
@@ -374,5 +365,5 @@ def train(args: PhraseTrainArgs) -> dict:
                 loss=PhraseLoss(args, teacher),
                 save=lambda m, path: m.save_pretrained(path, tokenizer),
                 evaluate=lambda m, rank, world: {"em": validation_em(m, tokenizer, val_ex, cfg)}, metric="em",
-                card=Card("phrase model", "train-phrase", args.encoder, [args.train_file], args.validation_file))
+                card=Card("phrase model", "train-phrase", encoder, [args.train_file], args.validation_file))
     return em_summary(train_loop(task, args, engine, out, "train-phrase"))

@@ -32,27 +32,31 @@ from odqa.common.metrics.has_answer import has_answer
 from odqa.common.model_card import Card
 from odqa.common.questions import load_questions
 from odqa.common.ranks import split_map
+from odqa.common.settings import needs
 from odqa.common.trainer import Task, check_resumed_settings, make_engine, seeded, train
 from odqa.retriever.args import QueryTrainArgs
 from odqa.retriever.phrase_data import encode_questions
+from odqa.retriever.phrase_search import Phrases
+from odqa.retriever.search_config import SearchConfig
 from odqa.retriever.searcher import UNITS as LABELS
-from odqa.retriever.searcher import Searcher, open_searcher
+from odqa.retriever.searcher import Searcher
 
 log = logging.getLogger(__name__)
 
 
-def positives(searcher: Searcher, phrases, question, label: str, doc_cache: dict) -> np.ndarray:
-    out = []
-    for p in phrases:
-        passage = searcher.store[p.row]
+def positives(searcher: Searcher, phrases: Phrases, question, label: str, doc_cache: dict) -> np.ndarray:
+    a, out = searcher.artifacts, []
+    for i in range(len(phrases)):
+        _, _, _, row, char_start, char_end, in_title = phrases.at(i)
+        passage = a.store[row]
         if label == "phrase":
-            ok = answer_em(searcher.source(p, passage)[p.char_start:p.char_end], question.answers, question.regex)
+            ok = answer_em(a.source(in_title, passage)[char_start:char_end], question.answers, question.regex)
         elif label == "passage":
             ok = has_answer(passage["text"], question.answers, question.regex)
         else:
             doc = passage["doc_id"]
             if doc not in doc_cache:
-                doc_cache[doc] = [searcher.store[r]["text"] for r in searcher.rows_of_doc(doc)]
+                doc_cache[doc] = [a.store[r]["text"] for r in a.rows_of_doc(doc)]
             ok = any(has_answer(t, question.answers, question.regex) for t in doc_cache[doc])
         out.append(bool(ok))
     return np.array(out)
@@ -67,20 +71,21 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
     """The questions with a positive among the current model's top phrases: their phrase ids and labels.
     Under a launcher each rank mines its share of the batches of 64 questions, and every rank gets
     every question's (common/ranks.py); `parts` keeps the finished batches of a mining cut short."""
-    was_training = searcher.model.training
-    searcher.model.eval()
+    model = searcher.artifacts.model
+    was_training = model.training
+    model.eval()
     with torch.no_grad():
         q_start, q_end = searcher.encode([q.question for q in questions])
-    searcher.model.train(was_training)
+    model.train(was_training)
     doc_cache: dict = {}
 
     def mine(rows: list[int]) -> list[dict | None]:
         a, b = rows[0], rows[-1] + 1
         if searcher.prefilter is None:
-            retrieved = searcher.search_phrases(q_start[a:b], q_end[a:b], args.top_k)   # batched MIPS
+            retrieved = searcher.phrases.mips(q_start[a:b], q_end[a:b], args.top_k)   # batched MIPS
         else:   # the phrases of the top documents, as the pipeline scores them: every start, its best end
-            doc_rows, _ = searcher.prefilter.search([q.question for q in questions[a:b]], searcher.config.top_docs)
-            retrieved = searcher.phrases_in_documents(q_start[a:b], q_end[a:b], doc_rows)
+            retrieved = searcher.prefilter.search([q.question for q in questions[a:b]], q_start[a:b], q_end[a:b],
+                                                  searcher.phrases)[0]
         out = []
         for i, phrases in zip(rows, retrieved):
             q, phrases = questions[i], phrases[:args.top_k]
@@ -88,8 +93,8 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
             if not pos.any():   # the passage term rides on the questions --label trains, never adds its own
                 out.append(None)
                 continue
-            out.append({"question": i, "start": [int(p.start_vec) for p in phrases],
-                        "end": [int(p.end_vec) for p in phrases], "positive": pos.tolist()})
+            out.append({"question": i, "start": [int(x) for x in phrases.start_vec],
+                        "end": [int(x) for x in phrases.end_vec], "positive": pos.tolist()})
             if args.passage_weight:
                 out[-1]["passage_positive"] = (pos if args.label == "passage" else
                                                positives(searcher, phrases, q, "passage", doc_cache)).tolist()
@@ -122,10 +127,10 @@ class CandidateBatches(Sequence):
         chunk = self.found[m * self.args.batch_size:(m + 1) * self.args.batch_size]
         if not chunk:
             return None
-        index = self.searcher.index
-        return {"questions": dict(encode_questions(self.searcher.tokenizer, [self.questions[c["question"]].question
-                                                                           for c in chunk],
-                                                   self.searcher.model.config.max_question_tokens)),
+        a = self.searcher.artifacts
+        index = a.index
+        return {"questions": dict(encode_questions(a.tokenizer, [self.questions[c["question"]].question for c in chunk],
+                                                   a.model.config.max_question_tokens)),
                 "start": [torch.from_numpy(index.vectors("start", c["start"])).float() for c in chunk],
                 "end": [torch.from_numpy(index.vectors("end", c["end"])).float() for c in chunk],
                 "positive": [torch.tensor(c["positive"]) for c in chunk],
@@ -151,18 +156,20 @@ def query_loss(model, batch: dict, step: int, passage_weight: float = 0.0):
 
 
 def train_query(args: QueryTrainArgs) -> dict:
+    needs(args, "model", "index", "corpus", "out_dir")
     if args.label not in LABELS:
         raise InputError(f"--label must be one of {LABELS}")
     out = Path(args.out_dir)
     if args.resume:   # before anything is written over, or mined candidates are read back
         check_resumed_settings(out / "train_args.json", asdict(args))
     seeded(args.seed)
-    searcher = open_searcher(args.index, args.model, args.corpus, args.doc_index, args.doc_model, top_docs=args.top_docs,
-                             max_answer_tokens=args.max_answer_tokens, dtype=torch.float32)   # its model is trained
-    model = searcher.model
+    searcher = Searcher.open(args.index, args.model, args.corpus, args.doc_index, args.doc_model,
+                             SearchConfig(phrase=args.phrase, prefilter=args.prefilter),
+                             dtype=torch.float32)   # its model is trained
+    model = searcher.artifacts.model
     for n, p in model.named_parameters():
         p.requires_grad_(n.startswith("q_"))
-    questions = load_questions(args.questions, limit=args.max_questions)
+    questions = load_questions(args.questions, limit=args.max_train_examples)
     engine = make_engine(args)
     cache = out / "candidates"
     if engine.rank == 0:
@@ -195,7 +202,7 @@ def train_query(args: QueryTrainArgs) -> dict:
 
     task = Task(model=model, n_batches=n_batches, batches=batches,
                 loss=functools.partial(query_loss, passage_weight=args.passage_weight),
-                save=lambda m, path: m.save_pretrained(path, searcher.tokenizer),
+                save=lambda m, path: m.save_pretrained(path, searcher.artifacts.tokenizer),
                 card=Card("phrase model, query-side tuned", "train-query", args.model, [str(args.questions)]))
     state = train(task, args, engine, out, "train-query")
     history = []

@@ -51,3 +51,42 @@ def combined(c: Candidates, lam: float, mu: float = 0.0) -> np.ndarray:
 def rerank_order(c: Candidates, lam: float, mu: float = 0.0) -> np.ndarray:
     """Candidate positions, best first (stable: ties keep the passage order)."""
     return np.argsort(-combined(c, lam, mu), kind="stable")
+
+
+def reranked(scores: np.ndarray, doc_z: np.ndarray, bm25_z: np.ndarray | None, lam: float, mu: float
+             ) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """(the candidates' order, their scores in it, each one's parts) of one question's candidates
+    under z(passage) + lam z(document) + mu z(BM25); with both weights 0 the search's own order and
+    scores, the parts still given."""
+    c = Candidates(scores, doc_z, bm25_z=bm25_z)
+    order = np.arange(len(scores))
+    if lam or mu:
+        final = combined(c, lam, mu)
+        order = np.argsort(-final, kind="stable")   # `rerank_order`
+        scores = final[order]
+    parts = [{"passage_score": float(ps), "doc_z": float(dz)} for ps, dz in zip(c.passage_scores[order], c.doc_z[order])]
+    if bm25_z is not None:
+        for part, bz in zip(parts, bm25_z[order]):
+            part["bm25_z"] = float(bz)
+    return order, scores, parts
+
+
+def final_scores(search_scores, cross_scores, weight: float) -> np.ndarray:
+    """The final ranking's scores of one question's passages: z(search score) + weight x z(reranker score),
+    each standardised over those passages (the two come from different models)."""
+    return standardise(search_scores) + weight * standardise(cross_scores)
+
+
+def cross_reranked(reranker, question: str, hits: list, k: int) -> list:
+    """`hits` (passages) reordered by z(search score) + w x z(cross-encoder score), w the reranker's
+    weight, the first k kept: each one's score becomes that sum, its parts the search's and the
+    cross-encoder's scores."""
+    from dataclasses import replace
+    if not hits:
+        return hits
+    cross = reranker.score(question, [{"id": h.unit.id, "title": h.unit.title, "text": h.unit.text} for h in hits])
+    final = final_scores([h.score for h in hits], cross, reranker.weight)
+    order = np.argsort(-final, kind="stable")[:k]
+    return [replace(hits[i], unit=replace(hits[i].unit, score=float(final[i])),
+                    parts={**hits[i].parts, "search_score": hits[i].score, "cross_score": float(cross[i])})
+            for i in order]

@@ -41,30 +41,30 @@ def retrieve(retriever: Retriever, store: PassageStore, questions: Sequence[Ques
 def retrieve_phrases(searcher, questions: Sequence[Question], k: int, batch_size: int = 64,
                      parts: str | os.PathLike | None = None, key: Any = None) -> list[dict]:
     """DPR-format entries of a phrase `Searcher`: a passage's score is its best phrase's, each ctx
-    carries that phrase, and the searcher's extractive answer (`searcher.top_phrase`: the phrase its top
-    passages vote for) is the entry's "prediction"; with an answer memory, the vote without it is its
+    carries that phrase, and the searcher's extractive answer (the phrase its top passages vote for) is
+    the entry's "prediction"; with an answer memory, the vote without it is its
     "prediction_without_memory"."""
-    # Imported here: the searcher has loaded it already, and bm25/dense retrieval need no faiss.
-    from odqa.retriever.searcher import top_phrase
-
     tokens = _token_cache()
 
     def batch_entries(batch: Sequence[Question]) -> list[dict]:
         entries = []
         for q, r in zip(batch, searcher.search([q.question for q in batch], k, unit="passage")):
-            ps = r["passages"]   # read by the searcher already: only their tokens are made here (once a row)
-            entry = make_entry(q, ps, np.array([p["score"] for p in ps], dtype=np.float32),
-                               [tokens(p["row"], p["text"]) for p in ps])
-            top = top_phrase(r)
-            entry["prediction"] = top["text"] if top else ""
-            if "memory" in r:   # the memory questions consulted: which answers had their help
-                entry["memory"] = r["memory"]
-                own = r.get("answer_without_memory")   # the phrase model's own answer, as the papers report it
-                entry["prediction_without_memory"] = own["text"] if own else ""
-            for ctx, p in zip(entry["ctxs"], ps):
-                ctx["phrase"] = {key: p["phrase"][key] for key in ("text", "in_title", "char_start", "char_end", "score")}
+            # read by the searcher already: only their tokens are made here (once a row)
+            ps = [{"id": h.unit.id, "title": h.unit.title, "text": h.unit.text} for h in r.hits]
+            entry = make_entry(q, ps, np.array([h.score for h in r.hits], dtype=np.float32),
+                               [tokens(h.row, h.unit.text) for h in r.hits])
+            top = r.extractive
+            entry["prediction"] = top.text if top else ""
+            if r.memory is not None:   # the memory questions consulted: which answers had their help
+                entry["memory"] = [nb.to_dict() for nb in r.memory]
+                own = r.answer_without_memory   # the phrase model's own answer, as the papers report it
+                entry["prediction_without_memory"] = own.text if own else ""
+            for ctx, h in zip(entry["ctxs"], r.hits):
+                ph = h.phrase
+                ctx["phrase"] = {"text": ph.text, "in_title": ph.in_title, "char_start": ph.char_start,
+                                 "char_end": ph.char_end, "score": ph.score}
                 # reranked: both parts of the final score, so the rerank can be studied from the file
-                ctx.update({name: p[name] for name in ("search_score", "cross_score") if name in p})
+                ctx.update({name: h.parts[name] for name in ("search_score", "cross_score") if name in h.parts})
             entries.append(entry)
         return entries
     return split_map(batch_entries, questions, batch_size, parts, key, desc="retrieve")

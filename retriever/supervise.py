@@ -22,7 +22,7 @@ import numpy as np
 
 from odqa.common.answer_index import AnswerIndex
 from odqa.common.corpus import PassageStore, corpus_info
-from odqa.common.io import atomic_path, write_json
+from odqa.common.io import InputError, atomic_path, read_jsonl, write_json
 from odqa.common.metrics.has_answer import answer_spans
 from odqa.common.questions import Question, load_questions, question_set_name, split_of
 from odqa.common.ranks import current, split_map
@@ -102,3 +102,19 @@ def supervise(question_sets: Sequence[str], corpus_dir: str | os.PathLike, out_d
         write_json(out_dir / "stats.json", stats)
     ranks.barrier()
     return stats
+
+
+def load_examples(path: str | os.PathLike, limit: int | None = None) -> list[dict]:
+    """The supervision examples of a file `supervise` wrote (the first `limit`), each checked for what
+    the trainers read."""
+    out = []
+    for lineno, ex in read_jsonl(path):
+        for key in ("question", "title", "text", "answers", "answer_char_spans"):
+            if key not in ex:
+                raise InputError(f"{path}:{lineno}: supervision example without {key!r}")
+        out.append(ex)
+        if limit and len(out) >= limit:
+            break
+    if not out:
+        raise InputError(f"{path}: no examples")
+    return out

@@ -13,11 +13,11 @@ import torch
 
 from odqa.common.io import write_json
 from odqa.common.model_card import Card
+from odqa.common.settings import needs
 from odqa.common.trainer import Task, check_resumed_settings, make_engine, seeded
 from odqa.common.trainer import train as train_loop
-from odqa.retriever.args import TeacherTrainArgs
+from odqa.retriever.args import PhraseModelConfig, TeacherTrainArgs
 from odqa.retriever.lm import load_tokenizer
-from odqa.retriever.phrase_model import PhraseModelConfig
 from odqa.retriever.phrase_train import (
     em_hits,
     em_summary,
@@ -51,6 +51,7 @@ def teacher_em(model: SpanTeacher, tokenizer, examples: list[dict], cfg: PhraseM
 
 
 def train(args: TeacherTrainArgs) -> dict:
+    needs(args, "train_file", "validation_file", "out_dir", "encoder")
     out = Path(args.out_dir)
     if args.resume:   # before anything is written over
         check_resumed_settings(out / "train_args.json", asdict(args))
@@ -58,8 +59,7 @@ def train(args: TeacherTrainArgs) -> dict:
     model = SpanTeacher.from_encoder(args.encoder)
     tokenizer = load_tokenizer(args.encoder)
     # The phrase model's batching, so the teacher sees passages exactly as the phrase model cuts them.
-    cfg = PhraseModelConfig(args.encoder, max_span_len=args.max_span_len, max_passage_tokens=args.max_passage_tokens,
-                            max_question_tokens=args.max_question_tokens)
+    cfg = PhraseModelConfig(encoder=args.encoder, **asdict(args.model_config))
     train_ex, val_ex = load_splits(args)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train_args.json", asdict(args))

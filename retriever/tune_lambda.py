@@ -12,7 +12,7 @@ import numpy as np
 
 from odqa.common.io import InputError
 from odqa.common.metrics.has_answer import has_answer
-from odqa.retriever.args import BM25_GRID
+from odqa.retriever.args import TuneLambdaArgs
 from odqa.retriever.rerank import Candidates, rerank_order, standardise
 
 LAMBDA_GRID = tuple(np.round(np.arange(0, 2.0001, 0.1), 4).tolist())
@@ -35,46 +35,46 @@ def tune_lambda(candidates: list[Candidates], grid=LAMBDA_GRID, k: int = 20, bm2
             "questions": len(candidates)}
 
 
-def candidates_from_results(results: list[dict], questions, bm25=None) -> list[Candidates]:
+def candidates_from_results(results: list, questions, bm25=None) -> list[Candidates]:
     """Tuning candidates from `Searcher.search(..., unit="passage")` results of a pre-filtered search
     with no rerank (passages in passage-score order, each with its passage_score and doc_z); with a
     `BM25Index`, each passage's BM25 score standardised over the question's candidates, as the
     searcher's rerank does."""
     out = []
     for r, q in zip(results, questions):
-        ps = r["passages"]
-        bm25_z = None if bm25 is None else standardise(bm25.scores_of(q.question, [p["row"] for p in ps]))
-        out.append(Candidates(np.array([p["passage_score"] for p in ps]), np.array([p["doc_z"] for p in ps]),
-                              np.array([has_answer(p["text"], q.answers, q.regex) for p in ps], dtype=bool),
+        hits = r.hits
+        bm25_z = None if bm25 is None else standardise(bm25.scores_of(q.question, [h.row for h in hits]))
+        out.append(Candidates(np.array([h.parts["passage_score"] for h in hits]), np.array([h.parts["doc_z"] for h in hits]),
+                              np.array([has_answer(h.unit.text, q.answers, q.regex) for h in hits], dtype=bool),
                               bm25_z))
     return out
 
 
-def tune_searcher_lambda(searcher, questions, metric_k: int = 20, limit: int | None = None, info: dict | None = None,
-                         batch_size: int = 64, bm25_grid=BM25_GRID) -> dict:
-    """`odqa tune-lambda`: one pre-filtered search of the (deduplicated) validation questions with no
-    rerank, the grids scored on its candidates, the best pair stored with the document index (the
-    searcher's own weights are set to it too). `bm25_grid=(0,)` tunes lambda alone."""
+def tune_searcher_lambda(searcher, questions, args: TuneLambdaArgs, info: dict | None = None,
+                         batch_size: int = 64) -> dict:
+    """`odqa tune-lambda`: one pre-filtered search of the first `args.limit` (deduplicated) validation
+    questions with no rerank, the grids scored on its candidates by Top-`args.metric_k`, the best pair
+    stored with the document index (the searcher's own weights are set to it too). A BM25 grid of 0
+    alone tunes lambda alone."""
     from tqdm import tqdm
+
+    from odqa.retriever.prefilter import POOL, Prefilter
+    from odqa.retriever.searcher import Searcher, without_rerank
     if searcher.prefilter is None:
         raise InputError("tune-lambda needs a searcher with a document pre-filter: lambda weighs the document score")
     unique = {}  # supervision files hold a line per positive passage: each question once, first kept
     for q in questions:
         unique.setdefault(q.question, q)
-    questions = list(unique.values())[:limit]
-    searcher.config, results = dataclasses.replace(searcher.config, lam=0.0, bm25_weight=0.0), []
+    questions = list(unique.values())[:args.limit]
+    plain, results = Searcher(searcher.artifacts, without_rerank(searcher.config), searcher.batch_size), []
     for a in tqdm(range(0, len(questions), batch_size), desc="tune-lambda search", disable=None):
-        results += searcher.search([q.question for q in questions[a:a + batch_size]], k=searcher.rerank_pool,
-                                   unit="passage")
-    bm25 = None
-    if any(bm25_grid):
-        from odqa.retriever.bm25 import BM25Index
-        bm25 = searcher.bm25 or BM25Index.open(searcher.corpus_dir, mmap=True)
-    result = tune_lambda(candidates_from_results(results, questions, bm25), k=metric_k, bm25_grid=bm25_grid)
-    result.update(top_docs=searcher.config.top_docs, phrase_index=str(searcher.index.dir), **(info or {}))
-    searcher.prefilter.save_lambda(result)
-    if bm25 is not None:
-        searcher.bm25 = bm25   # opened for the grid: the rerank reads the same
-    searcher.config = searcher._resolved(dataclasses.replace(searcher.config, lam=result["lambda"],
-                                                             bm25_weight=result["bm25_weight"]))
+        results += plain.search([q.question for q in questions[a:a + batch_size]], k=POOL, unit="passage")
+    bm25 = searcher.artifacts.bm25() if any(args.bm25_grid) else None
+    result = tune_lambda(candidates_from_results(results, questions, bm25), k=args.metric_k, bm25_grid=args.bm25_grid)
+    result.update(top_docs=searcher.config.prefilter.top_docs, phrase_index=str(searcher.artifacts.index.dir),
+                  **(info or {}))
+    searcher.artifacts.prefilter.save_lambda(result)
+    searcher.config = dataclasses.replace(searcher.config, prefilter=dataclasses.replace(
+        searcher.config.prefilter, lam=result["lambda"], bm25_weight=result["bm25_weight"]))
+    searcher.prefilter = Prefilter(searcher.artifacts, searcher.config.prefilter)
     return result

@@ -29,7 +29,8 @@ import resource, sys
 import numpy as np
 from odqa.retriever.phrase_dump import read_dump
 from odqa.retriever.phrase_filter import load_filter
-from odqa.retriever.phrase_index import build_index
+from odqa.retriever.args import BuildIndexArgs
+from odqa.retriever.index_build import build_index
 def rss_kb():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))
 base = rss_kb()
@@ -39,7 +40,7 @@ if mode == "whole":
     scores = load_filter(dump + "/filter")[0].score(arrays["start"], arrays["end"])
     float(np.quantile(scores, 0.8))
 else:
-    build_index(dump, out, corpus, factory="IVF256,PQ8", keep=0.2)
+    build_index(BuildIndexArgs(dump=dump, out=out, corpus=corpus, factory="IVF256,PQ8", keep=0.2))
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
 """
 

@@ -13,14 +13,16 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from odqa.common.defaults import default_pipeline
 from odqa.common.metrics.answers import answer_em
+from odqa.reader.args import ReaderSettings
 from odqa.reader.fid_data import load_fid_file
-from odqa.reader.read import generate_answers, load_reader
+from odqa.reader.read import generate, load_reader
 
 DECODINGS = ("spans", "phrases")
 
@@ -55,13 +57,13 @@ def main() -> int:
     examples = load_fid_file(args.fid_file, limit=args.limit)
     seconds = {d: 0.0 for d in DECODINGS}
     answers = {d: [] for d in DECODINGS}
-    generate_answers(model, tok, examples[:args.batch], args.k, args.batch, args.text_maxlength, progress=False)  # warm-up
+    settings = ReaderSettings(batch_size=args.batch, text_maxlength=args.text_maxlength)
+    generate(model, tok, examples[:args.batch], [args.k], settings)  # warm-up
     for i in range(0, len(examples), args.batch):
         batch = examples[i:i + args.batch]
         for d in (DECODINGS if (i // args.batch) % 2 == 0 else DECODINGS[::-1]):
             t0 = time.perf_counter()
-            answers[d] += generate_answers(model, tok, batch, args.k, args.batch, args.text_maxlength, progress=False,
-                                           decoding=d)
+            answers[d] += generate(model, tok, batch, [args.k], replace(settings, decoding=d))[args.k]
             seconds[d] += time.perf_counter() - t0
     rows = {d: {"questions_per_s": round(len(examples) / seconds[d], 2),
                 "em": round(100 * sum(answer_em(a, ex.answers, ex.regex) for a, ex in zip(answers[d], examples))

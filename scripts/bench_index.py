@@ -18,9 +18,10 @@ from pathlib import Path
 from odqa.common.paths import default_corpus
 from odqa.common.questions import load_questions
 from odqa.common.retrieval_eval import answerable_flags, evaluate_results
-from odqa.retriever.phrase_index import build_index
+from odqa.retriever.args import BuildIndexArgs
+from odqa.retriever.index_build import build_index
 from odqa.retriever.retrieve import retrieve_phrases
-from odqa.retriever.searcher import open_searcher
+from odqa.retriever.searcher import Searcher
 
 DEFAULT_VARIANTS = ["1:Flat", "0.2:Flat", "0.2:IVF256,SQ8", "0.2:IVF256,SQ4", "0.2:IVF256,PQ16", "0.25:IVF256,PQ16",
                     "0.25:IVF256,PQ12", "0.3:IVF256,PQ8"]
@@ -42,8 +43,8 @@ def main() -> int:
         keep, factory = variant.split(":", 1)
         out = Path(args.out_dir) / variant.replace(":", "_").replace(",", "_")
         shutil.rmtree(out, ignore_errors=True)
-        m = build_index(args.dump, out, args.corpus, factory=factory, keep=float(keep))
-        entries = retrieve_phrases(open_searcher(out, args.model, args.corpus), questions, 20)
+        m = build_index(BuildIndexArgs(dump=args.dump, out=out, corpus=args.corpus, factory=factory, keep=float(keep)))
+        entries = retrieve_phrases(Searcher.open(out, args.model, args.corpus), questions, 20)
         answerable = answerable or answerable_flags(entries, args.corpus)
         metrics = evaluate_results(entries, answerable, (5, 20))["answerable"]
         rows.append((float(keep), factory, m["vectors_per_passage"], m["bytes_per_passage"], metrics))

@@ -23,8 +23,9 @@ import torch
 
 from odqa.common.defaults import default_pipeline
 from odqa.common.trainer import shuffled_batches
+from odqa.reader.args import ReaderSettings
 from odqa.reader.fid_data import FiDCollator, load_fid_file
-from odqa.reader.read import generate_answers, load_reader
+from odqa.reader.read import generate, load_reader
 
 
 def default_reader_files() -> tuple[str | None, str | None]:
@@ -90,8 +91,9 @@ def main() -> int:
         for bucket in args.buckets if i % 2 else args.buckets[::-1]:
             model.encoder_bucket = bucket
             start = time.perf_counter()
-            answers[bucket] += generate_answers(model, tokenizer, chunk, args.read_k, args.read_batch,
-                                                args.text_maxlength, progress=False, dtype=torch.float32)
+            answers[bucket] += generate(model, tokenizer, chunk, [args.read_k],
+                                        ReaderSettings(batch_size=args.read_batch, text_maxlength=args.text_maxlength),
+                                        dtype=torch.float32)[args.read_k]
             read_s[bucket] += time.perf_counter() - start
     base = args.buckets[0]
     print(f"{Path(args.model)}, {Path(args.fid_file).name}: {100 * real:.1f}% of the training batches' tokens are "

@@ -3,9 +3,10 @@ random vectors, without the pre-filter and with it (top K documents by a Flat do
 every phrase of their vectors scored from the index), at several corpus sizes, in one run.
 Random vectors are fine for timing: the cost depends on counts, not values.
 
-Without the pre-filter it times `Searcher.search_phrases` (the start and end MIPS, the windowed best
-partner, the merging), the first round of k' = 2k hits; with it `Searcher.phrases_in_documents`
-(the document search, then every phrase of the top K documents), which needs no second round.
+Without the pre-filter it times `PhraseSearch.mips` (the start and end MIPS, the windowed best partner,
+the merging), the first round of k' = 2k hits; with it the document search, then `PhraseSearch.every_phrase`
+over the top K documents' vectors, as the pre-filter searches (retriever/prefilter.py), which needs no
+second round.
 Question encoding is left out (the pre-filter adds one document-question encoding, measured by
 scripts/report_dhr.py).
 
@@ -17,16 +18,17 @@ import argparse
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import faiss
 import numpy as np
 
-from odqa.retriever.args import SearchConfig
 from odqa.retriever.phrase_index import PhraseIndex
-from odqa.retriever.searcher import Searcher
+from odqa.retriever.phrase_search import PhraseSearch, id_ranges
+from odqa.retriever.search_config import PhraseSearchConfig
 
 
-def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim: int, rng) -> Searcher:
+def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim: int, rng) -> PhraseSearch:
     n_vec = n_passages * vecs_per_passage
     index = PhraseIndex.__new__(PhraseIndex)
     index._faiss = {"start": faiss.IndexFlatIP(dim), "end": faiss.IndexFlatIP(dim)}
@@ -42,12 +44,10 @@ def synthetic_searcher(n_passages: int, per_doc: int, vecs_per_passage: int, dim
                   "token": np.tile(np.arange(vecs_per_passage), n_passages),
                   "char_start": np.zeros(n_vec, np.int64), "char_end": np.zeros(n_vec, np.int64),
                   "in_title": np.zeros(n_vec, bool)}
-    searcher = Searcher.__new__(Searcher)
-    searcher.index, searcher.config = index, SearchConfig(max_answer_tokens=20)
     n_docs = n_passages // per_doc
-    searcher.doc_vec_start = np.arange(n_docs, dtype=np.int64) * per_doc * vecs_per_passage
-    searcher.doc_vec_end = searcher.doc_vec_start + per_doc * vecs_per_passage
-    return searcher
+    start = np.arange(n_docs, dtype=np.int64) * per_doc * vecs_per_passage
+    artifacts = SimpleNamespace(index=index, doc_vec_start=start, doc_vec_end=start + per_doc * vecs_per_passage)
+    return PhraseSearch(artifacts, PhraseSearchConfig(max_answer_tokens=20))
 
 
 def timed(fn, repeats: int) -> float:
@@ -79,21 +79,23 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|")
     for n in args.passages:
         s = synthetic_searcher(n, args.passages_per_doc, args.vectors_per_passage, args.dim, rng)
-        n_docs = len(s.doc_vec_start)
+        n_docs = len(s.artifacts.doc_vec_start)
         doc_index = faiss.IndexFlatIP(args.doc_dim)
         doc_index.add(rng.standard_normal((n_docs, args.doc_dim), dtype=np.float32))
         qs, qe = (rng.standard_normal((args.batch, args.dim), dtype=np.float32) for _ in range(2))
         qd = rng.standard_normal((args.batch, args.doc_dim), dtype=np.float32)
 
         def without():
-            s.search_phrases(qs, qe, 2 * args.k)
+            s.mips(qs, qe, 2 * args.k)
 
         def with_prefilter():
             _, rows = doc_index.search(qd, min(args.top_docs, n_docs))
-            s.phrases_in_documents(qs, qe, rows)
+            a = s.artifacts
+            for q_start, q_end, r in zip(qs, qe, rows):
+                s.every_phrase(q_start, q_end, id_ranges(a.doc_vec_start[r], a.doc_vec_end[r]))
 
         t0, t1 = timed(without, args.repeats), timed(with_prefilter, args.repeats)
-        print(f"| {n:,} | {n_docs:,} | {s.index.manifest['vectors']:,} | {1000 * t0 / args.batch:.2f} | "
+        print(f"| {n:,} | {n_docs:,} | {s.artifacts.index.manifest['vectors']:,} | {1000 * t0 / args.batch:.2f} | "
               f"{1000 * t1 / args.batch:.2f} | {t0 / t1:.2f}x |", flush=True)
     return 0
 

@@ -42,9 +42,10 @@ def build_model(preset: str, positions: int = 512):
         config = EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
         config.update(dict(decoder_start_token_id=101, eos_token_id=102, pad_token_id=0))
         return FiDEncoderDecoder(config)
+    from odqa.reader.args import SHAPES
     from odqa.reader.fid import FiDT5
-    from odqa.reader.t5_init import PRESETS, t5_config
-    return FiDT5(t5_config(preset, PRESETS[preset]["vocab"]))
+    from odqa.reader.t5_init import t5_config
+    return FiDT5(t5_config(preset, SHAPES[preset]["vocab"]))
 
 
 def vocab(model) -> int:

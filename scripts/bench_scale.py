@@ -109,9 +109,10 @@ def tiny_models(root: Path, words: list[str]) -> dict[str, Path]:
     import torch
     from transformers import BertConfig, BertModel, BertTokenizer
 
+    from odqa.retriever.args import PhraseModelConfig
     from odqa.retriever.lm import load_tokenizer
     from odqa.retriever.phrase_filter import PhraseFilter
-    from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+    from odqa.retriever.phrase_model import DensePhraseModel
     common = [w for w, _ in Counter(t for w in words for t in re.findall(r"\w+|[^\w\s]", w.lower())).most_common(8000)]
     vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *common])}
     torch.manual_seed(0)
@@ -119,7 +120,7 @@ def tiny_models(root: Path, words: list[str]) -> dict[str, Path]:
     BertModel(BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=128, max_position_embeddings=256)).save_pretrained(bert)
     BertTokenizer(vocab=vocab).save_pretrained(bert)
-    DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=160)).save_pretrained(root / "phrase",
+    DensePhraseModel(PhraseModelConfig(encoder=str(bert), max_passage_tokens=160)).save_pretrained(root / "phrase",
                                                                                         load_tokenizer(bert))
     done = subprocess.run(odqa("reader", "init", "--from", str(bert), "--out", str(root / "reader")),
                           capture_output=True, text=True)
@@ -375,10 +376,11 @@ def search_only(root: Path, n: int, tokens: int, dim: int, n_questions: int) -> 
     import faiss
     from bench_build_memory import synthetic_dump
 
-    from odqa.retriever.phrase_index import build_index
+    from odqa.retriever.args import BuildIndexArgs
+    from odqa.retriever.index_build import build_index
     root.mkdir(parents=True)
     dump, corpus, _ = synthetic_dump(root, n, tokens, dim)
-    manifest = build_index(dump, root / "index", corpus, factory=None)
+    manifest = build_index(BuildIndexArgs(dump=dump, out=root / "index", corpus=corpus, factory=None, keep=1.0))
     flat = faiss.IndexFlatIP(64)
     flat.add(np.random.default_rng(0).standard_normal((n, 64), dtype=np.float32))
     faiss.write_index(flat, str(root / "dense.faiss"))

@@ -21,7 +21,8 @@ from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "reference"
 HOME = "/ODQA_HOME"   # $ODQA_HOME while the pages are made, written back as $ODQA_HOME
-MODULES = ("odqa.retriever.args", "odqa.reader.args", "odqa.system.args", "odqa.common.settings")
+MODULES = ("odqa.retriever.args", "odqa.retriever.search_config", "odqa.reader.args", "odqa.system.args",
+           "odqa.system.recipe_config", "odqa.common.settings")
 
 
 def commands(parser: argparse.ArgumentParser, prefix: str = "odqa"):
@@ -68,15 +69,21 @@ def config_pages() -> dict[Path, str]:
              "commands' flags are made from these fields, `--config FILE` takes their names as keys, and the",
              "Python API takes the classes themselves. Written by `python scripts/docs_reference.py`; a test fails",
              "when these pages are stale. Ranges: positive (at least 1, or above 0), non_negative, percent, port,",
-             "text (not empty).", ""]
+             "text (not empty). A section is a settings class held whole (a trainer's model config, `RunArgs.search`,",
+             "a recipe's stages): its settings keep their own flags and flat names, and a recipe's preset sets it in",
+             "a table of its own (`[phrase]`). A class that inherits a setting to give it another default lists it",
+             "with its own default.", ""]
     pages = {}
     from odqa.common.settings import OptimArgs
 
     def row(f: dataclasses.Field) -> str:
+        cell = lambda x: clean(str(x)).replace("|", "\\|")  # noqa: E731
+        if "section" in f.metadata:   # a settings class held whole: its own table, by its flat names
+            return (f"| `{f.name}` | (its settings' flags) | a `{f.metadata['section'].__name__}` | section | "
+                    f"{cell(f.metadata.get('help', ''))} |")
         default = "required" if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING \
             else f.default_factory() if f.default is dataclasses.MISSING else f.default
         rule = f.metadata.get("range") or " ".join(map(str, f.metadata.get("choices", ())))
-        cell = lambda x: clean(str(x)).replace("|", "\\|")  # noqa: E731
         return f"| `{f.name}` | `{flag_of(f)}` | {cell(default)} | {cell(rule)} | {cell(f.metadata.get('help', ''))} |"
 
     loop_rows = {f.name: row(f) for f in dataclasses.fields(OptimArgs)}
@@ -87,7 +94,9 @@ def config_pages() -> dict[Path, str]:
                    and issubclass(v, OptimArgs) == training and dataclasses.fields(v)]
         if not classes:
             continue
-        name = module.split(".")[1] + ("-training" if training else "")
+        package, last = module.split(".")[1], module.split(".")[-1]
+        name = (package if last in ("args", "settings") else f"{package}-{last.replace('_', '-')}") + \
+            ("-training" if training else "")
         lines = [f"# `{module}`" + (": the trainers" if training else ""), ""]
         for cls in classes:
             fields = dataclasses.fields(cls)

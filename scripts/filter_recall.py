@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from odqa.common.defaults import default_supervision
-from odqa.retriever.phrase_train import filter_report, load_examples
+from odqa.retriever.phrase_train import filter_report
+from odqa.retriever.supervise import load_examples
 
 
 def main() -> None:

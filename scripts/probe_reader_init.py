@@ -23,6 +23,7 @@ from pathlib import Path
 
 from odqa.common.corpus import PassageStore
 from odqa.common.paths import default_corpus
+from odqa.common.settings import from_flat
 from odqa.reader.args import LoopArgs
 from odqa.reader.fid_train import ReaderArgs, train_reader
 
@@ -73,8 +74,9 @@ def main() -> None:
         (tmp / "val.json").write_text(json.dumps(lookup_task(names, things, 200, a.k, seed=1)))
         results = {}
         for i, model in enumerate(a.models):
-            args = ReaderArgs(model=model, train_file=[str(tmp / "train.json")], validation_file=str(tmp / "val.json"),
-                              n_passages=a.k, text_maxlength=a.text_maxlength, answer_maxlength=8, max_validation=200)
+            args = from_flat(ReaderArgs, dict(model=model, train_file=[str(tmp / "train.json")],
+                                              validation_file=str(tmp / "val.json"), k=a.k, text_maxlength=a.text_maxlength,
+                                              max_new_tokens=8, max_validation_examples=200))
             loop = LoopArgs(out_dir=str(tmp / f"run{i}"), batch_size=a.batch_size, lr=a.lr, max_steps=a.steps,
                             warmup_steps=min(50, a.steps // 10), eval_steps=a.eval_steps, save_steps=a.steps)
             results[model] = train_reader(args, loop)

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from odqa.common.retrieval_eval import evaluate_results
-from odqa.reader.read import load_reader, read_with_ks
+from odqa.reader.args import ReaderSettings
+from odqa.reader.read import load_reader, read
 
 ORACLES = ("all", "first")
 
@@ -58,14 +59,13 @@ def main() -> int:
     name = Path(args.retrieval).stem + (f"-oracle-{args.oracle}" if args.oracle else "")
     (out / f"{name}-answerable.json").write_text(json.dumps(subset, ensure_ascii=False), encoding="utf-8")
     model, tokenizer = load_reader(args.model)
-    read = read_with_ks(model, tokenizer, out / f"{name}-answerable.json",
-                        {k: out / f"{name}-pred-k{k}.jsonl" for k in ks}, text_maxlength=args.text_maxlength,
-                        refuse_echoes=not args.keep_echoes)
+    read_ = read(model, tokenizer, out / f"{name}-answerable.json", {k: out / f"{name}-pred-k{k}.jsonl" for k in ks},
+                 ReaderSettings(text_maxlength=args.text_maxlength), refuse_echoes=not args.keep_echoes)
     n, metrics = len(full), evaluate_results(full, ks=ks)["all"]     # Top-k and the extractive answer's EM
-    row = {"questions": n, "read": len(subset), "seconds": round(read[ks[0]]["seconds"]),
+    row = {"questions": n, "read": len(subset), "seconds": round(read_[ks[0]]["seconds"]),
            "extractive_em": round(metrics["EM"], 2)}
     for k in ks:
-        correct = read[k]["em"] * read[k]["scored"] / 100
+        correct = read_[k]["em"] * read_[k]["scored"] / 100
         row.update({f"top{k}": round(metrics[f"Top-{k}"], 2), f"em{k}": round(100 * correct / n, 2),
                     f"em{k}/top{k}": round(100 * correct / max(metrics[f"Top-{k}"] * n / 100, 1), 1)})
     print(json.dumps(row))

@@ -17,9 +17,11 @@ from odqa.common.io import write_json
 from odqa.common.metrics.retrieval import retrieval_metrics
 from odqa.common.paths import default_corpus
 from odqa.common.questions import load_questions
+from odqa.common.settings import updated
 from odqa.retriever.doc_index import DocRetriever
 from odqa.retriever.retrieve import retrieve_phrases
-from odqa.retriever.searcher import Searcher, open_searcher
+from odqa.retriever.search_config import SearchConfig
+from odqa.retriever.searcher import Searcher
 
 KS = (1, 5, 20, 100)
 
@@ -49,13 +51,13 @@ def main() -> int:
     docs = DocRetriever(args.doc_index, args.doc_model, corpus)
     lam, mu = docs.tuned_lambda or 0.0, docs.tuned_bm25_weight or 0.0
     searchers = {
-        "phrase, no pre-filter": open_searcher(args.index, args.model, corpus),
+        "phrase, no pre-filter": Searcher.open(args.index, args.model, corpus),
         f"phrase, pre-filter K={args.top_docs}":
-            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, top_docs=args.top_docs,
-                          lam=0.0, bm25_weight=0.0),
+            Searcher.open(args.index, args.model, corpus, docs, config=updated(
+                SearchConfig(), top_docs=args.top_docs, lam=0.0, bm25_weight=0.0)),
         f"phrase, pre-filter K={args.top_docs} + rerank (lambda {lam:.1f}, BM25 weight {mu:g})":
-            open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model, top_docs=args.top_docs,
-                          lam=lam, bm25_weight=mu)}
+            Searcher.open(args.index, args.model, corpus, docs, config=updated(
+                SearchConfig(), top_docs=args.top_docs, lam=lam, bm25_weight=mu))}
     names = list(searchers)
     answers = AnswerIndex.open(corpus)
     report = {"top_docs": args.top_docs, "lambda": lam, "bm25_weight": mu, "datasets": {}}

@@ -1,9 +1,13 @@
 """`odqa demo`: a recipe's stages (system/recipe.py) run in order, each reused on a rerun.
 
-A stage is done when OUT/stages/NAME.json holds its key (its settings and the key of the stage
-before it), so changing a setting reruns that stage and the ones after it. A stage that was
-interrupted resumes from its checkpoints; one started with other settings starts over. After each
-stage what is built becomes the default pipeline ($ODQA_HOME/pipeline.json, and OUT/pipeline.json).
+A stage is done when OUT/stages/NAME.json holds its key: the settings of the recipe's sections and
+fields it uses (`Stage.uses`) and the fingerprint of the key the stage before it recorded, so changing
+a setting reruns that stage and the ones after it. A setting added since a record was written reads
+there as its default, so adding one rebuilds nothing; a record written by 0.1, whose keys listed flat
+settings by name (system/legacy.py), counts for the same recipe and is rewritten as this release's. A
+stage that was interrupted resumes from its checkpoints; one started with other settings starts over.
+After each stage what is built becomes the default pipeline ($ODQA_HOME/pipeline.json, and
+OUT/pipeline.json).
 
 Time estimates (system/estimate.py) are this stage's reference cost on a 2-core CPU times the speed
 of this machine, first taken from encoding a few passages, then corrected by how long the finished
@@ -48,29 +52,39 @@ class Demo:
         self.stages_dir = self.out / "stages"
         self.speed = 1.0                     # this machine's time / the reference machine's
 
-    def keys(self, stages: list[Stage], legacy: bool = False) -> dict[str, dict]:
-        """Each stage's key: its settings, paths inside $ODQA_HOME written from "$ODQA_HOME/" (so that a
-        copied home's stages are done), and the key of the stage before. `legacy`: as keys were written
-        before 2026-11-29, with absolute paths, which a stage record of this home may still hold."""
-        keys, previous = {}, None
+    def done(self, stages: list[Stage], upgrade: bool = False) -> dict[str, dict | None]:
+        """{name: its recorded key} of the stages done (their outputs there, their record's key this
+        recipe's), None for the others. With `upgrade`, a record 0.1 wrote for the same recipe is
+        rewritten as this release's."""
+        out, previous, previous_old = {}, None, (None, None)
         for s in stages:
-            keys[s.name] = {"settings": s.settings if legacy else portable_key(s.settings),
-                            "after": fingerprint(previous)}
-            previous = keys[s.name]
-        return keys
+            key = {"settings": portable_key(s.settings), "after": fingerprint(previous)}
+            marker = self.stages_dir / f"{s.name}.json"
+            record = _stage_record(marker) if marker.exists() else None
+            # 0.1's key of this stage, with paths inside $ODQA_HOME portable and (before 2026-11-29) absolute
+            old = tuple({"settings": settings, "after": fingerprint(before)} for settings, before in
+                        zip((portable_key(s.legacy), s.legacy), previous_old)) if s.legacy is not None else (None, None)
+            if record is not None and record["key"] in old:
+                if upgrade:
+                    write_json(marker, {**record, "key": key})
+                record = {**record, "key": key}
+            same = record is not None and _same_key(record["key"], key, portable_key(s.defaults))
+            out[s.name] = record["key"] if same and all(o.exists() for o in s.outputs) else None
+            previous, previous_old = (record["key"] if same else key), old
+        return out
 
     def plan(self) -> str:
         """The stages, which are done, and the time estimate of the rest; runs nothing."""
         stages = self.recipe.stages()
-        keys, legacy = self.keys(stages), self.keys(stages, legacy=True)
-        self._show_plan(stages, [s.name for s in stages if not self._done(s, keys[s.name], legacy[s.name])])
+        done = self.done(stages)
+        self._show_plan(stages, [s.name for s in stages if done[s.name] is None])
         return ""
 
     def execute(self) -> str:
         stages = self.recipe.stages()
         self.stages_dir.mkdir(parents=True, exist_ok=True)
-        keys, legacy = self.keys(stages), self.keys(stages, legacy=True)
-        todo = [s.name for s in stages if not self._done(s, keys[s.name], legacy[s.name], upgrade=True)]
+        done = self.done(stages, upgrade=True)
+        todo = [s.name for s in stages if done[s.name] is None]
         if todo and "data" not in todo:
             self.speed = machine_speed(self.recipe.encoder, self.recipe.corpus)
         if todo:
@@ -78,15 +92,19 @@ class Demo:
             self._show_plan(stages, todo)
         t_all = time.perf_counter()
         calibrated, spent, estimated = self.speed, 0.0, 0.0
+        previous = None
         for i, name in enumerate(s.name for s in stages):
             if name not in todo:
+                previous = done[name]
                 continue
             now = {s.name: s for s in self.recipe.stages()}    # estimates from the sizes known by now
             s, left = now[name], sum(now[n].estimate_s for n in todo[todo.index(name):]) * self.speed
             _say(f"[{i + 1}/{len(stages)}] {name}: {s.what} (about {_minutes(s.estimate_s * self.speed)}; "
                  f"{_minutes(left)} left in all)")
             t0 = time.perf_counter()
-            result = self._run_stage(s, keys[name])
+            key = {"settings": portable_key(s.settings), "after": fingerprint(previous)}
+            result = self._run_stage(s, key)
+            previous = key
             took = time.perf_counter() - t0
             if name == "data":
                 calibrated = self.speed = machine_speed(self.recipe.encoder, self.recipe.corpus)
@@ -110,20 +128,6 @@ class Demo:
         by, settings = f"odqa demo -> {self.out}", self.recipe.settings()
         record_pipeline(built, by=by, forget=forget, settings=settings)
         write_record(self.out / "pipeline.json", built, by, settings)
-
-    def _done(self, s: Stage, key: dict, legacy: dict | None = None, upgrade: bool = False) -> bool:
-        """Whether `s` is done with `key` (or, in a record written before keys were portable, `legacy`,
-        which `upgrade` rewrites as `key`)."""
-        marker = self.stages_dir / f"{s.name}.json"
-        if not marker.exists():
-            return False
-        record, legacy = _stage_record(marker), legacy or key
-        if not all(o.exists() for o in s.outputs):
-            return False
-        if record["key"] == legacy != key and upgrade:
-            write_json(marker, {**record, "key": key})
-            return True
-        return record["key"] in (key, legacy)
 
     def _run_stage(self, s: Stage, key: dict) -> dict:
         """Resume a stage interrupted with the same key; anything else starts from a clean slate."""
@@ -154,7 +158,7 @@ class Demo:
         examples = read_json(self.stages_dir / "run.json")["result"]["examples"]
         lines = [f"report ({run}/report.md, em_by_k.png, topk.png):", markdown(rows)]
         if examples:
-            k = max(self.recipe.cfg.run_k)
+            k = max(self.recipe.cfg.run.k)
             lines.append(f"\n{len(examples)} example questions (answer in the top {k}; FiD reads {k} passages):")
             for ex, a in zip(examples, load(self.out).ask([e["question"] for e in examples], k=k)):
                 lines += [f"Q: {ex['question']}  (gold: {' | '.join(ex['answers'][:3])})",
@@ -162,6 +166,27 @@ class Demo:
                           f"   generated:  {a.generated or '(empty)'}",
                           f"   top passage: {a.passages[0].title}: {a.passages[0].text[:150]}..."]
         return "\n".join(lines)
+
+
+def _same_key(recorded: dict, key: dict, defaults: dict) -> bool:
+    """Whether a stage record's key is `key`, a setting the record does not name (added since it was
+    written) counting as its default there (`defaults`, the same shape)."""
+    if recorded.get("after") != key["after"]:
+        return False
+    return _same(recorded.get("settings"), key["settings"], defaults)
+
+
+def _same(recorded, now, default) -> bool:
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        default = default if isinstance(default, dict) else {}
+        for name in set(recorded) | set(now):
+            if name not in recorded:
+                if name not in default or now[name] != default[name]:
+                    return False
+            elif name not in now or not _same(recorded[name], now[name], default.get(name)):
+                return False
+        return True
+    return recorded == now
 
 
 def _minutes(seconds: float) -> str:

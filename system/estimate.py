@@ -70,27 +70,27 @@ class Estimates:
     # the work, which the stages' descriptions name too
     @property
     def phrase_epochs(self) -> int:
-        return self.c.phrase_epochs + len(self.c.phrase_round_lrs)
+        return self.c.phrase.epochs + len(self.c.phrase_round_lrs)
 
     @property
     def phrase_steps(self) -> int:
-        return self.phrase_epochs * (min(self.c.phrase_examples or self.n_train, self.n_train) // self.c.phrase_batch)
+        return self.phrase_epochs * (min(self.c.phrase.max_train_examples or self.n_train, self.n_train) // self.c.phrase.batch_size)
 
     @property
     def doc_steps(self) -> int:
-        return self.c.doc_rounds * (min(self.c.doc_examples or self.n_train, self.n_train) // self.c.doc_batch)
+        return self.c.doc_rounds * (min(self.c.doc.max_train_examples or self.n_train, self.n_train) // self.c.doc.batch_size)
 
     @property
     def query_questions(self) -> int:
-        return min(self.c.query_examples or self.n_train, self.n_train)
+        return min(self.c.query.max_train_examples or self.n_train, self.n_train)
 
     @property
     def rerank_questions(self) -> int:
-        return min(self.c.reranker_questions or self.n_train, self.n_train)
+        return min(self.c.reranker.max_train_examples or self.n_train, self.n_train)
 
     @property
     def dev_questions(self) -> float:
-        return 17_600 * len(self.c.train_questions) / 2   # NQ-dev and TQA-dev hold 17,594 between them
+        return 17_600 * len(self.c.supervise.questions) / 2   # NQ-dev and TQA-dev hold 17,594 between them
 
     # each stage's reference seconds
     def data(self) -> float:
@@ -101,68 +101,68 @@ class Estimates:
 
     def phrase(self) -> float:
         c, ref = self.c, self.ref
-        return (self.phrase_steps * ref["phrase_step_s"] * c.phrase_batch / 16 * c.max_passage_tokens / 192
-                + c.validation_questions * ref["phrase_encode_s"] * self.phrase_epochs)
+        return (self.phrase_steps * ref["phrase_step_s"] * c.phrase.batch_size / 16 * c.phrase.model_config.max_passage_tokens / 192
+                + c.phrase.max_validation_examples * ref["phrase_encode_s"] * self.phrase_epochs)
 
     def index(self) -> float:
         c, ref = self.c, self.ref
-        return (self.n_pass * ref["phrase_encode_s"] * min(1.0, c.max_passage_tokens / 160) + ref["index_s"]
-                + (ref["filter_s"] if c.index_keep < 1 else 0))
+        return (self.n_pass * ref["phrase_encode_s"] * min(1.0, c.phrase.model_config.max_passage_tokens / 160) + ref["index_s"]
+                + (ref["filter_s"] if c.index.keep < 1 else 0))
 
     def query(self) -> float:
-        return self.c.query_rounds * self.c.query_epochs * self.query_questions * self.ref["query_q_s"]
+        return self.c.query_rounds * self.c.query.epochs * self.query_questions * self.ref["query_q_s"]
 
     def doc(self) -> float:
         c, ref = self.c, self.ref
-        doc_s = ref["doc_encode_s"] * c.max_doc_tokens / 128      # one document summary encoded
-        return (ref["doc_start_s"] + self.doc_steps * c.doc_batch * ref["doc_step_doc_s"]
-                * (2 if c.doc_negatives != "none" else 1) * c.max_doc_tokens / 128
-                + c.doc_rounds * (c.doc_validation_docs or self.n_docs) * doc_s + self.n_docs * doc_s
-                + c.lambda_questions * ref["search_q_s"])
+        doc_s = ref["doc_encode_s"] * c.doc.model_config.max_doc_tokens / 128      # one document summary encoded
+        return (ref["doc_start_s"] + self.doc_steps * c.doc.batch_size * ref["doc_step_doc_s"]
+                * (2 if c.doc.negatives != "none" else 1) * c.doc.model_config.max_doc_tokens / 128
+                + c.doc_rounds * (c.doc.validation_docs or self.n_docs) * doc_s + self.n_docs * doc_s
+                + c.tune_lambda.limit * ref["search_q_s"])
 
     def refit(self) -> float:
-        return self.query() * (1 + self.c.validation_percent / (100 - self.c.validation_percent))
+        return self.query() * (1 + self.c.supervise.validation_percent / (100 - self.c.supervise.validation_percent))
 
     def reader_token_s(self) -> tuple[float, float]:
         """Reference seconds per (passage x token) to train on and to read, for the reader the demo makes."""
-        if self.c.reader_model is None and self.c.reader_init == "warm":
+        if self.c.reader_model is None and self.c.reader_kind == "warm":
             return self.ref["warm_fid_token_s"], self.ref["warm_read_token_s"]
         return self.ref["fid_token_s"], self.ref["read_token_s"]
 
     def questions_searched(self) -> int:
         """The training and validation questions whose passages the reader stage searches for."""
         c, train = self.c, self.n_train
-        return min(c.reader_questions or train, train) + round(train * c.validation_percent / (100 - c.validation_percent))
+        return min(c.reader_questions or train, train) + round(train * c.supervise.validation_percent / (100 - c.supervise.validation_percent))
 
     def reader(self) -> float:
         c, ref = self.c, self.ref
         train_s, read_s = self.reader_token_s()
         train_s /= BF16_TRAIN_SPEEDUP if self.reader_bf16 else 1.0
-        train_s /= ZERO0_TRAIN_SPEEDUP if c.reader_zero_stage == 0 else 1.0
+        train_s /= ZERO0_TRAIN_SPEEDUP if c.reader_loop.zero_stage == 0 else 1.0
         if self.reader_frozen["freeze_embeddings"]:
             train_s *= 1 - FROZEN_EMBEDDINGS_SAVE - FROZEN_BLOCK_SAVE * self.reader_frozen["freeze_layers"]
-        pretrain = c.pretrain_steps * ref["pretrain_step_s"] if c.reader_init == "t5" and not c.reader_model else 0
-        return ((0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"] * (2 if c.reader_gold_steps else 1)
-                + pretrain + c.text_maxlength * train_s * (c.reader_gold_steps * c.reader_gold_batch
-                                                           + c.reader_steps * c.reader_batch * c.reader_k)
-                + c.reader_validation * c.text_maxlength * read_s * (c.reader_gold_evals + c.reader_k) * 2
+        pretrain = c.pretrain_steps * ref["pretrain_step_s"] if c.reader_kind == "t5" and not c.reader_model else 0
+        return ((0 if c.reader_model else ref["reader_init_s"]) + ref["deepspeed_start_s"] * (2 if c.gold_steps else 1)
+                + pretrain + c.reader.reading.text_maxlength * train_s * (c.gold_steps * c.gold_batch
+                                                           + c.reader_loop.max_steps * c.reader_loop.batch_size * c.reader.k)
+                + c.reader.max_validation_examples * c.reader.reading.text_maxlength * read_s * (c.gold_evals + c.reader.k) * 2
                 + (self.questions_searched() * ref["search_q_s"] if c.reader_passages == "phrase" else 0))
 
     def reranker(self) -> float:
         c, ref = self.c, self.ref
-        return ((self.rerank_questions + c.reranker_validation) * ref["search_q_s"]
+        return ((self.rerank_questions + c.reranker.max_validation_examples) * ref["search_q_s"]
                 + self.rerank_questions * ref["rerank_groups"] * 4 * ref["rerank_pair_s"]
-                + c.reranker_validation * c.rerank_depth * ref["encode_s"])
+                + c.reranker.max_validation_examples * c.reranker.rerank_depth * ref["encode_s"])
 
     def memory(self) -> float:
         return self.dev_questions * self.ref["memory_q_s"]
 
     def run(self) -> float:
         c, ref = self.c, self.ref
-        run_q = sum(self.test_size(name) for name in c.test_questions)
+        run_q = sum(self.test_size(name) for name in c.run.questions)
         # `odqa run` reads every k in one pass: the passages are encoded once, at the largest k
-        return (ref["run_start_s"] + run_q * (ref["search_q_s"] + max(c.run_k) * c.text_maxlength * self.reader_token_s()[1])
-                + (self.n_pass * ref["encode_s"] if "dense" in c.baselines else 0))
+        return (ref["run_start_s"] + run_q * (ref["search_q_s"] + max(c.run.k) * c.reading.text_maxlength * self.reader_token_s()[1])
+                + (self.n_pass * ref["encode_s"] if "dense" in c.run.baselines else 0))
 
 
 def machine_speed(encoder: str, corpus: Path, n: int = 64) -> float:

@@ -10,6 +10,11 @@ One phrase search (behind the document pre-filter when the searcher has one) yie
 passage's phrase, the extractive answer, and the top-k passages, which the FiD reader reads to
 generate the other answer. With an answer memory, `Answer.memory` lists the training questions whose
 answers the extractive answer's vote consulted. Timings are per batch, in milliseconds, for each stage.
+
+`assemble` is the one place a `Pipeline` is made: from the parts named (a command's flags, a recipe's
+files), the default pipeline's record for those not named, its settings, and overrides. `odqa.load`,
+`ask`, `serve`, `run`, `retrieve --retriever phrase`, `tune-lambda` and the recipe all call it; the
+searcher and the reader load on first use.
 """
 from __future__ import annotations
 
@@ -21,23 +26,21 @@ from typing import Sequence
 
 from odqa.common.device import pick_device
 from odqa.common.io import InputError
-from odqa.common.results import Answer, Document, Neighbour, Passage, Phrase
+from odqa.common.results import Answer, Passage
+from odqa.common.settings import flat_names, updated
 from odqa.reader.args import ReaderSettings
 from odqa.reader.fid_data import FiDExample
-from odqa.reader.read import generate_answers, load_reader
-from odqa.retriever.args import SearchConfig
-from odqa.retriever.searcher import UNITS, open_searcher, top_phrase
-from odqa.system.args import SearchParts
+from odqa.retriever.search_config import SearchConfig
+from odqa.system.args import PipelineParts
 
 MAX_K = 100
-
-
-READER_SETTINGS = tuple(f.name for f in dataclasses.fields(ReaderSettings))
-SEARCH_SETTINGS = tuple(f.name for f in dataclasses.fields(SearchConfig))
+SEARCH_SETTINGS = tuple(flat_names(SearchConfig))
+READER_SETTINGS = tuple(flat_names(ReaderSettings))
+UNITS = ("phrase", "passage", "document")
 
 
 def split_settings(settings: dict) -> tuple[dict, dict]:
-    """(search settings, reading settings) of `settings`, which names nothing else."""
+    """(search settings, reading settings) of `settings`, flat names that name nothing else."""
     unknown = set(settings) - set(SEARCH_SETTINGS) - set(READER_SETTINGS)
     if unknown:
         raise InputError(f"unknown settings: {', '.join(sorted(unknown))} (search: {', '.join(SEARCH_SETTINGS)}; "
@@ -46,36 +49,54 @@ def split_settings(settings: dict) -> tuple[dict, dict]:
             {k: v for k, v in settings.items() if k in READER_SETTINGS})
 
 
-def _unit(d: dict, unit: str):
-    if unit == "phrase":
-        return Phrase.from_dict(d)
-    return (Passage if unit == "passage" else Document).from_dict(d)
-
-
 class Pipeline:
-    def __init__(self, searcher, reader_model, reader_tokenizer, settings: ReaderSettings = ReaderSettings(),
-                 device: str | None = None):
-        self.searcher = searcher
-        self.model, self.tokenizer = reader_model, reader_tokenizer
-        self.settings = settings
-        self.device = pick_device(device)
+    """A phrase searcher and a FiD reader over the parts `assemble` resolved, each loaded on first use
+    (or given loaded: `searcher`, `reader` as (model, tokenizer), to share them), searching and reading
+    by `search` and `reading`."""
 
-    @classmethod
-    def load(cls, searcher, reader_path: str | os.PathLike, settings: ReaderSettings = ReaderSettings()) -> "Pipeline":
-        device = pick_device()
-        model, tokenizer = load_reader(reader_path, device)
-        return cls(searcher, model, tokenizer, settings, device)
+    def __init__(self, parts: PipelineParts, search: SearchConfig, reading: ReaderSettings, device: str | None = None,
+                 *, searcher=None, reader: tuple | None = None):
+        self.parts, self.search_config, self.settings = parts, search, reading
+        self.device = pick_device(device)
+        self._searcher, self._reader = searcher, reader
+
+    @property
+    def searcher(self):
+        if self._searcher is None:
+            from odqa.common.paths import default_corpus
+            from odqa.retriever.searcher import Searcher
+            p = self.parts
+            self._searcher = Searcher.open(p.index, p.model, p.corpus or default_corpus(), p.doc_index, p.doc_model,
+                                           self.search_config, reranker=p.reranker, memory=p.memory)
+        return self._searcher
+
+    @property
+    def reader(self) -> tuple:
+        """(model, tokenizer) of the FiD reader."""
+        if self._reader is None:
+            from odqa.reader.read import load_reader
+            if self.parts.reader is None:
+                raise InputError("this pipeline has no FiD reader: give one (--reader, or a record with one)")
+            self._reader = load_reader(self.parts.reader, self.device)
+        return self._reader
+
+    def loaded(self) -> "Pipeline":
+        """This pipeline with its searcher and reader loaded now (a server, `odqa.load`: a damaged part is
+        named before the first question)."""
+        self.searcher, self.reader   # noqa: B018
+        return self
 
     def _with(self, overrides: dict):
         """The searcher and reader settings of one call: this pipeline's, with `overrides` (any of
-        `SearchConfig`'s or `ReaderSettings`' fields) in their place."""
+        `SearchConfig`'s or `ReaderSettings`' settings, by name) in their place."""
         search, read = split_settings(overrides)
         return (self.searcher.with_settings(**search) if search else self.searcher,
-                dataclasses.replace(self.settings, **read) if read else self.settings)
+                updated(self.settings, read) if read else self.settings)
 
     def ask(self, question: str | Sequence[str], k: int = 10, **overrides) -> Answer | list[Answer]:
         """The answers to one question (an `Answer`) or to a list of them (a list), from the top k
         passages; `overrides` change search or reader settings for this call only."""
+        from odqa.reader.read import generate
         single = isinstance(question, str)
         questions = [question] if single else list(question)
         if not 1 <= k <= MAX_K:
@@ -87,17 +108,14 @@ class Pipeline:
         t0 = time.perf_counter()
         results = searcher.search(questions, k, unit="passage")
         t1 = time.perf_counter()
-        examples = [FiDExample(id=str(i), question=q, answers=[], passages=[(p["title"], p["text"]) for p in r["passages"]],
-                               phrases=[(p["phrase"]["text"], p["phrase"]["score"]) if p.get("phrase") else None
-                                        for p in r["passages"]])
+        examples = [FiDExample(id=str(i), question=q, answers=[], passages=[(h.unit.title, h.unit.text) for h in r.hits],
+                               phrases=[(h.phrase.text, h.phrase.score) if h.phrase else None for h in r.hits])
                     for i, (q, r) in enumerate(zip(questions, results))]
-        generated = generate_answers(self.model, self.tokenizer, examples, k, s.batch_size, s.text_maxlength,
-                                     s.max_new_tokens, s.num_beams, self.device, progress=False, decoding=s.decoding)
+        generated = generate(*self.reader, examples, [k], s, self.device)[k]
         t2 = time.perf_counter()
         timings = {"retrieve_ms": 1000 * (t1 - t0), "read_ms": 1000 * (t2 - t1), "questions_in_batch": len(questions)}
-        answers = [Answer(question=q, extractive=Phrase.from_dict(top_phrase(r)), generated=g,
-                          passages=tuple(map(Passage.from_dict, r["passages"])),
-                          memory=tuple(map(Neighbour.from_dict, r.get("memory", ()))), timings=timings)
+        answers = [Answer(question=q, extractive=r.extractive, generated=g, passages=tuple(h.unit for h in r.hits),
+                          memory=tuple(r.memory or ()), timings=timings)
                    for q, r, g in zip(questions, results, generated)]
         return answers[0] if single else answers
 
@@ -116,20 +134,21 @@ class Pipeline:
             return []
         searcher, _ = self._with(overrides)
         results = searcher.search(qs, k, unit=unit)
-        found = [[_unit(d, unit) for d in r[unit + "s"]] for r in results]
+        found = [r.phrases if unit == "phrase" else [h.unit for h in r.hits] for r in results]
         return found[0] if single else found
 
     def read(self, question: str, passages: Sequence[Passage | tuple[str, str] | str], **overrides) -> str:
         """The reader's answer to `question` over `passages`: `Passage`s, (title, text) pairs or texts."""
+        from odqa.reader.read import generate
         if not passages:
             raise InputError("read needs at least one passage")
         _, s = self._with(overrides)
         pairs = [(p.title, p.text) if isinstance(p, Passage) else ("", p) if isinstance(p, str) else tuple(p)
                  for p in passages]
         example = FiDExample(id="0", question=question.strip(), answers=[], passages=pairs)
-        decoding = "spans" if s.decoding == "phrases" else s.decoding   # no phrase scores come with given passages
-        (answer,) = generate_answers(self.model, self.tokenizer, [example], len(pairs), s.batch_size, s.text_maxlength,
-                                     s.max_new_tokens, s.num_beams, self.device, progress=False, decoding=decoding)
+        if s.decoding == "phrases":   # no phrase scores come with given passages
+            s = dataclasses.replace(s, decoding="spans")
+        (answer,) = generate(*self.reader, [example], [len(pairs)], s, self.device)[len(pairs)]
         return answer
 
 
@@ -138,7 +157,7 @@ def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, 
     `odqa demo` records); a directory is its pipeline.json (a demo's run directory has one); a file is
     read as is. A recorded path that is gone is refused by name: a pipeline is not loaded without a
     part. "settings", where the record has it, holds search and reading settings (`SearchConfig`'s and
-    `ReaderSettings`' fields) that the pipeline runs with."""
+    `ReaderSettings`', by name) that the pipeline runs with."""
     from odqa.common.defaults import ARTIFACTS, pipeline_file, read_record
     path = pipeline_file() if str(name_or_path) == "default" else Path(name_or_path).expanduser()
     if path.is_dir():
@@ -154,8 +173,8 @@ def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, 
     gone = [f"{ARTIFACTS[k][1]} ({v})" for k, v in recorded.items() if k != "supervision" and not v.exists()]
     if gone:
         raise InputError(f"{path} records what is no longer there: {', '.join(gone)}")
-    search, read = recorded_settings(path, settings)
-    return path, recorded, {**search, **read}
+    recorded_settings(path, settings)
+    return path, recorded, settings
 
 
 def recorded_settings(path: Path, settings: dict) -> tuple[dict, dict]:
@@ -167,50 +186,71 @@ def recorded_settings(path: Path, settings: dict) -> tuple[dict, dict]:
         raise InputError(f"{path}: \"settings\" holds what is not a search or reading setting: {e}") from None
 
 
-def resolve_parts(parts: SearchParts, reader: bool = False) -> tuple[SearchParts, dict]:
-    """`parts` with the default pipeline's in place of those not given, and the settings its record holds
-    that come with them: the search settings with its phrase index, the reading settings with its reader
-    (with `reader`, which also requires one). The pre-filter, the reranker and the corpus come along only
-    with the default phrase index: an index named by a flag is searched as named, and `no_prefilter` /
-    `no_reranker` leave those out. The answer memory comes along with the default phrase model (its
-    vectors are that model's questions), unless `no_memory`."""
-    from odqa.common.defaults import default_path, pipeline_file, read_record
-    path = pipeline_file()
-    pipeline, settings = read_record(path) if path.exists() else ({}, {})
+def resolve_parts(parts: PipelineParts, recorded: dict[str, Path], reader: bool, record: Path | None = None
+                  ) -> tuple[PipelineParts, bool, bool]:
+    """(`parts` with the record's in place of those not given, whether the phrase index is the record's,
+    whether the reader is). The pre-filter, the reranker and the corpus come along only with the
+    record's phrase index: an index named is searched as named, and `no_prefilter` / `no_reranker`
+    leave those out. The answer memory comes along with the record's phrase model (its vectors are that
+    model's questions), unless `no_memory`. The reader, with `reader`, which also requires one."""
+    from odqa.common.defaults import default_path
 
     def part(name: str) -> str:   # a recorded part that is gone is refused by name, never left out
-        return str(default_path(name, pipeline))
+        return str(default_path(name, recorded))
     own_index, own_model = parts.index is None, parts.model is None
     found = {"index": parts.index or part("phrase_index"), "model": parts.model or part("phrase_model")}
-    if own_index and parts.doc_index is None and not parts.no_prefilter and {"doc_index", "doc_model"} <= set(pipeline):
+    if own_index and parts.doc_index is None and not parts.no_prefilter and {"doc_index", "doc_model"} <= set(recorded):
         found.update(doc_index=part("doc_index"), doc_model=part("doc_model"))
-    if own_index and parts.reranker is None and not parts.no_reranker and "reranker" in pipeline:
+    if own_index and parts.reranker is None and not parts.no_reranker and "reranker" in recorded:
         found["reranker"] = part("reranker")
-    if own_model and parts.memory is None and not parts.no_memory and "memory" in pipeline:
+    if own_model and parts.memory is None and not parts.no_memory and "memory" in recorded:
         found["memory"] = part("memory")
-    if own_index and parts.corpus is None and "corpus" in pipeline:
+    if own_index and parts.corpus is None and "corpus" in recorded:
         found["corpus"] = part("corpus")
     own_reader = reader and parts.reader is None
     if own_reader:
         found["reader"] = part("reader")
-    search, read = recorded_settings(path, settings) if (own_index or own_reader) else ({}, {})
-    return dataclasses.replace(parts, **found), {**(search if own_index else {}), **(read if own_reader else {})}
+    return dataclasses.replace(parts, **found), own_index, own_reader
+
+
+def assemble(parts: PipelineParts | None = None, search: SearchConfig | None = None,
+             reading: ReaderSettings | None = None, overrides: dict | None = None, *,
+             record: str | os.PathLike | None = "default", reader: bool = True, device: str | None = None) -> Pipeline:
+    """The pipeline of `parts` (a `PipelineParts`, the default pipeline's where a part is not named) and
+    of its settings: `search` and `reading` where given whole, else the record's settings (the search
+    ones with its phrase index, the reading ones with its reader) over the settings' own defaults; then
+    `overrides` (settings by name) over either. `record`: "default" (the default pipeline's record,
+    $ODQA_HOME/pipeline.json, where there is one), a pipeline.json or a directory holding one, or None
+    (the parts are all named). With `reader` the pipeline must have one."""
+    from odqa.common.defaults import pipeline_file, read_record
+    parts = parts or PipelineParts()
+    recorded, settings, path = {}, {}, None
+    if record is not None:
+        path = pipeline_file() if str(record) == "default" else Path(record)
+        path = path / "pipeline.json" if path.is_dir() else path
+        if path.exists():
+            recorded, settings = read_record(path)
+        elif str(record) != "default":
+            raise InputError(f"no pipeline record at {path}: give a pipeline.json, or a directory holding one")
+    if record is not None:
+        parts, own_index, own_reader = resolve_parts(parts, recorded, reader, path)
+        from_search, from_read = recorded_settings(path, settings) if settings else ({}, {})
+    elif reader and parts.reader is None:
+        raise InputError("a pipeline needs a FiD reader: give one (--reader)")
+    search_settings = from_search if record is not None and own_index else {}
+    read_settings = from_read if record is not None and own_reader else {}
+    extra_search, extra_read = split_settings(overrides or {})
+    try:
+        search = updated(search or updated(SearchConfig(), search_settings), extra_search)
+        reading = updated(reading or updated(ReaderSettings(), read_settings), extra_read)
+    except InputError as e:
+        raise InputError(f"{path} with {settings}: {e}" if path is not None and settings else str(e)) from None
+    return Pipeline(parts, search, reading, device)
 
 
 def load(name_or_path: str | os.PathLike = "default", device: str | None = None, **settings) -> Pipeline:
     """The pipeline a record names (`pipeline_record`), its searcher and reader loaded, with the record's
     settings and then `settings` (search or reading settings, as `Pipeline.ask` takes them) as its own."""
-    path, r, recorded = pipeline_record(name_or_path)
+    path, _, _ = pipeline_record(name_or_path)
     split_settings(settings)   # load's own keywords: refused before the record's name the file
-    settings = {**recorded, **settings}
-    search, read = split_settings(settings)
-    try:
-        search, reader = SearchConfig(**search), ReaderSettings(**read)
-    except InputError as e:
-        raise InputError(f"{path} with {settings}: {e}") from None
-    both = {"doc_index", "doc_model"} <= set(r)
-    searcher = open_searcher(r["phrase_index"], r["phrase_model"], r["corpus"], r["doc_index"] if both else None,
-                             r["doc_model"] if both else None, search, reranker=r.get("reranker"), memory=r.get("memory"))
-    device = pick_device(device)
-    model, tokenizer = load_reader(r["reader"], device)
-    return Pipeline(searcher, model, tokenizer, reader, device)
+    return assemble(PipelineParts(), overrides=settings, record=path, device=device).loaded()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from odqa.common.artifact import cached_file, cached_key, path_fingerprint, plain
 from odqa.common.corpus import PassageStore
-from odqa.common.device import pick_device, search_dtype
+from odqa.common.device import search_dtype
 from odqa.common.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from odqa.common.metrics.answers import answer_em, f1_score
 from odqa.common.paths import default_corpus, default_encoder
@@ -32,54 +32,51 @@ from odqa.common.questions import load_questions, question_set_name
 from odqa.common.ranks import current, parts_beside
 from odqa.common.results import ReadAtK, RunQuestion
 from odqa.common.retrieval_file import read_results, write_results
-from odqa.reader.args import ReaderSettings
-from odqa.reader.read import ECHO_RETRIES, load_reader, read_with_ks
-from odqa.retriever.args import ANSWER_FILTER_RULES
+from odqa.common.settings import settings_of
+from odqa.reader.read import ECHO_RETRIES, read
 from odqa.retriever.retrieve import retrieve, retrieve_phrases
-from odqa.system.args import RunArgs
+from odqa.retriever.search_config import ANSWER_FILTER_RULES
+from odqa.system.args import Evaluation, RunArgs
 from odqa.system.report import REPORT_FILES, write_report
 
 log = logging.getLogger(__name__)
 
 
 def run(args: RunArgs) -> list[dict]:
-    from odqa.system.pipeline import resolve_parts
-    if not args.with_memory and args.memory is None:   # the memory is a column asked for, not a default
-        args = replace(args, no_memory=True)
-    args = resolve_parts(args, reader=True)[0]   # the parts not given: the default pipeline's
-    if args.with_memory and args.memory is None:
+    from odqa.system.pipeline import assemble
+    ev = args.evaluation
+    parts = args.parts
+    if not ev.with_memory and parts.memory is None:   # the memory is a column asked for, not a default
+        parts = replace(parts, no_memory=True)
+    pipeline = assemble(parts, args.search, args.reading)   # the parts not given: the default pipeline's
+    parts, search, reading = pipeline.parts, pipeline.search_config, pipeline.settings
+    args = replace(args, parts=parts)
+    if ev.with_memory and parts.memory is None:
         raise InputError("--with-memory: there is no answer memory to consult (the default pipeline has none, or "
                          "--index / --model name a search of your own): pass --memory PATH, or `odqa build-memory`")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if not args.k or min(args.k) < 1:
-        raise InputError(f"--k needs positive values, not {args.k}")
-    if set(args.baselines) - set(BASELINES):
-        raise InputError(f"--baselines: each of {', '.join(BASELINES)}, not {args.baselines}")
-    names = [question_set_name(name) for name in args.questions]
+    if not ev.k or min(ev.k) < 1:
+        raise InputError(f"--k needs positive values, not {ev.k}")
+    if set(ev.baselines) - set(BASELINES):
+        raise InputError(f"--baselines: each of {', '.join(BASELINES)}, not {ev.baselines}")
+    names = [question_set_name(name) for name in ev.questions]
     if len(set(names)) < len(names):
-        raise InputError(f"--questions names a set twice ({' '.join(args.questions)}): its files would overwrite each other")
-    if args.memory:
+        raise InputError(f"--questions names a set twice ({' '.join(ev.questions)}): its files would overwrite each other")
+    if parts.memory:
         from odqa.retriever.answer_memory import memory_sets
-        held = sorted({question_set_name(s) for s in memory_sets(args.memory)} & set(names))
+        held = sorted({question_set_name(s) for s in memory_sets(parts.memory)} & set(names))
         if held:
-            raise InputError(f"the answer memory {args.memory} holds {', '.join(held)}, which this run evaluates: its "
+            raise InputError(f"the answer memory {parts.memory} holds {', '.join(held)}, which this run evaluates: its "
                              f"questions would find themselves; pass --no-memory, or build a memory without them")
-    corpus = args.corpus or str(default_corpus())
-    max_k = max(args.k)
-    base_key = {"index": path_fingerprint(args.index), "model": path_fingerprint(args.model), "corpus": corpus,
-                "doc_index": path_fingerprint(args.doc_index), "doc_model": path_fingerprint(args.doc_model),
-                "top_docs": args.top_docs if args.doc_index else None, "lam": args.lam,
-                "bm25_weight": args.bm25_weight, "limit": args.limit,
-                "nprobe": args.nprobe, "max_answer_tokens": args.max_answer_tokens,
-                "answer_filter": ANSWER_FILTER_RULES if args.answer_filter else False,
-                "answer_depth": args.answer_depth, "answer_temperature": args.answer_temperature,
-                **({"memory": path_fingerprint(args.memory), "memory_settings": [
-                    args.memory_threshold, args.memory_weight, args.memory_neighbours],
-                    "without_memory": True} if args.memory else {}),   # files since the answer without it
-                # in the key only when set: the files of a run without a reranker stay valid
-                **({"reranker": path_fingerprint(args.reranker), "rerank_depth": args.rerank_depth}
-                   if args.reranker else {})}
+    corpus = parts.corpus or str(default_corpus())
+    max_k = max(ev.k)
+    # What a retrieval is made from: the parts by their files, its search settings, and the version of
+    # the answer filter's rules; of these the reader's passages do not depend on the memory, nor (unless
+    # it reads the passages' phrases) on the extractive answer's settings.
+    base_key = {"parts": {name: path_fingerprint(getattr(parts, name)) for name in SEARCH_PARTS},
+                "memory": path_fingerprint(parts.memory), "corpus": corpus, "limit": ev.limit,
+                "search": settings_of(search), "answer_filter_rules": ANSWER_FILTER_RULES}
     ranks = current()
     if ranks.main:
         # A report is only ever beside the arguments that made it: one of a run with other arguments (another
@@ -89,47 +86,34 @@ def run(args: RunArgs) -> list[dict]:
             for name in (*REPORT_FILES, "questions.jsonl"):
                 (out / name).unlink(missing_ok=True)
         write_json(previous, asdict(args))
-    searcher = None
-    reader_fp = path_fingerprint(args.reader)
-    device = pick_device()
-    dtype = str(search_dtype(device))
-    loaded_reader: list = []
-
-    def reader():
-        """The FiD reader, loaded on first use (a rerun that reuses every prediction never loads it)."""
-        if not loaded_reader:
-            loaded_reader.extend(load_reader(args.reader, device))
-        return loaded_reader
+    reader_fp = path_fingerprint(parts.reader)
+    dtype = str(search_dtype(pipeline.device))
     records, curves = [], {}
-    for name in args.questions:
+    for name in ev.questions:
         ds = question_set_name(name)
-        questions = load_questions(name, limit=args.limit)
+        questions = load_questions(name, limit=ev.limit)
         retrieval = out / f"retrieval-{ds}.json"
         r_key = {**base_key, "questions": name}
 
         def make_retrieval():
-            nonlocal searcher
-            if searcher is None:
-                from odqa.retriever.args import SearchConfig
-                from odqa.retriever.searcher import open_searcher
-                searcher = open_searcher(args.index, args.model, corpus, args.doc_index, args.doc_model,
-                                         SearchConfig.of(args), reranker=args.reranker, memory=args.memory)
-            entries = retrieve_phrases(searcher, questions, max_k, parts=parts_beside(retrieval), key=r_key)
+            entries = retrieve_phrases(pipeline.searcher, questions, max_k, parts=parts_beside(retrieval), key=r_key)
             if ranks.main:
                 write_results(retrieval, entries)
         r_key = cached_file(retrieval, r_key, make_retrieval, depth=max_k)
         # The reader reads the passages, not the extractive answer: another vote re-reads nothing. Nor do
-        # the filter's rules, unless the reader decodes the phrases: its key there is the on/off that
-        # predictions were keyed on before the rules had versions, so that they stay valid.
-        passages_key = {key: value for key, value in r_key.items() if key not in ANSWER_KEYS}
-        if args.decoding != "phrases":
-            passages_key["answer_filter"] = args.answer_filter
+        # the filter's rules, unless the reader decodes the phrases.
+        passages_key = {k: v for k, v in r_key.items() if k != "memory"}
+        passages_key["search"] = {k: v for k, v in r_key["search"].items() if k not in ("memory", "answer")}
+        if reading.decoding == "phrases":   # the phrases it reads are those the filter lets each passage show
+            passages_key["search"]["answer_filter"] = search.answer.answer_filter
+        else:
+            passages_key.pop("answer_filter_rules")
         entries = read_results(retrieval)
         curves[ds] = {"phrase": [[c["has_answer"] for c in e["ctxs"]] for e in entries]}
-        if set(args.baselines) - {"none"}:
-            curves[ds].update(_baselines(args, corpus, name, ds, questions, max_k, out))
+        if set(ev.baselines) - {"none"}:
+            curves[ds].update(_baselines(ev, corpus, name, ds, questions, max_k, out))
         per_k, fid_files, pred_files, p_keys = {}, {}, {}, {}
-        for k in sorted(args.k):
+        for k in sorted(ev.k):
             fid_files[k], pred_files[k] = out / f"fid-{ds}-k{k}.jsonl", out / f"pred-{ds}-k{k}.jsonl"
             f_key = {"retrieval": r_key, "k": k}
 
@@ -138,25 +122,20 @@ def run(args: RunArgs) -> list[dict]:
                     write_jsonl(fid_files[k], ({**e, "ctxs": e["ctxs"][:k]} for e in entries))
             cached_file(fid_files[k], f_key, make_fid)
             # echo_retries: predictions of the decoding before echoes were decoded again are read anew;
-            # dtype: those read in another precision too
-            p_keys[k] = {"retrieval": passages_key, "k": k, "reader": reader_fp, "text_maxlength": args.text_maxlength,
-                         "decoding": args.decoding, "echo_retries": ECHO_RETRIES, "dtype": dtype,
-                         # in the key only when changed: the files read with the defaults stay valid
-                         **{name: getattr(args, name) for name in ("max_new_tokens", "num_beams")
-                            if getattr(args, name) != getattr(ReaderSettings, name)}}
+            # dtype: those read in another precision too (the batch size changes no answer)
+            p_keys[k] = {"retrieval": passages_key, "k": k, "reader": reader_fp,
+                         "reading": {k2: v for k2, v in asdict(reading).items() if k2 != "batch_size"},
+                         "echo_retries": ECHO_RETRIES, "dtype": dtype}
         # Every k still to read is read in one pass over the largest one's file: the encoder runs once.
-        stale = [k for k in sorted(args.k) if cached_key(pred_files[k], p_keys[k]) is None]
+        stale = [k for k in sorted(ev.k) if cached_key(pred_files[k], p_keys[k]) is None]
         read_now = set()
 
         def make_predictions():
             if not read_now:
-                read_with_ks(*reader(), fid_files[stale[-1]], {k: pred_files[k] for k in stale},
-                             batch_size=args.batch_size, text_maxlength=args.text_maxlength,
-                             max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, device=device,
-                             decoding=args.decoding, parts=parts_beside(pred_files[stale[-1]]),
-                             key=[p_keys[k] for k in stale])
+                read(*pipeline.reader, fid_files[stale[-1]], {k: pred_files[k] for k in stale}, reading,
+                     pipeline.device, parts=parts_beside(pred_files[stale[-1]]), key=[p_keys[k] for k in stale])
                 read_now.update(stale)
-        for k in sorted(args.k):
+        for k in sorted(ev.k):
             cached_file(pred_files[k], p_keys[k], make_predictions)
             per_k[k] = [obj for _, obj in read_jsonl(pred_files[k])]
             if len(per_k[k]) != len(entries):
@@ -171,7 +150,7 @@ def run(args: RunArgs) -> list[dict]:
                 ds, e["id"], e["question"], tuple(e["answers"]), own, answer_em(own, e["answers"], regex),
                 {k: ReadAtK(per_k[k][i]["prediction"], bool(per_k[k][i]["em"]), any(c["has_answer"] for c in e["ctxs"][:k]),
                             f1(per_k[k][i]["prediction"]))
-                 for k in sorted(args.k)}, f1(own), helped,
+                 for k in sorted(ev.k)}, f1(own), helped,
                 None if helped is None else answer_em(helped, e["answers"], regex)))
     if not ranks.main:
         return []
@@ -180,12 +159,13 @@ def run(args: RunArgs) -> list[dict]:
     return write_report(lines, out, curves, max_k)
 
 
+SEARCH_PARTS = ("index", "model", "doc_index", "doc_model", "reranker")   # the parts the passages come from
 BASELINES = ("bm25", "dense", "none")
 # settings of the extractive answer alone
 ANSWER_KEYS = ("answer_depth", "answer_temperature", "memory", "memory_settings", "without_memory")
 
 
-def _baselines(args: RunArgs, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:
+def _baselines(args: Evaluation, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:
     from odqa.retriever.bm25 import BM25Index
     from odqa.retriever.dense import DenseIndex
     runs = {}

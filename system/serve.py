@@ -48,8 +48,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from odqa.common.io import InputError
 from odqa.common.results import Answer
+from odqa.common.settings import from_flat
 from odqa.reader.args import ReaderSettings
-from odqa.retriever.args import SearchConfig
+from odqa.retriever.search_config import SearchConfig
 from odqa.system.args import ServeConfig
 from odqa.system.pipeline import MAX_K, READER_SETTINGS, SEARCH_SETTINGS, split_settings
 
@@ -85,7 +86,7 @@ class AnswerRequest(BaseModel):
             raise ValueError(f"settings over this server's limits: {', '.join(over)}")
         search, read = split_settings(v)
         try:   # the settings' own ranges and kinds, as the flags and odqa.load check them
-            SearchConfig(**search), ReaderSettings(**read)
+            from_flat(SearchConfig, search), from_flat(ReaderSettings, read)
         except InputError as e:
             raise ValueError(str(e)) from None
         return v

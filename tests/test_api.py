@@ -10,6 +10,7 @@ from tiny_models import make_tiny_system
 
 import odqa
 from odqa.common.io import InputError
+from odqa.common.settings import from_flat
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_overrides_apply_to_one_call(qa):
     voted = qa.ask(QUESTIONS[0], k=3)
     first = qa.ask(QUESTIONS[0], k=3, answer_depth=1)            # the first passage's phrase, no vote
     assert first.extractive.text == first.passages[0].phrase.text
-    assert qa.searcher.config.answer_depth != 1 and qa.ask(QUESTIONS[0], k=3) == voted   # the pipeline is unchanged
+    assert qa.searcher.config.answer.answer_depth != 1 and qa.ask(QUESTIONS[0], k=3) == voted   # the pipeline is unchanged
     assert isinstance(qa.ask(QUESTIONS[0], k=3, decoding="free", max_new_tokens=4).generated, str)
     with pytest.raises(InputError, match="unknown settings: depth"):
         qa.ask(QUESTIONS[0], depth=3)
@@ -93,7 +94,7 @@ def test_load_takes_the_default_a_directory_or_a_file_and_names_what_is_missing(
     recorded = json.loads((record / "pipeline.json").read_text())
     (isolated_home / "pipeline.json").write_text(json.dumps(recorded))
     assert odqa.load().ask(QUESTIONS[0], k=1).passages          # "default": $ODQA_HOME/pipeline.json
-    assert odqa.load(record / "pipeline.json", answer_depth=1).searcher.config.answer_depth == 1
+    assert odqa.load(record / "pipeline.json", answer_depth=1).searcher.config.answer.answer_depth == 1
     gone = isolated_home / "gone.json"
     gone.write_text(json.dumps({**recorded, "reader": str(record / "no-reader")}))
     with pytest.raises(InputError, match="no-reader"):
@@ -101,8 +102,8 @@ def test_load_takes_the_default_a_directory_or_a_file_and_names_what_is_missing(
     tuned = isolated_home / "tuned.json"   # a record's own settings, which load's keywords override
     tuned.write_text(json.dumps({**recorded, "settings": {"answer_depth": 1, "decoding": "free"}}))
     qa = odqa.load(tuned)
-    assert (qa.searcher.config.answer_depth, qa.settings.decoding) == (1, "free")
-    assert odqa.load(tuned, answer_depth=3).searcher.config.answer_depth == 3
+    assert (qa.searcher.config.answer.answer_depth, qa.settings.decoding) == (1, "free")
+    assert odqa.load(tuned, answer_depth=3).searcher.config.answer.answer_depth == 3
     tuned.write_text(json.dumps({**recorded, "settings": {"depth": 1}}))
     with pytest.raises(InputError, match='tuned.json: "settings" holds what is not a search or reading setting: '
                                          'unknown settings: depth'):
@@ -132,21 +133,21 @@ def test_each_setting_is_one_flag_of_every_command_that_uses_it(config, commands
     whole."""
     import dataclasses
 
-    from odqa.common.settings import flag_of
+    from odqa.common.settings import flag_of, leaves
     from odqa.reader.args import ReaderSettings
-    from odqa.retriever.args import SearchConfig
+    from odqa.retriever.search_config import SearchConfig
     from odqa.system.args import RunArgs
     from odqa.system.cli import build_parser
     cls = {"SearchConfig": SearchConfig, "ReaderSettings": ReaderSettings}[config]
     parsers = build_parser()._subparsers._group_actions[0].choices
     for name in commands:
-        for f in dataclasses.fields(cls):
-            owners = [a for a in parsers[name]._actions if flag_of(f) in a.option_strings]
-            assert len(owners) == 1 and owners[0].dest == f.name, (name, f.name)
+        for flat_name, _, f in leaves(cls):
+            owners = [a for a in parsers[name]._actions if flag_of(f, flat_name) in a.option_strings]
+            assert len(owners) == 1 and owners[0].dest == flat_name, (name, flat_name)
             # `read` reads with a reader it is given, not a pipeline's: its defaults are the fields'
-            assert owners[0].default == (f.default if name == "read" else None), (name, f.name)
-            assert f.default is None or "(default: " in owners[0].help or owners[0].nargs == 0, (name, f.name)
-    assert issubclass(RunArgs, cls)
+            assert owners[0].default == (f.default if name == "read" else None), (name, flat_name)
+            assert f.default is None or "(default: " in owners[0].help or owners[0].nargs == 0, (name, flat_name)
+    assert any(f.metadata.get("section") is cls for f in dataclasses.fields(RunArgs))
 
 
 def test_a_pipeline_records_settings_are_the_defaults_of_the_flags_not_given(tmp_path):
@@ -158,7 +159,7 @@ def test_a_pipeline_records_settings_are_the_defaults_of_the_flags_not_given(tmp
     from odqa.system.args import RunArgs
     from odqa.system.cli import build_parser
     from odqa.system.commands.args import dataclass_from_args
-    from odqa.system.commands.retrieval import searched
+    from odqa.system.commands.retrieval import pipeline_of
     paths = {name: tmp_path / name for name in ("phrase_index", "phrase_model", "reader", "corpus")}
     for path in paths.values():
         path.mkdir()
@@ -166,8 +167,8 @@ def test_a_pipeline_records_settings_are_the_defaults_of_the_flags_not_given(tmp
     parser = build_parser()
 
     def ask(*flags):
-        parts, search, reading = searched(parser.parse_args(["ask", "q", *flags]), reader=True)
-        return parts.index, search.top_docs, reading.text_maxlength
+        p = pipeline_of(parser.parse_args(["ask", "q", *flags]), reader=True)
+        return p.parts.index, p.search_config.prefilter.top_docs, p.settings.text_maxlength
 
     index = str(paths["phrase_index"].resolve())
     assert ask() == (index, 7, 64)
@@ -175,12 +176,11 @@ def test_a_pipeline_records_settings_are_the_defaults_of_the_flags_not_given(tmp
     mine = str(tmp_path / "mine")   # an index of one's own: the record's search settings stay with its own
     assert ask("--index", mine) == (mine, 100, 64)
     assert ask("--reader", mine)[1:] == (7, 200)
-    parts, search, reading = searched(parser.parse_args(["retrieve", "--retriever", "phrase", "--questions", "q",
-                                                         "--out", "o"]))
-    assert (search.top_docs, reading) == (7, None)
+    p = pipeline_of(parser.parse_args(["retrieve", "--retriever", "phrase", "--questions", "q", "--out", "o"]))
+    assert (p.search_config.prefilter.top_docs, p.settings.text_maxlength) == (7, 200)   # no reader: not its settings
     # `odqa run` takes them the same way (cmd_run); in Python, RunArgs are as given
     run = dataclass_from_args(RunArgs, parser.parse_args(["run", "--out", "o"]), {"top_docs": 7})
-    assert run.top_docs == 7 and run.text_maxlength == 200 and run.k == [5, 10, 25, 50]
+    assert run.search.prefilter.top_docs == 7 and run.reading.text_maxlength == 200 and run.evaluation.k == [5, 10, 25, 50]
     record_pipeline({}, by="test", settings={"top_doc": 7})
     with pytest.raises(InputError, match=f"{pipeline_file()}: \"settings\" holds .*unknown settings: top_doc"):
         ask()
@@ -198,8 +198,8 @@ def test_odqa_run_leaves_the_memory_out_unless_asked_and_says_when_there_is_none
         path.mkdir()
     record_pipeline(paths, by="test")
     with pytest.raises(InputError, match="--with-memory: there is no answer memory to consult"):
-        run(RunArgs(str(tmp_path / "run"), with_memory=True))
-    assert RunArgs(str(tmp_path / "run")).with_memory is False
+        run(from_flat(RunArgs, dict(out_dir=str(tmp_path / "run"), with_memory=True)))
+    assert from_flat(RunArgs, dict(out_dir=str(tmp_path / "run"))).evaluation.with_memory is False
 
 
 def test_odqa_runs_command_leaves_the_default_pipelines_memory_out_unless_asked(tmp_path, capsys):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from search_helpers import index_of
 from tiny_data import TINY_DOCS, TINY_QUESTIONS, code_world, write_jsonl
 from tiny_models import make_tiny_bert, make_tiny_t5
 
@@ -26,10 +27,11 @@ from odqa.common.questions import load_questions
 from odqa.common.retrieval_eval import evaluate_results
 from odqa.common.retrieval_file import read_results
 from odqa.reader.fid_data import load_fid_file
+from odqa.retriever.args import PhraseModelConfig
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_dump import dump_phrases
-from odqa.retriever.phrase_index import PhraseIndex, build_index
-from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from odqa.retriever.phrase_index import PhraseIndex
+from odqa.retriever.phrase_model import DensePhraseModel
 from odqa.retriever.searcher import Searcher
 from odqa.system.cli import main
 
@@ -46,10 +48,10 @@ def kit(tmp_path_factory):
         [q["question"] for q in TINY_QUESTIONS]
     bert = make_tiny_bert(root / "bert", texts)
     model = root / "phrase"
-    DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(
+    DensePhraseModel(PhraseModelConfig(encoder=str(bert), max_passage_tokens=64)).save_pretrained(
         model, tokenizer=load_tokenizer(bert))
     dump_phrases(model, corpus, root / "dump")
-    build_index(root / "dump", root / "index", corpus)
+    index_of(root / "dump", root / "index", corpus)
     k = {"root": root, "corpus": corpus, "model": model, "index": root / "index"}
 
     (root / "gzip.jsonl").write_bytes(gzip.compress(b'{"id": "a", "title": "t", "text": "x"}\n'))
@@ -172,8 +174,8 @@ def test_debug_shows_the_traceback_behind_the_line(kit, tmp_path, capsys, monkey
 
 
 def test_an_internal_error_is_not_dressed_as_bad_input(monkeypatch):
-    from odqa.retriever import phrase_index
-    monkeypatch.setattr(phrase_index, "build_index", lambda *a, **k: 1 / 0)
+    from odqa.retriever import index_build
+    monkeypatch.setattr(index_build, "build_index", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["-q", "build-index", "--dump", "x", "--out", "y"])
 
@@ -236,7 +238,7 @@ def test_nan_scores_are_refused(kit, tmp_path):
     start = faiss.read_index(str(broken / "start.faiss"))      # Flat: its vectors, in place
     faiss.rev_swig_ptr(faiss.downcast_index(start).get_xb(), start.ntotal * start.d)[:] = np.nan
     faiss.write_index(start, str(broken / "start.faiss"))
-    searcher = Searcher(broken, kit["model"], kit["corpus"])
+    searcher = Searcher.open(broken, kit["model"], kit["corpus"])
     with pytest.raises(InputError, match="NaN phrase scores, the index is corrupted"):
         searcher.search([TINY_QUESTIONS[0]["question"]], k=3)
 

@@ -92,7 +92,8 @@ def test_empty_question_is_refused_with_its_line(tmp_path, tiny_corpus, capsys):
 
 @pytest.mark.parametrize("old, new, dest, value", [
     ("--out-dir", "--out", "out_dir", "runs/x"),          # train-reader's output directory
-    ("--n-passages", "--k", "n_passages", 7),             # passages per question
+    ("--n-passages", "--k", "k", 7),                      # passages per question
+    ("--max-validation", "--max-validation-examples", "max_validation_examples", 9),
 ])
 def test_old_flag_spellings_still_work_and_say_the_new_one(old, new, dest, value, capsys):
     base = ["train-reader", "--model", "m"]
@@ -103,6 +104,31 @@ def test_old_flag_spellings_still_work_and_say_the_new_one(old, new, dest, value
     assert err.count("deprecated") == 1 and f"{old} is deprecated" in err and f"use {new}" in err
     read = build_parser().parse_args(["read", "--model", "m", "--input", "i", "--out", "o", "--beams", "3"])
     assert read.num_beams == 3 and "--beams is deprecated" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, old, new, dest, value", [
+    (["train-query", "--model", "m", "--index", "i", "--out", "o"], ["--max-questions", "5"], "--max-train-examples",
+     "max_train_examples", 5),
+    (["train-reranker", "--train-file", "t", "--validation-file", "v", "--out", "o"], ["--depth", "7"], "--rerank-depth",
+     "rerank_depth", 7),
+    (["train-reranker", "--train-file", "t", "--validation-file", "v", "--out", "o"], ["--negatives", "2"],
+     "--negatives-per-question", "negatives_per_question", 2),
+    (["reader", "init"], ["--preset", "small"], "--shape", "shape", "small"),
+    (["reader", "cloze", "--out", "c.jsonl"], ["--passages", "4"], "--k", "k", 4),
+    (["reader", "cloze", "--out", "c.jsonl"], ["--max-words", "30"], "--max-sentence-words", "max_sentence_words", 30),
+    (["corpus", "build"], ["--format", "passages"], "--input-format", "input_format", "passages"),
+    (["demo"], ["--reranker"], "--with-reranker", "with_reranker", True),
+    (["demo"], ["--no-reranker"], "--no-with-reranker", "with_reranker", False),
+])
+def test_a_renamed_flag_still_works_with_one_line_saying_the_new_one(argv, old, new, dest, value, capsys):
+    """One name a quantity (k, max_train_examples, rerank_depth, ...): the old flags of a renamed setting
+    set it still, and say which to use."""
+    then = build_parser().parse_args([*argv, *old])
+    err = capsys.readouterr().err
+    assert getattr(then, dest) == value
+    assert err.count("deprecated") == 1 and f"{old[0]} is deprecated" in err and f"use {new}" in err
+    now = build_parser().parse_args([*argv, new, *old[1:]])
+    assert getattr(now, dest) == value and "deprecated" not in capsys.readouterr().err
 
 
 def every_option(parser):
@@ -137,9 +163,9 @@ def test_no_flag_is_a_double_negation():
     from odqa.system.commands.args import dataclass_from_args
     run = ["run", "--out", "o"]
     settings = lambda *flags: dataclass_from_args(RunArgs, parser.parse_args(run + list(flags)))  # noqa: E731
-    assert settings("--no-reranker").no_reranker is True
-    assert settings().no_reranker is False and settings().answer_filter is True
-    assert settings("--no-answer-filter").answer_filter is False
+    assert settings("--no-reranker").parts.no_reranker is True
+    assert settings().parts.no_reranker is False and settings().search.answer.answer_filter is True
+    assert settings("--no-answer-filter").search.answer.answer_filter is False
 
 
 def test_help_imports_no_torch():
@@ -212,13 +238,18 @@ def test_a_bad_config_file_is_refused_naming_it(tmp_path, capsys):
         parse_args(["read", "--config", str(tmp_path / "list.json")])   # not a training command
 
 
+SETTINGS_MODULES = ("odqa.common.settings", "odqa.retriever.args", "odqa.retriever.search_config", "odqa.reader.args",
+                    "odqa.system.args",
+                    "odqa.system.recipe_config")
+
+
 def settings_classes():
-    """Every settings dataclass of the packages' args modules."""
+    """Every settings dataclass of the packages' settings modules (the args modules, the recipe's)."""
     import dataclasses
     import importlib
-    for module in ("odqa.common.settings", "odqa.retriever.args", "odqa.reader.args", "odqa.system.args"):
+    for module in SETTINGS_MODULES:
         for value in vars(importlib.import_module(module)).values():
-            if isinstance(value, type) and dataclasses.is_dataclass(value):
+            if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ in SETTINGS_MODULES:
                 yield value
 
 
@@ -229,8 +260,16 @@ def test_every_flag_is_one_settings_field_and_every_field_is_a_flag():
     CLI's own (a file of the flags, not a setting)."""
     import dataclasses
 
-    from odqa.common.settings import flag_of
-    fields = {(flag_of(f), f.name) for cls in settings_classes() for f in dataclasses.fields(cls)}
+    from odqa.common.settings import flag_of, is_section, leaves
+    from odqa.system.recipe_config import RecipeConfig
+    # a field's flag, and a section's field's as its holder names it (ReaderArgs.reading.batch_size is
+    # --eval-batch-size); the recipe's sections are its presets' tables, not flags: only its own fields
+    # that `odqa demo` takes are
+    fields = {(flag_of(f, name), name) for cls in settings_classes() if cls is not RecipeConfig
+              for name, _, f in leaves(cls) if not f.metadata.get("tuned")}
+    fields |= {(flag_of(f), f.name) for f in dataclasses.fields(RecipeConfig) if f.metadata.get("demo")}
+    fields -= {(flag_of(f), f.name) for f in dataclasses.fields(RecipeConfig) if not is_section(f)
+               and not f.metadata.get("demo")}
     used, commands = set(), 0
     for name, action in every_option(build_parser()):
         if name == "odqa" or isinstance(action, argparse._HelpAction) or action.dest == "config" \

@@ -13,6 +13,7 @@ from tiny_models import make_tiny_bert
 
 from odqa.common.device import cpu_has_bf16
 from odqa.common.questions import load_questions
+from odqa.common.settings import from_flat, updated
 from odqa.system.demo import Demo, run_demo
 from odqa.system.recipe import Recipe, Stage
 from odqa.system.recipe_config import PRESETS, RecipeConfig
@@ -33,18 +34,21 @@ def world(tmp_path_factory):
             for n, c in zip(NAMES, CITIES)]
     questions = [{"id": n, "question": f"where was {n} born", "answers": [c]} for n, c in zip(NAMES, CITIES)]
     texts = [p for d in docs for s in d["sections"] for p in s["paragraphs"]] + [q["question"] for q in questions]
-    cfg = RecipeConfig(
-        documents=str(write_jsonl(root / "docs.jsonl", docs)), corpus=str(root / "corpus"),
-        train_questions=[str(write_jsonl(root / "questions.jsonl", questions))],
+    cfg = from_flat(RecipeConfig, {
+        "documents": str(write_jsonl(root / "docs.jsonl", docs)), "corpus": str(root / "corpus"),
+        "encoder": str(make_tiny_bert(root / "bert", texts)), "examples": 2,
+        "supervise": {"questions": [str(write_jsonl(root / "questions.jsonl", questions))], "validation_percent": 50},
         # the same questions under another name: the run must not evaluate the set its answer memory holds
-        test_questions=[str(write_jsonl(root / "test.jsonl", questions))], validation_percent=50, validation_questions=4,
-        encoder=str(make_tiny_bert(root / "bert", texts)),
-        phrase_examples=None, phrase_batch=2, max_passage_tokens=48, phrase_round_lrs=[3e-5],  # 2 rounds, as full
-        query_epochs=1, query_rounds=2, query_final_fit=True,                        # off in the demo preset
-        doc_examples=None, doc_batch=2, max_doc_tokens=48, doc_validation_docs=4, top_docs=6, lambda_questions=4,
-        reader_gold_steps=2, reader_gold_evals=2, reader_gold_batch=2, reader_steps=3, reader_batch=2,  # bert2bert
-        reader_k=2, reader_questions=None, reader_validation=2, text_maxlength=40,
-        run_limit=None, run_k=[1, 3], examples=2)
+        "run": {"questions": [str(write_jsonl(root / "test.jsonl", questions))], "limit": None, "k": [1, 3]},
+        "phrase": {"max_train_examples": None, "batch_size": 2, "max_passage_tokens": 48, "max_validation_examples": 4},
+        "phrase_round_lrs": [3e-5],                                                  # 2 rounds, as full
+        "query": {"epochs": 1}, "query_rounds": 2, "query_final_fit": True,          # off in the demo preset
+        "doc": {"max_train_examples": None, "batch_size": 2, "max_doc_tokens": 48, "validation_docs": 4,
+                "max_validation_examples": 4},
+        "search": {"top_docs": 6}, "tune_lambda": {"limit": 4},
+        "gold_steps": 2, "gold_evals": 2, "gold_batch": 2, "reader_loop": {"max_steps": 3, "batch_size": 2},  # bert2bert
+        "reader": {"k": 2, "max_validation_examples": 2, "text_maxlength": 40}, "reader_questions": None,
+        "reading": {"text_maxlength": 40}})
     return {"root": root, "cfg": cfg}
 
 
@@ -74,7 +78,7 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
     # Each round went on from the one before: phrase round 2 from round 1's best at its own rate and the
     # next seed, the index from round 2, query round 2 from round 1's model.
     phrase2 = json.loads((out / "phrase-r2" / "train_args.json").read_text())
-    assert (phrase2["encoder"], phrase2["lr"], phrase2["seed"], phrase2["epochs"]) == \
+    assert (phrase2["model_config"]["encoder"], phrase2["lr"], phrase2["seed"], phrase2["epochs"]) == \
         (str(out / "phrase" / "best"), 3e-5, 14, 1)
     assert len(json.loads((out / "stages" / "phrase.json").read_text())["result"]["validation_em"]) == 2
     index = json.loads((out / "phrase-index" / "manifest.json").read_text())
@@ -105,8 +109,8 @@ def test_demo_runs_every_stage_and_prints_the_report(world, first_run, capsys):
 def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, first_run, tmp_path):
     cfg = world["cfg"]
     val = json.loads((world["root"] / "out" / "reader-data" / "bm25-validation.json").read_text())
-    assert 0 < len(val) <= cfg.reader_validation
-    assert all(any(c["has_answer"] for c in e["ctxs"][:cfg.reader_k]) for e in val)
+    assert 0 < len(val) <= cfg.reader.max_validation_examples
+    assert all(any(c["has_answer"] for c in e["ctxs"][:cfg.reader.k]) for e in val)
 
     def validation_ids(answers: list[str]) -> list[str]:
         out = tmp_path / "-".join(answers)
@@ -117,9 +121,9 @@ def test_reader_validation_holds_questions_with_an_answer_in_their_top_k(world, 
         return [e["id"] for e in json.loads(Recipe(cfg, out).reader_data()[1].read_text())]
 
     # The unanswerable first two are passed over (answers that no passage holds) ...
-    assert validation_ids(["atlantis", "atlantis", *CITIES[2:5]]) == NAMES[2:2 + cfg.reader_validation]
+    assert validation_ids(["atlantis", "atlantis", *CITIES[2:5]]) == NAMES[2:2 + cfg.reader.max_validation_examples]
     # ... and where none is answerable, the first ones stay, so that validation still runs.
-    assert validation_ids(["atlantis"] * 4) == NAMES[:cfg.reader_validation]
+    assert validation_ids(["atlantis"] * 4) == NAMES[:cfg.reader.max_validation_examples]
 
 
 def test_rerun_reuses_every_stage(world, first_run, monkeypatch):
@@ -138,8 +142,13 @@ def test_a_changed_setting_reruns_that_stage_and_the_later_ones(world, first_run
                         ("evaluate", "run")):
         real = getattr(Recipe, name)
         monkeypatch.setattr(Recipe, name, lambda self, resume, real=real, stage=stage: ran.append(stage) or real(self, resume))
-    run_demo(world["root"] / "out", cfg=replace(world["cfg"], top_docs=5))
+    run_demo(world["root"] / "out", cfg=updated(world["cfg"], search={"top_docs": 5}))
     assert ran == ["doc", "refit", "reader", "memory", "run"]
+
+
+def demo_fingerprint(key):
+    from odqa.common.artifact import fingerprint
+    return fingerprint(key)
 
 
 def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
@@ -154,15 +163,16 @@ def test_interrupted_stage_resumes_and_other_settings_start_over(tmp_path):
             work.mkdir()
             raise KeyboardInterrupt  # interrupted after writing a checkpoint
         return {"ok": True}
-    stage = Stage("train", "a training stage", 1.0, fn, {"lr": 1}, [work], clean=[work])
-    key = {"settings": {"lr": 1}, "after": "x"}
+    stage = Stage("train", "a training stage", 1.0, fn, ("seed",), [work], clean=[work])
+    stage.settings, stage.defaults, stage.legacy = {"seed": 0}, {"seed": 0}, None
+    key = {"settings": {"seed": 0}, "after": demo_fingerprint(None)}
     with pytest.raises(KeyboardInterrupt):
         demo._run_stage(stage, key)
     assert demo._run_stage(stage, key) == {"ok": True}
     assert calls == [(False, False), (True, True)]  # resumed, checkpoint kept
-    assert demo._done(stage, key)
+    assert demo.done([stage]) == {"train": key}
     (demo.stages_dir / "train.json").unlink()
-    (demo.stages_dir / "train.started.json").write_text('{"key": {"settings": {"lr": 2}}}')
+    (demo.stages_dir / "train.started.json").write_text('{"key": {"settings": {"seed": 2}}}')
     calls.clear()
     calls.append("skip the interruption")
     demo._run_stage(stage, key)
@@ -190,7 +200,7 @@ def test_the_full_presets_rounds_chain_as_the_guides_runs_did(tmp_path, monkeypa
     import odqa.retriever.query_train as query_train
     calls = []
     monkeypatch.setattr(phrase_train, "train", lambda a: calls.append(
-        ("phrase", a.encoder, a.out_dir, a.epochs, a.lr, a.seed)) or {"best_em": 1.0, "steps": 420})
+        ("phrase", a.model_config.encoder, a.out_dir, a.epochs, a.lr, a.seed)) or {"best_em": 1.0, "steps": 420})
     monkeypatch.setattr(query_train, "train_query", lambda a: calls.append(
         ("query", a.model, a.out_dir, a.epochs, a.seed)) or {"history": [{"questions": 9, "loss": 1.0}] * a.epochs})
     out = tmp_path / "out"
@@ -295,8 +305,9 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
 def test_title_phrases_reach_every_phrase_round(tmp_path, monkeypatch):
     import odqa.retriever.phrase_train as phrase_train
     seen = []
-    monkeypatch.setattr(phrase_train, "train", lambda a: seen.append(a.title_phrases) or {"best_em": 1.0, "steps": 1})
-    cfg = replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm", title_phrases=True)
+    monkeypatch.setattr(phrase_train, "train", lambda a: seen.append(a.model_config.title_phrases) or {"best_em": 1.0,
+                                                                                                       "steps": 1})
+    cfg = updated(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm"), phrase={"title_phrases": True})
     Recipe(cfg, tmp_path / "out").train_phrase(resume=False)
     assert seen == [True, True]
 
@@ -326,39 +337,91 @@ def test_machine_speed_times_float32_as_the_reference_machine_did(tmp_path, monk
 
 def test_only_a_reader_with_pretrained_embeddings_holds_them_fixed(tmp_path):
     def frozen(**changes):
-        return Recipe(RecipeConfig(corpus=str(tmp_path / "corpus"), **changes), tmp_path / "out")._reader_frozen()
+        return Recipe(from_flat(RecipeConfig, {"corpus": str(tmp_path / "corpus"), **changes}),
+                      tmp_path / "out")._reader_frozen()
 
     assert frozen() == {"freeze_embeddings": True, "freeze_layers": 2}
-    assert frozen(reader_freeze_layers=0) == {"freeze_embeddings": True, "freeze_layers": 0}
-    assert frozen(reader_init="t5") == {"freeze_embeddings": False, "freeze_layers": 0}     # random embeddings
-    assert frozen(reader_init="t5", reader_model="t5-base")["freeze_embeddings"]
+    assert frozen(reader_loop={"freeze_layers": 0}) == {"freeze_embeddings": True, "freeze_layers": 0}
+    assert frozen(reader_kind="t5") == {"freeze_embeddings": False, "freeze_layers": 0}     # random embeddings
+    assert frozen(reader_kind="t5", reader_model="t5-base")["freeze_embeddings"]
     full = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "full")
-    assert full._reader_frozen() == {"freeze_embeddings": True, "freeze_layers": 2} and full.cfg.reader_zero_stage == 0
+    assert full._reader_frozen() == {"freeze_embeddings": True, "freeze_layers": 2} and full.cfg.reader_loop.zero_stage == 0
 
 
 def test_the_full_preset_runs_all_of_nq_test_and_the_first_3000_of_tqa_test(tmp_path):
     demo = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus")), tmp_path / "out")
-    assert demo.cfg.test_questions == ["nq-test", "tqa-test:3000"] and demo.cfg.run_limit is None
+    assert demo.cfg.run.questions == ["nq-test", "tqa-test:3000"] and demo.cfg.run.limit is None
     assert demo._test_size("tqa-test:3000") == 3000
-    assert Recipe(replace(demo.cfg, run_limit=100), tmp_path / "out")._test_size("tqa-test:3000") == 100
+    assert Recipe(updated(demo.cfg, run={"limit": 100}), tmp_path / "out")._test_size("tqa-test:3000") == 100
 
 
-def test_settings_added_later_leave_the_keys_of_runs_made_before_them(tmp_path):
-    def keys(**changes):
-        cfg = replace(RecipeConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), **changes)
-        demo = Demo(cfg, tmp_path / "out")
-        return {name: json.dumps(key) for name, key in demo.keys(demo.recipe.stages()).items()}
-    before = keys()
-    added = {"phrase_round_lrs": [3e-5], "title_phrases": True, "query_rounds": 2, "reader_gold_evals": 3,
-             "reader_passages": "phrase", "seed": 1}
-    assert not any(name in key for name in added for key in before.values())
-    for (name, value), stage in zip(added.items(), ("phrase", "phrase", "query", "reader", "reader", "phrase")):
-        after = keys(**{name: value})
-        changed = [s for s in before if before[s] != after[s]]
-        assert changed == [s for s in STAGES[STAGES.index(stage):] if s in before], name   # it and the later ones rerun
-    # The final fit adds its stage, after which the reader and the run are made again; the stages before it stay.
-    after = keys(query_final_fit=True)
-    assert [s for s in after if before.get(s) != after[s]] == ["refit", "reader", "memory", "run"]
+def test_a_changed_setting_changes_its_stages_key_and_a_setting_added_later_leaves_the_keys(tmp_path):
+    """A stage's key is the settings of the sections and fields it uses: changing one changes that
+    stage's key (and so, by the chain, reruns the later ones), no other's; a setting added to a section
+    since a record was written reads there as its default, so the record still counts."""
+    def stages(**changes):
+        cfg = from_flat(RecipeConfig, {"corpus": str(tmp_path / "corpus"), "query_rounds": 1, **changes})
+        return {s.name: s for s in Recipe(cfg, tmp_path / "out").stages()}
+    before = stages()
+    for change, stage in (({"phrase_round_lrs": [3e-5]}, "phrase"), ({"phrase": {"title_phrases": True}}, "phrase"),
+                          ({"index": {"keep": 0.5}}, "index"), ({"filter": {"hidden": 32}}, "index"),
+                          ({"query_rounds": 2}, "query"), ({"gold_evals": 3}, "reader"),
+                          ({"reader_passages": "phrase"}, "reader"), ({"search": {"top_docs": 7}}, "doc"),
+                          ({"reading": {"num_beams": 2}}, "run")):
+        after = stages(**change)
+        changed = [name for name in before if before[name].settings != after[name].settings]
+        assert changed[0] == stage, change
+        assert set(changed) <= {stage, "run", "refit", "memory"}, change   # only where the same sections are read
+    seeded = stages(seed=1)
+    assert {n for n in before if before[n].settings != seeded[n].settings} == {"phrase", "index", "query", "doc",
+                                                                            "reader"}
+    # A record written before `hidden` was a setting of the filter: the stage is still done.
+    demo = Demo(from_flat(RecipeConfig, {"corpus": str(tmp_path / "corpus")}), tmp_path / "out")
+    stages_now = demo.recipe.stages()
+    demo.stages_dir.mkdir(parents=True)
+    from odqa.common.artifact import fingerprint, portable_key
+    from odqa.common.io import write_json
+    previous = None
+    for s in stages_now:
+        key = {"settings": portable_key(s.settings), "after": fingerprint(previous)}
+        if s.name == "index":
+            key = json.loads(json.dumps(key))
+            del key["settings"]["filter"]["hidden"]
+        write_json(demo.stages_dir / f"{s.name}.json", {"key": key})
+        for out in s.outputs:
+            out.mkdir(parents=True, exist_ok=True)
+        previous = key
+    assert all(demo.done(stages_now).values())
+    changed = Demo(from_flat(RecipeConfig, {"corpus": str(tmp_path / "corpus"), "filter": {"hidden": 32}}), tmp_path / "out")
+    done = changed.done(changed.recipe.stages())
+    # other than its default: rebuilt, and the stages after it
+    assert [name for name, key in done.items() if key is None] == ["index", "doc", "reader", "memory", "run"]
+
+
+def test_a_home_that_0_1_built_keeps_its_finished_stages(tmp_path, monkeypatch):
+    """The stage records of a demo directory 0.1 built (tests/data/demo-stages-0.1: the demo preset's,
+    its keys of flat settings by name): every stage is done for the same recipe, and the run rewrites
+    each record in this release's keys; a changed setting still reruns its stage."""
+    from odqa.common.paths import default_corpus
+    monkeypatch.setenv("ODQA_HOME", str(tmp_path / "home"))
+    out = tmp_path / "home" / "runs" / "demo"
+    records = Path(__file__).parent / "data" / "demo-stages-0.1"
+    (out / "stages").mkdir(parents=True)
+    for path in records.glob("*.json"):
+        shutil.copy(path, out / "stages" / path.name)
+    demo = Demo(RecipeConfig(), out)
+    stages = demo.recipe.stages()
+    assert demo.recipe.corpus == default_corpus()
+    for s in stages:
+        for path in s.outputs:
+            path.mkdir(parents=True, exist_ok=True)
+    assert all(demo.done(stages).values())
+    assert all(demo.done(stages, upgrade=True).values())
+    rewritten = {s.name: json.loads((out / "stages" / f"{s.name}.json").read_text())["key"] for s in stages}
+    assert all("settings" in key and s.uses[0] in key["settings"] for s, key in zip(stages, rewritten.values()))
+    assert all(Demo(RecipeConfig(), out).done(stages).values())          # done in this release's keys now
+    other = Demo(updated(RecipeConfig(), reader={"k": 4}), out)
+    assert [n for n, key in other.done(other.recipe.stages()).items() if key is None] == ["reader", "memory", "run"]
 
 
 def test_the_reader_can_train_on_the_pipelines_own_passages(world, first_run, monkeypatch):
@@ -366,20 +429,21 @@ def test_the_reader_can_train_on_the_pipelines_own_passages(world, first_run, mo
     from odqa.common.questions import load_questions
     from odqa.retriever.retrieve import retrieve_phrases
     out, cfg = world["root"] / "out", replace(world["cfg"], reader_passages="phrase")
+    k = cfg.reader.k
     demo = Recipe(cfg, out)
     train, validation = demo.reader_data()
     assert (train.name, validation.name) == ("phrase-train.json", "phrase-validation.json")
     entries = json.loads(train.read_text())
-    searched = retrieve_phrases(demo.searcher(), load_questions(out / "supervision" / "train.jsonl"), cfg.reader_k)
+    searched = retrieve_phrases(demo.searcher(), load_questions(out / "supervision" / "train.jsonl"), k)
     assert [[c["id"] for c in e["ctxs"]] for e in entries] == [[c["id"] for c in e["ctxs"]] for e in searched]
-    assert all(len(e["ctxs"]) == cfg.reader_k and all("phrase" in c for c in e["ctxs"]) for e in entries)
+    assert all(len(e["ctxs"]) == k and all("phrase" in c for c in e["ctxs"]) for e in entries)
     val = json.loads(validation.read_text())
-    assert 0 < len(val) <= cfg.reader_validation and all(any(c["has_answer"] for c in e["ctxs"]) for e in val)
+    assert 0 < len(val) <= cfg.reader.max_validation_examples and all(any(c["has_answer"] for c in e["ctxs"]) for e in val)
     # A resumed stage finds the files it wrote and searches no more.
     monkeypatch.setattr(Recipe, "searcher", lambda self: pytest.fail("searched again"))
     assert demo.reader_data(resume=True) == (train, validation)
-    with pytest.raises(InputError, match="reader_passages must be bm25 or phrase, not 'dense'"):
-        Recipe(replace(cfg, reader_passages="dense"), out).reader_data()
+    with pytest.raises(InputError, match="reader_passages must be one of bm25, phrase, not 'dense'"):
+        replace(cfg, reader_passages="dense")
 
 
 def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path, monkeypatch):
@@ -389,7 +453,8 @@ def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path,
         (tmp_path / "out" / "query" / "checkpoint").mkdir(parents=True)
         raise query_train.NoPositives("no training question has a positive phrase among its top 100 phrases")
     monkeypatch.setattr(query_train, "train_query", finds_none)
-    demo = Recipe(RecipeConfig(corpus=str(tmp_path / "corpus"), query_epochs=1), tmp_path / "out")
+    demo = Recipe(from_flat(RecipeConfig, {"corpus": str(tmp_path / "corpus"), "query_rounds": 1, "query": {"epochs": 1}}),
+                  tmp_path / "out")
     assert demo.tune_query(resume=False)["epochs"] == 0
     assert not (tmp_path / "out" / "query").exists()
     assert demo.phrase_model() == tmp_path / "out" / "phrase" / "best"
@@ -406,7 +471,8 @@ def test_a_phrase_model_that_finds_no_answer_is_searched_with_as_it_is(tmp_path,
         (out / "checkpoint").mkdir(parents=True)
         raise query_train.NoPositives("none")
     monkeypatch.setattr(query_train, "train_query", second_finds_none)
-    demo = Recipe(RecipeConfig(corpus=str(tmp_path / "corpus"), query_epochs=1, query_rounds=2), tmp_path / "out2")
+    demo = Recipe(from_flat(RecipeConfig, {"corpus": str(tmp_path / "corpus"), "query_rounds": 2, "query": {"epochs": 1}}),
+                  tmp_path / "out2")
     assert demo.tune_query(resume=False) == {"epochs": 1, "questions_with_positive": [3], "loss": [1.0]}
     assert not (tmp_path / "out2" / "query-r2").exists()
     assert demo.phrase_model() == tmp_path / "out2" / "query" / "last"
@@ -533,7 +599,8 @@ def test_the_reranker_is_an_opt_in_stage_before_the_run_which_reads_through_it(w
     for name in ("train_reader", "train_reranker", "evaluate"):
         real = getattr(Recipe, name)
         monkeypatch.setattr(Recipe, name, lambda self, resume, real=real, name=name: ran.append(name) or real(self, resume))
-    cfg = replace(world["cfg"], reranker=True, reranker_batch=1, reranker_validation=4, rerank_depth=20)
+    cfg = updated(replace(world["cfg"], with_reranker=True),
+                  reranker={"batch_size": 1, "max_validation_examples": 4, "rerank_depth": 20})
     run_demo(out, cfg=cfg)
     assert ran == ["train_reranker", "evaluate"]          # the stages before it are reused
     result = json.loads((out / "stages" / "reranker.json").read_text())["result"]
@@ -543,14 +610,14 @@ def test_the_reranker_is_an_opt_in_stage_before_the_run_which_reads_through_it(w
     best = (out / "reranker" / "best").resolve()
     assert CrossEncoder.from_pretrained(best).weight == result["weight"]
     assert default_pipeline()["reranker"] == best  # ask and serve read through it too
-    assert json.loads((out / "run" / "run_args.json").read_text())["reranker"] == str(out / "reranker" / "best")
+    assert json.loads((out / "run" / "run_args.json").read_text())["parts"]["reranker"] == str(out / "reranker" / "best")
 
     # Turned off again: the run reruns without it, and the pipeline forgets the demo's reranker.
     ran.clear()
     run_demo(out, cfg=world["cfg"])
     assert ran == ["evaluate"]
     assert "reranker" not in default_pipeline()
-    assert json.loads((out / "run" / "run_args.json").read_text())["reranker"] is None
+    assert json.loads((out / "run" / "run_args.json").read_text())["parts"]["reranker"] is None
 
 
 def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_model(world, first_run, tmp_path, monkeypatch):
@@ -560,10 +627,10 @@ def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_mo
     shutil.copytree(world["root"] / "out", out)
     run_demo(out, cfg=world["cfg"])                     # every stage reused; this copy becomes the pipeline
     assert json.loads((out / "stages" / "memory.json").read_text())["result"] == {"questions": len(NAMES)}
-    assert memory_sets(out / "memory") == world["cfg"].train_questions
+    assert memory_sets(out / "memory") == world["cfg"].supervise.questions
     assert default_pipeline()["memory"] == (out / "memory").resolve()
     # (the run stage was reused from the copied demo, whose memory it consulted)
-    assert json.loads((out / "run" / "run_args.json").read_text())["memory"] == str(world["root"] / "out" / "memory")
+    assert json.loads((out / "run" / "run_args.json").read_text())["parts"]["memory"] == str(world["root"] / "out" / "memory")
     assert all("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
     # the report's extractive EM is the phrase model's own answer; the memory's help, a column of its own
     rows = json.loads((out / "run" / "report.json").read_text())["rows"]
@@ -579,7 +646,7 @@ def test_the_answer_memory_is_a_stage_before_the_run_and_is_recorded_with_its_mo
     run_demo(out, cfg=replace(world["cfg"], answer_memory=False))
     assert ran == ["evaluate"]                               # off: the run reruns without it, and the pipeline forgets it
     assert "memory" not in default_pipeline()
-    assert json.loads((out / "run" / "run_args.json").read_text())["memory"] is None
+    assert json.loads((out / "run" / "run_args.json").read_text())["parts"]["memory"] is None
     assert not any("memory" in e for e in json.loads((out / "run" / "retrieval-test.json").read_text()))
     assert not any("extractive + memory EM" in r for r in json.loads((out / "run" / "report.json").read_text())["rows"])
     run_demo(world["root"] / "out", cfg=world["cfg"])   # the first demo's pipeline again, for the tests after this one
@@ -590,15 +657,28 @@ def test_the_estimates_grow_with_the_work_and_follow_the_machine():
     from odqa.system.estimate import PRIOR_S, Estimates, refined
     cfg, sizes, frozen = RecipeConfig(), (12_374, 10_033, 6_725), {"freeze_embeddings": False, "freeze_layers": 0}
     base = Estimates(cfg, sizes, lambda name: 100, False, frozen)
-    assert Estimates(replace(cfg, reader_steps=2 * cfg.reader_steps), sizes, lambda name: 100, False, frozen).reader() \
-        > base.reader()
+    assert Estimates(updated(cfg, reader_loop={"max_steps": 2 * cfg.reader_loop.max_steps}), sizes, lambda name: 100,
+                     False, frozen).reader() > base.reader()
     assert Estimates(cfg, sizes, lambda name: 100, True, frozen).reader() < base.reader()       # bf16 trains faster
     assert Estimates(cfg, sizes, lambda name: 1000, False, frozen).run() > base.run()
     assert Estimates(cfg, (2 * sizes[0], *sizes[1:]), lambda name: 100, False, frozen).index() > base.index()
-    assert base.phrase_steps == cfg.phrase_epochs * (min(cfg.phrase_examples or sizes[2], sizes[2]) // cfg.phrase_batch)
+    assert base.phrase_steps == cfg.phrase.epochs * (min(cfg.phrase.max_train_examples or sizes[2], sizes[2])
+                                                     // cfg.phrase.batch_size)
     # the machine's speed: the calibration until stages finish, then pulled towards what they took
     assert refined(2.0, 0.0, 0.0) == 2.0
     assert refined(1.0, 3 * PRIOR_S, PRIOR_S) == 2.0
+
+
+def test_a_preset_of_0_1s_flat_names_is_read_with_one_line_saying_so(tmp_path, capsys):
+    old = tmp_path / "old.toml"
+    old.write_text('reader_steps = 7\nrun_k = [3]\nrun_limit = "all"\ntext_maxlength = 100\nquery_epochs = 2\n')
+    from odqa.system.recipe_config import preset_config
+    cfg = preset_config(old)
+    assert cfg == updated(RecipeConfig(), reader_loop={"max_steps": 7}, run={"k": [3], "limit": None},
+                          reader={"text_maxlength": 100}, reading={"text_maxlength": 100}, query_rounds=1,
+                          query={"epochs": 2})
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "0.1's flat names" in err and "write it in sections" in err
 
 
 def test_the_recipes_are_files_and_a_file_of_ones_own_runs_the_same_way(tmp_path):
@@ -607,15 +687,19 @@ def test_the_recipes_are_files_and_a_file_of_ones_own_runs_the_same_way(tmp_path
     assert sorted(p.stem for p in PRESET_DIR.glob("*.toml")) == sorted(PRESETS) == ["demo", "full"]
     assert preset_config("demo") == RecipeConfig()                    # the demo preset changes nothing
     full = preset_config(PRESET_DIR / "full.toml")
-    assert full == PRESETS["full"] and full.run_limit is None and full.phrase_examples is None   # "all"
+    assert full == PRESETS["full"] and full.run.limit is None and full.phrase.max_train_examples is None   # "all"
     mine = tmp_path / "mine.toml"
-    mine.write_text('reader_steps = 7\nrun_k = [3]\nrun_limit = "all"\n')
-    assert preset_config(mine) == replace(RecipeConfig(), reader_steps=7, run_k=[3], run_limit=None)
-    (tmp_path / "mine.json").write_text('{"reader_steps": 7, "run_limit": null}')
-    assert preset_config(tmp_path / "mine.json") == replace(RecipeConfig(), reader_steps=7, run_limit=None)
-    (tmp_path / "bad.toml").write_text("reader_stpes = 7\n")
-    with pytest.raises(InputError, match="bad.toml: not recipe settings: reader_stpes"):
+    mine.write_text('[reader_loop]\nmax_steps = 7\n[run]\nk = [3]\nlimit = "all"\n')
+    assert preset_config(mine) == updated(RecipeConfig(), reader_loop={"max_steps": 7}, run={"k": [3], "limit": None})
+    (tmp_path / "mine.json").write_text('{"reader_loop": {"max_steps": 7}, "run": {"limit": null}}')
+    assert preset_config(tmp_path / "mine.json") == updated(RecipeConfig(), reader_loop={"max_steps": 7},
+                                                            run={"limit": None})
+    (tmp_path / "bad.toml").write_text("[reader_loop]\nmax_stpes = 7\n")
+    with pytest.raises(InputError, match=r"bad.toml\[reader_loop\]: not settings of LoopArgs: max_stpes"):
         preset_config(tmp_path / "bad.toml")
+    (tmp_path / "bad2.toml").write_text("reader_stpes = 7\n")
+    with pytest.raises(InputError, match="bad2.toml: not settings of RecipeConfig: reader_stpes"):
+        preset_config(tmp_path / "bad2.toml")
     with pytest.raises(InputError, match="unknown preset 'fast': one of demo, full"):
         preset_config("fast")
     (tmp_path / "list.json").write_text("[1, 2]")

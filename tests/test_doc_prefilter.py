@@ -14,20 +14,21 @@ from loop_checks import (
     losses,
     without_dropout,
 )
+from search_helpers import index_of, searcher_of
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
 from odqa.common.corpus import DocumentTable, build_corpus
 from odqa.common.io import InputError
-from odqa.retriever.doc_encoder import DocEncoder, DocEncoderConfig, doc_summary, encode_questions
+from odqa.common.settings import from_flat
+from odqa.retriever.args import DocEncoderConfig, PhraseModelConfig
+from odqa.retriever.doc_encoder import DocEncoder, doc_summary, encode_questions
 from odqa.retriever.doc_index import DocRetriever, build_doc_index
 from odqa.retriever.doc_train import DocTrainArgs, train_doc
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_dump import dump_phrases
-from odqa.retriever.phrase_index import build_index
-from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+from odqa.retriever.phrase_model import DensePhraseModel
 from odqa.retriever.rerank import Candidates, combined
-from odqa.retriever.searcher import Searcher, top_phrase
 from odqa.retriever.supervise import supervise
 from odqa.retriever.tune_lambda import tune_lambda
 
@@ -55,9 +56,9 @@ def world(tmp_path_factory):
     bert = make_tiny_bert(root / "bert", texts + [q["question"] for q in questions])
     # An untrained phrase model is enough here: the pre-filter's guarantees hold for any scores.
     tokenizer = load_tokenizer(bert)
-    DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase", tokenizer)
+    DensePhraseModel(PhraseModelConfig(encoder=str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase", tokenizer)
     dump_phrases(root / "phrase", corpus, root / "dump", chunk_passages=8)
-    build_index(root / "dump", root / "index", corpus)
+    index_of(root / "dump", root / "index", corpus)
     return {"root": root, "corpus": corpus, "bert": bert, "questions": [q["question"] for q in questions]}
 
 
@@ -65,10 +66,10 @@ def world(tmp_path_factory):
 def doc_model(world):
     """The document encoder after train-doc (abstract negatives), and its index."""
     root = world["root"]
-    summary = train_doc(DocTrainArgs(train_file=str(root / "sup" / "train.jsonl"),
+    summary = train_doc(from_flat(DocTrainArgs, dict(train_file=str(root / "sup" / "train.jsonl"),
                                      validation_file=str(root / "sup" / "validation.jsonl"), corpus=str(world["corpus"]),
                                      out_dir=str(root / "doc"), encoder=str(world["bert"]), epochs=20, batch_size=5,
-                                     lr=2e-3, max_doc_tokens=64, report_to="tensorboard"))
+                                     lr=2e-3, max_doc_tokens=64, report_to="tensorboard")))
     build_doc_index(root / "doc" / "best", world["corpus"], root / "doc-index")
     return {"dir": root / "doc" / "best", "index": root / "doc-index", "summary": summary}
 
@@ -100,9 +101,9 @@ def test_train_doc_refuses_a_supervision_passage_missing_from_the_corpus(world, 
     bad["passage_id"] = "nowhere#7"
     (tmp_path / "train.jsonl").write_text("\n".join(lines[1:] + [json.dumps(bad)]) + "\n")
     with pytest.raises(InputError, match="'nowhere#7' is not in the corpus"):
-        train_doc(DocTrainArgs(train_file=str(tmp_path / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+        train_doc(from_flat(DocTrainArgs, dict(train_file=str(tmp_path / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
                                corpus=str(world["corpus"]), out_dir=str(tmp_path / "out"), encoder=str(world["bert"]),
-                               epochs=1, batch_size=5, max_doc_tokens=64))
+                               epochs=1, batch_size=5, max_doc_tokens=64)))
 
 
 def test_train_doc_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
@@ -110,9 +111,9 @@ def test_train_doc_resumes_with_the_same_losses(world, tmp_path, monkeypatch):
     root = world["root"]
 
     def args(out, resume=False):
-        return DocTrainArgs(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+        return from_flat(DocTrainArgs, dict(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
                             corpus=str(world["corpus"]), out_dir=str(out), encoder=str(world["bert"]), epochs=2,
-                            batch_size=5, lr=1e-3, max_doc_tokens=64, save_steps=1, resume=resume)
+                            batch_size=5, lr=1e-3, max_doc_tokens=64, save_steps=1, resume=resume))
     train_doc(args(tmp_path / "full"))
     full = train_loop.read_json(tmp_path / "full" / "checkpoint" / "trainer_state.json")["history"]
 
@@ -138,10 +139,10 @@ def _doc_run(world, encoder):
     root = world["root"]
 
     def run(out, **loop):
-        train_doc(DocTrainArgs(train_file=str(root / "sup" / "train.jsonl"),
+        train_doc(from_flat(DocTrainArgs, dict(train_file=str(root / "sup" / "train.jsonl"),
                                validation_file=str(root / "sup" / "validation.jsonl"), corpus=str(world["corpus"]),
                                out_dir=str(out), encoder=str(encoder), epochs=2, batch_size=2, lr=1e-3, warmup_steps=2,
-                               max_doc_tokens=64, **loop))
+                               max_doc_tokens=64, **loop)))
         return losses(out), DocEncoder.from_pretrained(out / "last").state_dict()
     return run
 
@@ -163,7 +164,7 @@ def test_train_doc_in_two_processes_trains_as_one_with_twice_the_accumulation(wo
 
 
 def test_a_document_index_of_another_encoder_is_refused(world, doc_model, tmp_path):
-    other = DocEncoder(DocEncoderConfig(str(make_tiny_bert(tmp_path / "other", ["x"], seed=1)), max_doc_tokens=64))
+    other = DocEncoder(DocEncoderConfig(encoder=str(make_tiny_bert(tmp_path / "other", ["x"], seed=1)), max_doc_tokens=64))
     other.save_pretrained(tmp_path / "other-doc", load_tokenizer(tmp_path / "other"))
     with pytest.raises(InputError, match="another document encoder"):
         DocRetriever(doc_model["index"], tmp_path / "other-doc", world["corpus"])
@@ -175,30 +176,31 @@ def test_prefilter_never_returns_a_passage_outside_the_chosen_documents(world, d
     docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
     table = docs.table
     for lam in (0.0, 1.0):
-        searcher = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs,
+        searcher = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"], doc_index=docs,
                             top_docs=2, lam=lam)
         chosen, _ = docs.search(world["questions"], 2)
         for unit in ("passage", "document"):
             for q, allowed, r in zip(world["questions"], chosen, searcher.search(world["questions"], k=5, unit=unit)):
                 allowed = {table.docs[d]["id"] for d in allowed}
-                assert r["phrases"] and {searcher.store[p["row"]]["doc_id"] for p in r["phrases"]} <= allowed, q
+                doc_of = {p["id"]: p["doc_id"] for p in searcher.artifacts.store}
+                assert r.phrases and {doc_of[p.passage_id] for p in r.phrases} <= allowed, q
                 if unit == "passage":
-                    assert {table.docs[table.doc_of_passage[p["row"]]]["id"] for p in r["passages"]} <= allowed
-                    assert len(r["passages"]) == 5  # the two documents' 6 passages hold at least 5 with a phrase
+                    assert {table.docs[table.doc_of_passage[h.row]]["id"] for h in r.hits} <= allowed
+                    assert len(r.hits) == 5  # the two documents' 6 passages hold at least 5 with a phrase
                 else:
-                    assert {d["id"] for d in r["documents"]} <= allowed
+                    assert {h.unit.id for h in r.hits} <= allowed
 
 
 def test_all_documents_and_lambda_zero_rank_as_no_prefilter(world, doc_model):
     docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
-    plain = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"])
-    filtered = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs,
+    plain = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"])
+    filtered = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"], doc_index=docs,
                         top_docs=len(NAMES), lam=0.0)
-    for unit, key in (("passage", "passages"), ("document", "documents")):
+    for unit in ("passage", "document"):
         a, b = plain.search(world["questions"], k=8, unit=unit), filtered.search(world["questions"], k=8, unit=unit)
         for x, y in zip(a, b):
-            assert [p["id"] for p in x[key]] == [p["id"] for p in y[key]]
-            assert [p["score"] for p in x[key]] == pytest.approx([p["score"] for p in y[key]])
+            assert [h.unit.id for h in x.hits] == [h.unit.id for h in y.hits]
+            assert [h.score for h in x.hits] == pytest.approx([h.score for h in y.hits])
 
 
 @pytest.mark.parametrize("factory", ["Flat", "IVF4,PQ4"])
@@ -208,23 +210,24 @@ def test_prefiltered_search_is_exact_inside_the_chosen_documents(world, doc_mode
     probing one list of four would miss most of them."""
     index = world["root"] / f"index-{factory}"
     if not index.exists():
-        build_index(world["root"] / "dump", index, world["corpus"], factory=factory)
+        index_of(world["root"] / "dump", index, world["corpus"], factory=factory)
     docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
-    searcher = Searcher(index, world["root"] / "phrase", world["corpus"], prefilter=docs, nprobe=1,
+    searcher = searcher_of(index, world["root"] / "phrase", world["corpus"], doc_index=docs, nprobe=1,
                         top_docs=3, lam=0.0, max_answer_tokens=4, answer_filter=False)
     chosen, _ = docs.search(world["questions"], 3)
     q_start, q_end = searcher.encode(world["questions"])
-    tokens = searcher.index.meta["token"].astype(np.int32)
+    a = searcher.artifacts
+    tokens = a.index.meta["token"].astype(np.int32)
     for qi, result in enumerate(searcher.search(world["questions"], k=100, unit="passage")):
         want = {}
         for d in chosen[qi]:
             for row in docs.table.passage_rows(d):
-                ids = np.arange(searcher.passage_vec[row], searcher.passage_vec[row + 1])
-                s = searcher.index.vectors("start", ids) @ q_start[qi]
-                e = searcher.index.vectors("end", ids) @ q_end[qi]
+                ids = np.arange(a.passage_vec[row], a.passage_vec[row + 1])
+                s = a.index.vectors("start", ids) @ q_start[qi]
+                e = a.index.vectors("end", ids) @ q_end[qi]
                 gap = tokens[ids][None, :] - tokens[ids][:, None]
                 want[row] = np.where((gap >= 0) & (gap < 4), s[:, None] + e[None, :], -np.inf).max()
-        got = [(p["row"], p["score"]) for p in result["passages"]]
+        got = [(h.row, h.score) for h in result.hits]
         assert sorted(row for row, _ in got) == sorted(want)
         assert [score for _, score in got] == pytest.approx([want[row] for row, _ in got], rel=1e-5)
         assert [score for _, score in got] == sorted((score for _, score in got), reverse=True)
@@ -236,11 +239,11 @@ def test_faiss_lists_are_never_filled_on_the_cpu(world, doc_model):
     lists, and the whole-index search finds what the codes score."""
     index = world["root"] / "index-IVF4,PQ4"
     if not index.exists():
-        build_index(world["root"] / "dump", index, world["corpus"], factory="IVF4,PQ4")
+        index_of(world["root"] / "dump", index, world["corpus"], factory="IVF4,PQ4")
     docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
-    searcher = Searcher(index, world["root"] / "phrase", world["corpus"], prefilter=docs, nprobe=4, top_docs=3)
-    ix, n = searcher.index, searcher.index.manifest["vectors"]
-    assert searcher.search(world["questions"], k=3)[0]["passages"]
+    searcher = searcher_of(index, world["root"] / "phrase", world["corpus"], doc_index=docs, nprobe=4, top_docs=3)
+    ix, n = searcher.artifacts.index, searcher.artifacts.index.manifest["vectors"]
+    assert searcher.search(world["questions"], k=3)[0].hits
     assert ix._faiss["start"].ntotal == 0 and ix._faiss["end"].ntotal == 0
     codes = ix._codes.values()
     assert all(isinstance(c.codes, np.memmap) and isinstance(c.list_of, np.memmap) and isinstance(c.order, np.memmap)
@@ -263,10 +266,11 @@ def test_an_index_of_version_2_holds_its_codes_once_too(world, tmp_path):
 
     import faiss
 
-    from odqa.retriever.phrase_index import IVFPQCodes, PhraseIndex
+    from odqa.retriever.ivfpq_codes import IVFPQCodes
+    from odqa.retriever.phrase_index import PhraseIndex
     index = world["root"] / "index-IVF4,PQ4"
     if not index.exists():
-        build_index(world["root"] / "dump", index, world["corpus"], factory="IVF4,PQ4")
+        index_of(world["root"] / "dump", index, world["corpus"], factory="IVF4,PQ4")
     old = tmp_path / "v2"
     shutil.copytree(index, old)
     manifest = json.loads((old / "manifest.json").read_text())
@@ -292,7 +296,8 @@ def test_an_index_of_version_2_holds_its_codes_once_too(world, tmp_path):
 def test_question_vectors_come_back_in_the_questions_order(world, doc_model):
     """Both question encoders batch questions by length; each vector is still its own question's."""
     questions = ["where was alice born, in which city of them all", "who", "where was bob born", "where"]
-    searcher = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], batch_size=2)
+    searcher = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"])
+    searcher.batch_size = 2
     q_start, q_end = searcher.encode(questions)
     docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
     q_doc = encode_questions(docs.model, docs.tokenizer, questions, batch_size=2)
@@ -306,23 +311,25 @@ def test_question_vectors_come_back_in_the_questions_order(world, doc_model):
 def test_rerank_sorts_by_standardised_passage_plus_lambda_document_score(world, doc_model):
     docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
     # answer_depth 1: the extractive answer is the first passage's phrase, not a vote
-    base = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs, top_docs=3, lam=0.0,
+    base = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"], doc_index=docs, top_docs=3, lam=0.0,
                     answer_depth=1)
     lam = 1.5
-    # the lambda = 0 pool of rerank_pool passages, reranked by hand, is what the lambda searcher returns
-    pool = base.search(world["questions"], k=base.rerank_pool, unit="passage")
-    reranked = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=docs, top_docs=3,
+    # the lambda = 0 pool of POOL passages, reranked by hand, is what the lambda searcher returns
+    from odqa.retriever.prefilter import POOL
+    pool = base.search(world["questions"], k=POOL, unit="passage")
+    reranked = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"], doc_index=docs, top_docs=3,
                         lam=lam, answer_depth=1).search(world["questions"], k=4, unit="passage")
+    from dataclasses import replace
     for p, r in zip(pool, reranked):
-        c = Candidates(np.array([x["passage_score"] for x in p["passages"]]), np.array([x["doc_z"] for x in p["passages"]]))
+        c = Candidates(np.array([h.parts["passage_score"] for h in p.hits]), np.array([h.parts["doc_z"] for h in p.hits]))
         final = combined(c, lam)
         order = np.argsort(-final, kind="stable")[:4]
-        assert [p["passages"][i]["id"] for i in order] == [x["id"] for x in r["passages"]]
-        assert [x["score"] for x in r["passages"]] == pytest.approx(final[order].tolist())
+        assert [p.hits[i].unit.id for i in order] == [h.unit.id for h in r.hits]
+        assert [h.score for h in r.hits] == pytest.approx(final[order].tolist())
         # the extractive answer follows the final ranking: the first passage's phrase, not the top phrase
-        assert top_phrase(r) == {**r["passages"][0]["phrase"], "support": 1.0}
-        assert top_phrase(p) == {**p["phrases"][0], "support": 1.0}   # without a rerank they are one phrase
-    assert any(r["phrases"][0] != r["passages"][0]["phrase"] for r in reranked)
+        assert r.extractive == replace(r.hits[0].phrase, support=1.0)
+        assert p.extractive == replace(p.phrases[0], support=1.0)   # without a rerank they are one phrase
+    assert any(r.phrases[0] != r.hits[0].phrase for r in reranked)
 
 
 def test_rerank_adds_the_passages_standardised_bm25_score(world, doc_model, tmp_path):
@@ -333,43 +340,44 @@ def test_rerank_adds_the_passages_standardised_bm25_score(world, doc_model, tmp_
     from odqa.retriever.bm25 import BM25Index
     from odqa.retriever.rerank import standardise
     docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
-    make = lambda **kw: Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"],  # noqa: E731
-                                 prefilter=docs, top_docs=3, **kw)
+    make = lambda **kw: searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"],  # noqa: E731
+                                 doc_index=docs, top_docs=3, **kw)
     lam, mu = 0.5, 2.0
     pool = make(lam=0.0, bm25_weight=0.0).search(world["questions"], k=100, unit="passage")
     reranked = make(lam=lam, bm25_weight=mu).search(world["questions"], k=4, unit="passage")
     bm25 = BM25Index.open(world["corpus"])
     moved = 0
     for q, p, r in zip(world["questions"], pool, reranked):
-        rows = [x["row"] for x in p["passages"]]
-        c = Candidates(np.array([x["passage_score"] for x in p["passages"]]), np.array([x["doc_z"] for x in p["passages"]]),
+        rows = [h.row for h in p.hits]
+        c = Candidates(np.array([h.parts["passage_score"] for h in p.hits]), np.array([h.parts["doc_z"] for h in p.hits]),
                        bm25_z=standardise(bm25.scores(q)[rows]))
         final = combined(c, lam, mu)
         order = np.argsort(-final, kind="stable")[:4]
-        assert [p["passages"][i]["id"] for i in order] == [x["id"] for x in r["passages"]]
-        assert [x["score"] for x in r["passages"]] == pytest.approx(final[order].tolist())
-        assert [x["bm25_z"] for x in r["passages"]] == pytest.approx(c.bm25_z[order].tolist())
+        assert [p.hits[i].unit.id for i in order] == [h.unit.id for h in r.hits]
+        assert [h.score for h in r.hits] == pytest.approx(final[order].tolist())
+        assert [h.parts["bm25_z"] for h in r.hits] == pytest.approx(c.bm25_z[order].tolist())
         moved += order.tolist() != np.argsort(-combined(c, lam), kind="stable")[:4].tolist()
     assert moved  # the BM25 term changed some question's ranking
     # A question of stop words only has no BM25 score: the term adds nothing, and nothing fails.
-    alone = make(lam=lam, bm25_weight=mu).search(["to be or not to be"], k=4, unit="passage")[0]["passages"]
-    assert alone and all(x["bm25_z"] == 0 for x in alone)
+    alone = make(lam=lam, bm25_weight=mu).search(["to be or not to be"], k=4, unit="passage")[0].hits
+    assert alone and all(h.parts["bm25_z"] == 0 for h in alone)
     # A weight that dwarfs the other terms ranks the pool by BM25 alone.
     for q, r in zip(world["questions"], make(lam=lam, bm25_weight=1e6).search(world["questions"], k=4)):
-        scores = bm25.scores(q)[[x["row"] for x in r["passages"]]]
+        scores = bm25.scores(q)[[h.row for h in r.hits]]
         assert (np.diff(scores) <= 1e-9).all()
     index_dir = tmp_path / "di"
     shutil.copytree(doc_model["index"], index_dir)
     tuned = DocRetriever(index_dir, doc_model["dir"], world["corpus"])
     write_json(index_dir / "lambda.json", {"lambda": lam})
-    assert Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=tuned).config.bm25_weight == 0.0
+    assert searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"],
+                       doc_index=tuned).prefilter.config.bm25_weight == 0.0
     write_json(index_dir / "lambda.json", {"lambda": lam, "bm25_weight": mu})
-    searcher = Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], prefilter=tuned, top_docs=3)
-    assert (searcher.config.lam, searcher.config.bm25_weight) == (lam, mu)
-    assert isinstance(searcher.bm25.model.scores["data"], np.memmap)   # read from disk as the rerank asks
+    searcher = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"], doc_index=tuned, top_docs=3)
+    assert (searcher.prefilter.config.lam, searcher.prefilter.config.bm25_weight) == (lam, mu)
+    assert isinstance(searcher.artifacts.bm25().model.scores["data"], np.memmap)   # read from disk as the rerank asks
     assert searcher.search(world["questions"], k=4, unit="passage") == reranked
     with pytest.raises(InputError, match="pre-filter"):
-        Searcher(world["root"] / "index", world["root"] / "phrase", world["corpus"], bm25_weight=mu)
+        searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"], bm25_weight=mu)
 
 
 def test_tuning_picks_the_planted_bm25_weight_and_prefers_none_on_ties():
@@ -409,10 +417,10 @@ def test_query_side_tuning_behind_the_prefilter_mines_the_pipelines_candidates(w
     common = dict(model=str(root / "phrase"), index=str(root / "index"), corpus=str(world["corpus"]),
                   questions=str(root / "questions.jsonl"), label="document", top_k=20, epochs=4, batch_size=5,
                   lr=2e-3, max_answer_tokens=3)
-    result = train_query(QueryTrainArgs(**common, out_dir=str(tmp_path / "q"), doc_index=str(doc_model["index"]),
-                                        doc_model=str(doc_model["dir"]), top_docs=2))
-    searcher = Searcher(root / "index", root / "phrase", world["corpus"])
-    meta, table = searcher.index.meta, docs.table
+    result = train_query(from_flat(QueryTrainArgs, dict(**common, out_dir=str(tmp_path / "q"), doc_index=str(doc_model["index"]),
+                                        doc_model=str(doc_model["dir"]), top_docs=2)))
+    searcher = searcher_of(root / "index", root / "phrase", world["corpus"])
+    meta, table = searcher.artifacts.index.meta, docs.table
     found = read_json(tmp_path / "q" / "candidates" / "epoch-1.json")
     assert found
     for c in found:
@@ -424,12 +432,12 @@ def test_query_side_tuning_behind_the_prefilter_mines_the_pipelines_candidates(w
     losses = [h["loss"] for h in result["history"]]
     assert losses[-1] < losses[0]
     # Without the pre-filter the same settings mine from every document.
-    train_query(QueryTrainArgs(**{**common, "epochs": 1}, out_dir=str(tmp_path / "plain")))
+    train_query(from_flat(QueryTrainArgs, dict(**{**common, "epochs": 1}, out_dir=str(tmp_path / "plain"))))
     plain = read_json(tmp_path / "plain" / "candidates" / "epoch-1.json")
     assert any(not set(table.doc_of_passage[meta["passage_row"][c["start"]]].tolist())
                <= set(chosen[c["question"]].tolist()) for c in plain)
     with pytest.raises(InputError, match="--doc-model"):
-        train_query(QueryTrainArgs(**common, out_dir=str(tmp_path / "x"), doc_index=str(doc_model["index"])))
+        train_query(from_flat(QueryTrainArgs, dict(**common, out_dir=str(tmp_path / "x"), doc_index=str(doc_model["index"]))))
 
 
 def test_cli_train_doc_index_tune_and_prefiltered_retrieve(world, tmp_path, capsys):
@@ -496,7 +504,7 @@ def test_filter_labels_title_answers_in_the_title_path_the_model_read(world, tmp
     counts = {}
     for title_path in (False, True):
         model = tmp_path / f"m{title_path}"
-        DensePhraseModel(PhraseModelConfig(str(world["bert"]), max_passage_tokens=64, title_phrases=True,
+        DensePhraseModel(PhraseModelConfig(encoder=str(world["bert"]), max_passage_tokens=64, title_phrases=True,
                                            title_path=title_path)).save_pretrained(model, tokenizer)
         dump_phrases(model, world["corpus"], tmp_path / f"d{title_path}", chunk_passages=8)
         arrays, summary = read_dump(tmp_path / f"d{title_path}", world["corpus"])
@@ -518,8 +526,8 @@ def test_in_doc_negatives_widen_the_single_passage_softmax(world):
     from odqa.retriever.phrase_data import collate
     from odqa.retriever.phrase_train import PhraseLoss, PhraseTrainArgs, load_examples, with_passage_context
     root = world["root"]
-    args = PhraseTrainArgs(train_file="", validation_file="", out_dir="", encoder="", in_doc_negatives="doc",
-                           in_doc_count=2, corpus=str(world["corpus"]), pre_batch=0)
+    args = from_flat(PhraseTrainArgs, dict(train_file="", validation_file="", out_dir="", encoder="", in_doc_negatives="doc",
+                           in_doc_count=2, corpus=str(world["corpus"]), pre_batch=0))
     examples = load_examples(str(root / "sup" / "train.jsonl"))[:4]
     with_passage_context(examples, args, world["corpus"])
     for ex in examples:  # the two other sections of the question's own document

@@ -59,6 +59,8 @@ def test_every_command_a_page_shows_parses(page, capsys):
             parser.parse_args(argv)
         except SystemExit:
             pytest.fail(f"{page.relative_to(DOCS)}: `odqa {' '.join(argv)}` does not parse: {capsys.readouterr().err}")
+        said = capsys.readouterr().err   # a page shows today's spelling of each flag
+        assert "deprecated" not in said, f"{page.relative_to(DOCS)}: `odqa {' '.join(argv)}`: {said}"
 
 
 def test_the_guides_show_commands():

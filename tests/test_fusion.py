@@ -5,15 +5,17 @@ import json
 
 import pytest
 import torch
+from reader_checks import generated
 from tiny_data import CODE_NAMES, HOBBIES, code_world
 from tiny_models import make_tiny_bert
 
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import normalize_answer
 from odqa.reader import fusion
+from odqa.reader.args import ReaderSettings
 from odqa.reader.fid import FusedEncoderOutput
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file, strip_article
-from odqa.reader.read import generate_answers, load_reader, read_with
+from odqa.reader.read import load_reader, read
 from odqa.reader.warm_start import init_warm_reader
 
 TEXTS = ([f"the code of {n} is {d} ." for n in CODE_NAMES for d in range(10)]
@@ -55,8 +57,8 @@ def _encoded(model, tok, examples):
 
 
 def _read(model, tok, examples, decoding, k=4):
-    return generate_answers(model, tok, examples, k, batch_size=4, text_maxlength=32, max_new_tokens=4,
-                            progress=False, decoding=decoding, dtype=torch.float32)
+    return generated(model, tok, examples, k, batch_size=4, text_maxlength=32, max_new_tokens=4, decoding=decoding,
+                     dtype=torch.float32)
 
 
 def test_the_answer_is_the_spans_answer_or_a_passage_phrase(reader):
@@ -129,7 +131,7 @@ def test_phrase_decoding_refuses_passages_without_phrases_by_name(reader, tmp_pa
     with pytest.raises(InputError, match="decoding 'phrases'.*'q0'"):
         _read(model, tok, load_fid_file(path), "phrases", k=2)
     with pytest.raises(InputError, match=r"'q0' of \S*bm25.json has none"):
-        read_with(model, tok, path, tmp_path / "pred.jsonl", n_passages=2, decoding="phrases")
+        read(model, tok, path, {2: tmp_path / "pred.jsonl"}, ReaderSettings(decoding="phrases"))
     assert not (tmp_path / "pred.jsonl").exists()
     rows[0]["ctxs"][0]["phrase"] = {"score": 1.0}
     path.write_text(json.dumps(rows))

@@ -6,15 +6,16 @@ import sys
 import faiss
 import numpy as np
 import pytest
+from search_helpers import index_of
 from tiny_data import both_sides_copy, synthetic_dump
 
-from odqa.retriever.phrase_index import PhraseIndex, build_index
+from odqa.retriever.phrase_index import PhraseIndex
 
 
 @pytest.mark.parametrize("factory", ["OPQ8,IVF32,PQ8", "IVF32,PQ8"])
 def test_whole_index_search_finds_what_faiss_finds_in_its_own_lists(tmp_path, factory):
     dump, corpus = synthetic_dump(tmp_path, 800, 10, 32)
-    build_index(dump, tmp_path / "index", corpus, factory=factory, train_size=8000)
+    index_of(dump, tmp_path / "index", corpus, factory=factory, train_size=8000)
     assert (tmp_path / "index" / "start.order.npy").exists()
     q = np.random.default_rng(1).standard_normal((100, 32), dtype=np.float32)
     for nprobe in (1, 4, 32):
@@ -37,8 +38,8 @@ def test_an_index_of_shared_sides_holds_one_and_searches_it_for_both(tmp_path):
     searches the start side's codes, as an index holding both copies would answer."""
     dump, corpus = synthetic_dump(tmp_path, 800, 10, 32, shared_sides=True)
     twin = both_sides_copy(dump, tmp_path / "twin")
-    build_index(dump, tmp_path / "index", corpus, factory="IVF32,PQ8", train_size=8000)
-    build_index(twin, tmp_path / "index2", corpus, factory="IVF32,PQ8", train_size=8000)
+    index_of(dump, tmp_path / "index", corpus, factory="IVF32,PQ8", train_size=8000)
+    index_of(twin, tmp_path / "index2", corpus, factory="IVF32,PQ8", train_size=8000)
     files = {p.name for p in (tmp_path / "index").iterdir()}
     assert "start.codes.npy" in files and not any(name.startswith("end.") for name in files)
     one, two = PhraseIndex(tmp_path / "index"), PhraseIndex(tmp_path / "index2")
@@ -55,7 +56,8 @@ def test_an_index_of_shared_sides_holds_one_and_searches_it_for_both(tmp_path):
 CHILD = """
 import sys
 import numpy as np
-from odqa.retriever.phrase_index import IVFPQCodes, PhraseIndex
+from odqa.retriever.ivfpq_codes import IVFPQCodes
+from odqa.retriever.phrase_index import PhraseIndex
 
 IVFPQCodes.SCAN_BLOCK = 256   # below both sizes' list lengths: the scan's work is a block's at both
 def anon_kb():
@@ -83,7 +85,7 @@ def test_whole_index_search_memory_does_not_grow_with_the_index(tmp_path):
         root = tmp_path / str(passages)
         root.mkdir()
         dump, corpus = synthetic_dump(root, passages, 15, 64)
-        build_index(dump, root / "index", corpus, factory="IVF64,PQ8", train_size=20_000)
+        index_of(dump, root / "index", corpus, factory="IVF64,PQ8", train_size=20_000)
         done = subprocess.run([sys.executable, "-c", CHILD, str(root / "index")], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         grown[passages] = int(done.stdout.split()[-1])

@@ -76,3 +76,92 @@ def test_the_installed_distribution_holds_only_the_odqa_name(tmp_path):
     assert sources - set(names) == set()
     for expected in ("odqa/__init__.py", "odqa/common/configs/zero2.json", "odqa/system/static/index.html"):
         assert expected in names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """odqa's modules and the odqa modules each imports, at any depth of the file (a lazy import inside a
+    function closes a cycle as surely as one at the top)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(("odqa", *path.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")
+            modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module, *(f"{node.module}.{a.name}" for a in node.names)] \
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            found |= {n for n in names if n in modules and n != name}
+        graph[name] = found
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    component = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        component.append(w)
+                        if w == v:
+                            break
+                    if len(component) > 1:
+                        out.append(sorted(component))
+    return out
+
+
+def test_no_import_cycle_inside_the_package():
+    found = cycles(import_graph())
+    assert not found, f"import cycles: {found}"
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def code_lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_the_search_core_is_in_parts():
+    """`Searcher` is a facade over the search's parts, a module each; no retriever module is long."""
+    tree = ast.parse((ROOT / "retriever" / "searcher.py").read_text())
+    searcher, = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Searcher"]
+    assert searcher.end_lineno - searcher.lineno + 1 <= 150
+    long = {p.name: code_lines(p) for p in (ROOT / "retriever").glob("*.py") if code_lines(p) > 400}
+    assert not long, long
+
+
+def test_reading_has_one_generate_function():
+    tree = ast.parse((ROOT / "reader" / "read.py").read_text())
+    public = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+    assert [n for n in public if "generate" in n] == ["generate"], public

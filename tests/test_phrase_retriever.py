@@ -20,19 +20,23 @@ from loop_checks import (
     tensorboard_scalars,
     without_dropout,
 )
+from search_helpers import index_of, searcher_of
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
 from odqa.common.corpus import build_corpus
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import echoes_at_edge, is_echo
+from odqa.common.settings import from_flat, updated
 from odqa.retriever import phrase_dump
+from odqa.retriever.args import FilterArgs, PhraseModelConfig
 from odqa.retriever.phrase_dump import dump_phrases
-from odqa.retriever.phrase_index import PhraseIndex, build_index
-from odqa.retriever.phrase_model import LMS, DensePhraseModel, PhraseModelConfig
+from odqa.retriever.phrase_index import PhraseIndex
+from odqa.retriever.phrase_model import LMS, DensePhraseModel
+from odqa.retriever.phrase_search import can_answer
 from odqa.retriever.phrase_train import PhraseTrainArgs, train
 from odqa.retriever.query_train import QueryTrainArgs, train_query
-from odqa.retriever.searcher import Searcher, can_answer
+from odqa.retriever.searcher import Searcher
 from odqa.retriever.supervise import supervise
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar"]
@@ -64,11 +68,11 @@ def planted_world(root):
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("phrase")
     corpus, born, encoder = planted_world(root)
-    result = train(PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"),
+    result = train(from_flat(PhraseTrainArgs, dict(train_file=str(root / "sup" / "train.jsonl"),
                                    validation_file=str(root / "sup" / "validation.jsonl"),
                                    out_dir=str(root / "model"), encoder=str(encoder), epochs=25, batch_size=4,
                                    lr=2e-3, pre_batch_warmup=10, max_passage_tokens=64, max_question_tokens=16,
-                                   report_to="tensorboard"))
+                                   report_to="tensorboard")))
     return {"root": root, "corpus": corpus, "born": born, "encoder": encoder, "model": root / "model" / "best",
             "result": result}
 
@@ -76,7 +80,7 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def index(world):
     dump_phrases(world["model"], world["corpus"], world["root"] / "dump", chunk_passages=5)
-    build_index(world["root"] / "dump", world["root"] / "index", world["corpus"])
+    index_of(world["root"] / "dump", world["root"] / "index", world["corpus"])
     return world["root"] / "index"
 
 
@@ -102,7 +106,7 @@ def test_in_batch_and_pre_batch_losses_match_a_hand_computation():
     gold[0, 1] = gold[1, 2] = gold[2, 0] = gold[2, 3] = True
     batch = {"questions": {}, "passages": {}, "candidate": torch.ones(B, T, dtype=torch.bool),
              "gold_start": gold, "gold_end": gold}
-    loss_fn = PhraseLoss(PhraseTrainArgs(train_file="", validation_file="", out_dir="", encoder="", pre_batch=1, pre_batch_warmup=1, filter_coef=0.0))
+    loss_fn = PhraseLoss(from_flat(PhraseTrainArgs, dict(train_file="", validation_file="", out_dir="", encoder="", pre_batch=1, pre_batch_warmup=1, filter_coef=0.0)))
     _, parts = loss_fn(Fixed(q, h), batch, step=0)
     scores = torch.einsum("bd,btd->bt", q, h)
     single = torch.stack([torch.logsumexp(scores[b], 0) - torch.logsumexp(scores[b][gold[b]], 0) for b in range(B)]).mean()
@@ -137,13 +141,13 @@ def test_dump_index_search_returns_the_planted_span(world, tmp_path):
     corpus = tmp_path / "corpus"
     build_corpus([write_jsonl(tmp_path / "p.jsonl", rows)], corpus)
     dump_phrases(world["model"], corpus, tmp_path / "dump", chunk_passages=4)
-    build_index(tmp_path / "dump", tmp_path / "index", corpus)
-    searcher = Searcher(tmp_path / "index", world["model"], corpus)
+    index_of(tmp_path / "dump", tmp_path / "index", corpus)
+    searcher = searcher_of(tmp_path / "index", world["model"], corpus)
     (result,) = searcher.search(["where was alice born"], k=3, unit="passage")
-    top = result["phrases"][0]
-    assert top["text"] == "tokyo" and top["passage_id"] == "planted"
-    assert rows[0]["text"][top["char_start"]:top["char_end"]] == "tokyo"
-    assert result["passages"][0]["id"] == "planted"
+    top = result.phrases[0]
+    assert top.text == "tokyo" and top.passage_id == "planted"
+    assert rows[0]["text"][top.char_start:top.char_end] == "tokyo"
+    assert result.hits[0].unit.id == "planted"
 
 
 def brute_force_top_phrase(searcher, question, max_len=None):
@@ -154,39 +158,39 @@ def brute_force_top_phrase(searcher, question, max_len=None):
     from odqa.retriever.phrase_train import best_spans
     q_start, q_end = searcher.encode([question])
     best = None
-    passages = list(searcher.store)
-    enc = encode_passages(searcher.tokenizer, [p["title"] for p in passages], [p["text"] for p in passages],
-                          searcher.model.config.max_passage_tokens)
+    passages = list(searcher.artifacts.store)
+    enc = encode_passages(searcher.artifacts.tokenizer, [p["title"] for p in passages], [p["text"] for p in passages],
+                          searcher.artifacts.model.config.max_passage_tokens)
     with torch.no_grad():
-        hs, he, _ = searcher.model.encode_passages(**enc.batch)
+        hs, he, _ = searcher.artifacts.model.encode_passages(**enc.batch)
     s = torch.einsum("d,btd->bt", torch.from_numpy(q_start[0]), hs)
     e = torch.einsum("d,btd->bt", torch.from_numpy(q_end[0]), he)
-    for row, (i, j, score) in enumerate(best_spans(s, e, enc.candidate, max_len or searcher.model.config.max_span_len)):
+    for row, (i, j, score) in enumerate(best_spans(s, e, enc.candidate, max_len or searcher.artifacts.model.config.max_span_len)):
         if best is None or score > best[0]:
             best = (score, row, int(enc.offsets[row, i, 0]), int(enc.offsets[row, j, 1]))
     return best
 
 
 def test_search_equals_brute_force_over_every_span(world, index):
-    searcher = Searcher(index, world["model"], world["corpus"])
+    searcher = searcher_of(index, world["model"], world["corpus"])
     for name in NAMES[:6]:
         question = f"where was {name} born"
         score, row, start, end = brute_force_top_phrase(searcher, question)
-        top = searcher.search([question], k=1, unit="phrase")[0]["phrases"][0]
-        assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
-        assert top["score"] == pytest.approx(score, rel=1e-2)  # the dump stores float16
+        top = searcher.search([question], k=1, unit="phrase")[0].phrases[0]
+        assert (top.passage_id, top.char_start, top.char_end) == (searcher.artifacts.store[row]["id"], start, end)
+        assert top.score == pytest.approx(score, rel=1e-2)  # the dump stores float16
 
 
 def test_a_bfloat16_search_finds_what_a_float32_search_finds(world, index, monkeypatch):
     import torch
     questions = [f"where was {name} born" for name in NAMES]
-    exact = Searcher(index, world["model"], world["corpus"]).search(questions, k=3, unit="passage")
+    exact = searcher_of(index, world["model"], world["corpus"]).search(questions, k=3, unit="passage")
     monkeypatch.setenv("ODQA_SEARCH_DTYPE", "bfloat16")
-    searcher = Searcher(index, world["model"], world["corpus"])
-    assert searcher.model.q_start_lm.dtype == torch.bfloat16
+    searcher = searcher_of(index, world["model"], world["corpus"])
+    assert searcher.artifacts.model.q_start_lm.dtype == torch.bfloat16
     for a, b in zip(exact, searcher.search(questions, k=3, unit="passage")):
-        assert a["passages"][0]["row"] == b["passages"][0]["row"]
-        assert [p["score"] for p in a["passages"]] == pytest.approx([p["score"] for p in b["passages"]], rel=0.05)
+        assert a.hits[0].row == b.hits[0].row
+        assert [h.score for h in a.hits] == pytest.approx([h.score for h in b.hits], rel=0.05)
 
 
 def test_search_dtype_is_bfloat16_only_where_the_hardware_has_it(monkeypatch):
@@ -205,81 +209,87 @@ def test_search_dtype_is_bfloat16_only_where_the_hardware_has_it(monkeypatch):
 
 
 def test_a_shorter_answer_cap_returns_the_best_span_that_short(world, index):
-    full = Searcher(index, world["model"], world["corpus"], max_answer_tokens=None)   # None: the index's L
-    assert full.config.max_answer_tokens == 20
-    assert Searcher(index, world["model"], world["corpus"], max_answer_tokens=50).config.max_answer_tokens == 20
-    tokens = full.index.meta["token"].astype(np.int32)
+    full = searcher_of(index, world["model"], world["corpus"], max_answer_tokens=None)   # None: the index's L
+    assert full.phrases.max_len == 20
+    assert searcher_of(index, world["model"], world["corpus"], max_answer_tokens=50).phrases.max_len == 20
+    tokens = full.artifacts.index.meta["token"].astype(np.int32)
     for cap in (1, 3):
-        searcher = Searcher(index, world["model"], world["corpus"], max_answer_tokens=cap)
+        searcher = searcher_of(index, world["model"], world["corpus"], max_answer_tokens=cap)
         q_start, q_end = searcher.encode(["where was bob born"])
-        phrases = searcher.search_phrases(q_start, q_end, k=10_000)[0]
+        phrases = searcher.phrases.mips(q_start, q_end, k=10_000)[0]
         assert len(phrases) and (tokens[phrases.end_vec] - tokens[phrases.start_vec] < cap).all()
         for name in NAMES[:3]:
             score, row, start, end = brute_force_top_phrase(searcher, f"where was {name} born", max_len=cap)
-            top = searcher.search([f"where was {name} born"], k=1, unit="phrase")[0]["phrases"][0]
-            assert (top["row"], top["char_start"], top["char_end"]) == (row, start, end)
+            top = searcher.search([f"where was {name} born"], k=1, unit="phrase")[0].phrases[0]
+            assert (top.passage_id, top.char_start, top.char_end) == (searcher.artifacts.store[row]["id"], start, end)
     with pytest.raises(InputError, match="max-answer-tokens"):
-        Searcher(index, world["model"], world["corpus"], max_answer_tokens=0)
+        searcher_of(index, world["model"], world["corpus"], max_answer_tokens=0)
 
 
 def test_token_offsets_stay_narrow_and_every_span_reads_forwards(world, index):
     """The index holds its token and character offsets unsigned, as narrow as stored (a quarter or half
     of int32's bytes), and the spans read from them still run forwards within the cap."""
-    searcher = Searcher(index, world["model"], world["corpus"], max_answer_tokens=4)
-    meta = searcher.index.meta
+    searcher = searcher_of(index, world["model"], world["corpus"], max_answer_tokens=4)
+    meta = searcher.artifacts.index.meta
     assert all(meta[k].dtype.kind == "u" and meta[k].dtype.itemsize < 4 for k in ("token", "char_start", "char_end"))
     assert not meta["in_title"].any() and meta["in_title"].strides == (0,)   # no title phrases: one False, not n
-    rows = list(range(len(searcher.store)))
-    passages = [searcher.store[r] for r in rows]
+    rows = list(range(len(searcher.artifacts.store)))
     tokens = meta["token"].astype(np.int64)
     for name in NAMES[:4]:
         question = f"where was {name} born"
         q_start, q_end = searcher.encode([question])
-        found = searcher._best_spans(rows, passages, q_start[0], q_end[0], question)
+        found = searcher.phrases.best_spans(rows, q_start[0], q_end[0], question)
         assert any(found)
-        for row, phrase in zip(rows, found):
-            if phrase is None:
+        for span in found:
+            if span is None:
                 continue
-            assert 0 <= tokens[phrase.end_vec] - tokens[phrase.start_vec] < 4
-            assert phrase.char_start < phrase.char_end
+            _, start_vec, end_vec, _, char_start, char_end, _ = span
+            assert 0 <= tokens[end_vec] - tokens[start_vec] < 4
+            assert char_start < char_end
+
+
+def hit(score, text):
+    """A passage of a search, its phrase `text`."""
+    from odqa.common.results import Passage, Phrase
+    from odqa.retriever.results import Hit
+    phrase = Phrase(text=text, score=score, passage_id=f"p{score}", char_start=0, char_end=len(text)) if text else None
+    return Hit(Passage(id=f"p{score}", title="", text=text or "", score=score, phrase=phrase), 0)
 
 
 def test_the_answer_is_the_phrase_string_the_top_passages_vote_for():
     from odqa.retriever.answer_aggregation import aggregate_answer
-
-    def unit(score, text):
-        return {"score": score, "phrase": {"text": text, "passage_id": f"p{score}"}}
-    units = [unit(3.0, "Osaka"), unit(2.8, "the Tokyo"), unit(2.7, "tokyo"), unit(-5.0, "Kyoto")]
+    units = [hit(3.0, "Osaka"), hit(2.8, "the Tokyo"), hit(2.7, "tokyo"), hit(-5.0, "Kyoto")]
     answer = aggregate_answer(units, depth=25, temperature=1.0)
     # "the Tokyo" and "tokyo" are one string for exact match: two votes outweigh Osaka's one
-    assert answer["text"] == "the Tokyo" and answer["passage_id"] == "p2.8"
+    assert answer.text == "the Tokyo" and answer.passage_id == "p2.8"
     w = np.exp(np.array([0.0, -0.2, -0.3, -8.0]))
-    assert answer["support"] == pytest.approx((w[1] + w[2]) / w.sum())
+    assert answer.support == pytest.approx((w[1] + w[2]) / w.sum())
     # one voter, or a temperature near 0, gives the first passage's phrase; two voters, the better one
-    assert [aggregate_answer(units, d, t)["text"] for d, t in ((1, 1.0), (25, 0.05), (2, 1.0))] == ["Osaka"] * 3
-    assert aggregate_answer([unit(1.0, "b c"), unit(1.0, "a")], 5, 1.0)["text"] == "b c"   # a tie: the higher-ranked
-    assert aggregate_answer([{"score": 1.0, "phrase": None}], 5, 1.0) is None
+    assert [aggregate_answer(units, d, t).text for d, t in ((1, 1.0), (25, 0.05), (2, 1.0))] == ["Osaka"] * 3
+    assert aggregate_answer([hit(1.0, "b c"), hit(1.0, "a")], 5, 1.0).text == "b c"   # a tie: the higher-ranked
+    assert aggregate_answer([hit(1.0, None)], 5, 1.0) is None
     for depth, temperature in ((0, 1.0), (5, 0.0)):
         with pytest.raises(ValueError, match="must be positive"):
             aggregate_answer(units, depth, temperature)
 
 
 def test_the_searcher_votes_over_its_answer_depth_whatever_k(world, index):
+
     from odqa.retriever.answer_aggregation import aggregate_answer
-    from odqa.retriever.searcher import top_phrase
     questions = [f"where was {name} born" for name in NAMES[:4]]
-    searcher = Searcher(index, world["model"], world["corpus"], answer_depth=5, answer_temperature=2.0)
+    searcher = searcher_of(index, world["model"], world["corpus"], answer_depth=5, answer_temperature=2.0)
     for one, five in zip(searcher.search(questions, k=1), searcher.search(questions, k=5)):
-        assert len(one["passages"]) == 1 and len(five["passages"]) == 5
-        assert one["answer"] == five["answer"] == aggregate_answer(five["passages"], 5, 2.0)
-        assert top_phrase(one) is one["answer"]
-    first = Searcher(index, world["model"], world["corpus"], answer_depth=1)
+        assert len(one.hits) == 1 and len(five.hits) == 5
+        assert one.answer == five.answer == aggregate_answer(five.hits, 5, 2.0)
+        assert one.extractive is one.answer
+    first = searcher_of(index, world["model"], world["corpus"], answer_depth=1)
     for r in first.search(questions, k=3):
-        assert top_phrase(r) == {**r["passages"][0]["phrase"], "support": 1.0}
-    assert "answer" not in first.search(questions[:1], k=3, unit="phrase")[0]
+        assert r.extractive == replace(r.hits[0].phrase, support=1.0)
+    phrases = first.search(questions[:1], k=3, unit="phrase")[0]
+    assert phrases.answer is None and phrases.extractive == phrases.phrases[0]
     for bad in ({"answer_depth": 0}, {"answer_temperature": 0.0}):
         with pytest.raises(InputError, match="answer-depth|answer-temperature"):
-            Searcher(index, world["model"], world["corpus"], **bad)
+            searcher_of(index, world["model"], world["corpus"], **bad)
 
 
 def test_the_answer_flags_are_refused_below_one_and_zero(world, index, tmp_path, capsys):
@@ -346,14 +356,14 @@ def passage_spans_best_first(searcher, question, row):
 
     from odqa.retriever.phrase_data import encode_passages
     q_start, q_end = searcher.encode([question])
-    p = searcher.store[row]
-    enc = encode_passages(searcher.tokenizer, [p["title"]], [p["text"]], searcher.model.config.max_passage_tokens)
+    p = searcher.artifacts.store[row]
+    enc = encode_passages(searcher.artifacts.tokenizer, [p["title"]], [p["text"]], searcher.artifacts.model.config.max_passage_tokens)
     with torch.no_grad():
-        hs, he, _ = searcher.model.encode_passages(**enc.batch)
+        hs, he, _ = searcher.artifacts.model.encode_passages(**enc.batch)
     s = hs[0] @ torch.from_numpy(q_start[0])
     e = he[0] @ torch.from_numpy(q_end[0])
     cand = enc.candidate[0].nonzero().ravel().tolist()
-    L = searcher.config.max_answer_tokens
+    L = searcher.phrases.max_len
     spans = [(float(s[i] + e[j]), int(enc.offsets[0, i, 0]), int(enc.offsets[0, j, 1]))
              for i in cand for j in cand if 0 <= j - i < L]
     return [(a, b) for _, a, b in sorted(spans, key=lambda x: -x[0])], p["text"]
@@ -367,63 +377,68 @@ class EchoSearcher(Searcher):
         return super().encode([q.split(" | ")[0] for q in questions])
 
 
+def echo_searcher(index, world, **settings) -> EchoSearcher:
+    s = searcher_of(index, world["model"], world["corpus"], **settings)
+    return EchoSearcher(s.artifacts, s.config)
+
+
 def test_each_passage_shows_its_best_phrase_that_is_not_a_question_echo(world, index):
     """A passage whose best phrase is an echo shows its best span that can answer (over every span, as
     brute force finds it); passages, their order and scores do not change; answer_filter=False shows
     the echo."""
-    plain = EchoSearcher(index, world["model"], world["corpus"], answer_filter=False)
-    skip = EchoSearcher(index, world["model"], world["corpus"])
+    plain = echo_searcher(index, world, answer_filter=False)
+    skip = echo_searcher(index, world)
+    texts = {p["id"]: p["text"] for p in skip.artifacts.store}
     replaced = 0
     for name in NAMES[:6]:
         base = f"where was {name} born"
-        question = f"{base} | {plain.search([base], k=1, unit='passage')[0]['passages'][0]['phrase']['text']}"
-        before, after = (s.search([question], k=3, unit="passage")[0]["passages"] for s in (plain, skip))
-        assert [(p["row"], p["score"]) for p in before] == [(p["row"], p["score"]) for p in after]
+        question = f"{base} | {plain.search([base], k=1, unit='passage')[0].hits[0].phrase.text}"
+        before, after = (s.search([question], k=3, unit="passage")[0].hits for s in (plain, skip))
+        assert [(h.row, h.score) for h in before] == [(h.row, h.score) for h in after]
         for b, a in zip(before, after):
-            passage = skip.store[a["row"]]["text"]
-            assert can_answer(passage, a["phrase"]["char_start"], a["phrase"]["char_end"], question)
-            if can_answer(passage, b["phrase"]["char_start"], b["phrase"]["char_end"], question):
-                assert a["phrase"] == b["phrase"]
+            passage = skip.artifacts.store[a.row]["text"]
+            assert can_answer(passage, a.phrase.char_start, a.phrase.char_end, question)
+            if can_answer(passage, b.phrase.char_start, b.phrase.char_end, question):
+                assert a.phrase == b.phrase
                 continue
             replaced += 1
-            spans, text = passage_spans_best_first(skip, base, a["row"])
+            spans, text = passage_spans_best_first(skip, base, a.row)
             best = next(x for x in spans if can_answer(text, *x, question))
-            assert (a["phrase"]["char_start"], a["phrase"]["char_end"]) == best
-        every = plain.search([question], k=40, unit="phrase")[0]["phrases"]
-        kept = skip.search([question], k=40, unit="phrase")[0]["phrases"]
-        text = lambda p: skip.store[p["row"]]["text"]  # noqa: E731
-        expected = [p for p in every if can_answer(text(p), p["char_start"], p["char_end"], question)]
+            assert (a.phrase.char_start, a.phrase.char_end) == best
+        every = plain.search([question], k=40, unit="phrase")[0].phrases
+        kept = skip.search([question], k=40, unit="phrase")[0].phrases
+        expected = [p for p in every if can_answer(texts[p.passage_id], p.char_start, p.char_end, question)]
         assert len(expected) < len(every)
         assert len(kept) == 40 and kept[:len(expected)] == expected
     assert replaced >= 6   # at least the first passage's phrase, an echo now
 
 
 def test_passage_and_document_scores_are_the_max_of_their_phrases(world, index):
-    searcher = Searcher(index, world["model"], world["corpus"])
+    searcher = searcher_of(index, world["model"], world["corpus"])
     q_start, q_end = searcher.encode(["where was alice born"])
-    all_phrases = searcher.search_phrases(q_start, q_end, k=10_000)[0]
+    all_phrases = searcher.phrases.mips(q_start, q_end, k=10_000)[0]
     result = searcher.search(["where was alice born"], k=4, unit="passage")[0]
-    assert len(result["passages"]) == 4
-    scores = [p["score"] for p in result["passages"]]
+    assert len(result.hits) == 4
+    scores = [h.score for h in result.hits]
     assert scores == sorted(scores, reverse=True)
-    for p in result["passages"]:
-        assert p["score"] == pytest.approx(max(x.score for x in all_phrases if x.row == p["row"]), rel=1e-5)
-    docs = searcher.search(["where was alice born"], k=2, unit="document")[0]["documents"]
-    assert docs[0]["score"] == pytest.approx(scores[0], rel=1e-5)
+    for h in result.hits:
+        assert h.score == pytest.approx(all_phrases.score[all_phrases.row == h.row].max(), rel=1e-5)
+    docs = searcher.search(["where was alice born"], k=2, unit="document")[0].hits
+    assert docs[0].score == pytest.approx(scores[0], rel=1e-5)
     rows, s = searcher.search_passages(["where was alice born"], k=4)
-    assert list(rows[0]) == [p["row"] for p in result["passages"]]
+    assert list(rows[0]) == [h.row for h in result.hits]
 
 
 def test_sharded_dumps_equal_an_unsharded_one(world, index):
     root = world["root"]
     for k in (1, 2, 3):
         dump_phrases(world["model"], world["corpus"], root / "dump3", shard=f"{k}/3", chunk_passages=5)
-    build_index(root / "dump3", root / "index3", world["corpus"])
+    index_of(root / "dump3", root / "index3", world["corpus"])
     a, b = np.load(index / "meta.npz"), np.load(root / "index3" / "meta.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
     ids = np.arange(a["token"].shape[0])
-    v1 = Searcher(index, world["model"], world["corpus"]).index.vectors("end", ids)
-    v3 = Searcher(root / "index3", world["model"], world["corpus"]).index.vectors("end", ids)
+    v1 = searcher_of(index, world["model"], world["corpus"]).artifacts.index.vectors("end", ids)
+    v3 = searcher_of(root / "index3", world["model"], world["corpus"]).artifacts.index.vectors("end", ids)
     assert np.array_equal(v1, v3)
 
 
@@ -446,43 +461,43 @@ def test_an_interrupted_dump_resumes(world, index, monkeypatch):
     monkeypatch.setattr(phrase_dump.np, "savez", real_savez)
     summary = dump_phrases(world["model"], world["corpus"], root / "dump_r", chunk_passages=5)
     assert summary["chunks"] == 3
-    build_index(root / "dump_r", root / "index_r", world["corpus"])
+    index_of(root / "dump_r", root / "index_r", world["corpus"])
     a, b = np.load(index / "meta.npz"), np.load(root / "index_r" / "meta.npz")
     assert all(np.array_equal(a[k], b[k]) for k in a.files)
-    s1, s2 = Searcher(index, world["model"], world["corpus"]), Searcher(root / "index_r", world["model"], world["corpus"])
-    ids = np.arange(s1.index.manifest["vectors"])
-    assert np.array_equal(s1.index.vectors("start", ids), s2.index.vectors("start", ids))
+    s1, s2 = searcher_of(index, world["model"], world["corpus"]), searcher_of(root / "index_r", world["model"], world["corpus"])
+    ids = np.arange(s1.artifacts.index.manifest["vectors"])
+    assert np.array_equal(s1.artifacts.index.vectors("start", ids), s2.artifacts.index.vectors("start", ids))
 
 
 def test_corrupt_or_mismatched_index_is_refused(world, index, tmp_path):
     other = tmp_path / "other_model"
-    DensePhraseModel(PhraseModelConfig(str(world["encoder"]))).save_pretrained(other)
+    DensePhraseModel(PhraseModelConfig(encoder=str(world["encoder"]))).save_pretrained(other)
     with pytest.raises(InputError, match=r"another phrase encoder .*odqa build-index"):
-        Searcher(index, other, world["corpus"])
+        searcher_of(index, other, world["corpus"])
     broken = tmp_path / "broken"
     shutil.copytree(index, broken)
     meta = dict(np.load(broken / "meta.npz"))
     meta["token"] = meta["token"][:-1]
     np.savez(broken / "meta.npz", **meta)
     with pytest.raises(InputError, match="corrupt phrase index"):
-        Searcher(broken, world["model"], world["corpus"])
+        searcher_of(broken, world["model"], world["corpus"])
     (broken / "end.faiss").write_bytes(b"not an index")
     with pytest.raises(InputError, match="corrupt phrase index"):
-        Searcher(broken, world["model"], world["corpus"])
+        searcher_of(broken, world["model"], world["corpus"])
     with pytest.raises(InputError, match="not a phrase index"):
-        Searcher(tmp_path, world["model"], world["corpus"])
+        searcher_of(tmp_path, world["model"], world["corpus"])
     with pytest.raises(InputError, match="incomplete|not complete"):
         dump_dir = tmp_path / "dump"
         (dump_dir / "shard-001-of-001").mkdir(parents=True)
-        build_index(dump_dir, tmp_path / "ix", world["corpus"])
+        index_of(dump_dir, tmp_path / "ix", world["corpus"])
 
 
 def test_a_linear_head_starts_with_the_split_heads_scores(world):
     """Two d x d heads, started as the split padded with zeros: every phrase and question scores as
     the paper's split model does, until training moves them."""
     import torch
-    split = DensePhraseModel(PhraseModelConfig(str(world["encoder"]), head="split")).eval()
-    linear = DensePhraseModel(PhraseModelConfig(str(world["encoder"]), head="linear"),
+    split = DensePhraseModel(PhraseModelConfig(encoder=str(world["encoder"]), head="split")).eval()
+    linear = DensePhraseModel(PhraseModelConfig(encoder=str(world["encoder"]), head="linear"),
                               lms={n: getattr(split, n) for n in LMS}).eval()
     torch.manual_seed(0)
     vocab = split.phrase_lm.config.vocab_size
@@ -503,10 +518,10 @@ def test_a_linear_head_starts_with_the_split_heads_scores(world):
 @pytest.mark.parametrize("head, qenc, unified", [("linear", "shared", False), ("split", "dual", True)])
 def test_model_options_train(world, tmp_path, head, qenc, unified):
     root = world["root"]
-    train(PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+    train(from_flat(PhraseTrainArgs, dict(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
                           out_dir=str(tmp_path / "m"), encoder=str(world["encoder"]), head=head, question_encoder=qenc,
                           unified=unified, epochs=6, batch_size=4, lr=2e-3, pre_batch_warmup=4,
-                          max_passage_tokens=64, max_question_tokens=16))
+                          max_passage_tokens=64, max_question_tokens=16)))
     state = json.loads((tmp_path / "m" / "checkpoint" / "trainer_state.json").read_text())
     losses = [h["loss"] for h in state["history"]]
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
@@ -546,7 +561,7 @@ def test_the_query_loss_adds_the_weighted_passage_term_to_the_phrase_term():
     plain, _ = query_loss(Fixed(q), batch, step=0)
     assert plain.item() == pytest.approx((term(0, pos[0]) + term(1, pos[1])).item() / 2, rel=1e-5)
     with pytest.raises(InputError, match="--passage-weight: must be at least 0, not -0.5"):
-        QueryTrainArgs(model="m", index="i", corpus="c", out_dir="o", passage_weight=-0.5)
+        from_flat(QueryTrainArgs, dict(model="m", index="i", corpus="c", out_dir="o", passage_weight=-0.5))
 
 
 @pytest.mark.parametrize("factory, label, passage_weight", [("Flat", "phrase", 0.0), ("IVF2,SQ8", "document", 0.0),
@@ -554,7 +569,7 @@ def test_the_query_loss_adds_the_weighted_passage_term_to_the_phrase_term():
 def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, factory, label, passage_weight):
     from odqa.retriever.query_train import QueryTrainArgs, train_query
     root = world["root"]
-    build_index(root / "dump", tmp_path / "index", world["corpus"], factory=factory)
+    index_of(root / "dump", tmp_path / "index", world["corpus"], factory=factory)
     questions = write_jsonl(tmp_path / "q.jsonl", [{"question": f"where was {n} born", "answers": [c]}
                                                    for n, c in world["born"].items()])
     qs = [f"where was {n} born" for n in NAMES]
@@ -562,17 +577,17 @@ def test_query_side_fine_tuning_raises_the_gold_phrase(world, index, tmp_path, f
     def hits(model) -> int:
         """Top phrases that are positives as `label` means it: the answer itself, or a phrase of the
         person's passage (their document: one passage each)."""
-        found = Searcher(tmp_path / "index", model, world["corpus"]).search(qs, k=1, unit="phrase")
+        found = searcher_of(tmp_path / "index", model, world["corpus"]).search(qs, k=1, unit="phrase")
         if label == "phrase":
-            return sum(r["phrases"][0]["text"] == world["born"][n] for r, n in zip(found, NAMES))
-        return sum(r["phrases"][0]["passage_id"] == f"p{i}" for i, r in enumerate(found))
+            return sum(r.phrases[0].text == world["born"][n] for r, n in zip(found, NAMES))
+        return sum(r.phrases[0].passage_id == f"p{i}" for i, r in enumerate(found))
 
     hits_before = hits(world["model"])
-    result = train_query(QueryTrainArgs(model=str(world["model"]), index=str(tmp_path / "index"),
+    result = train_query(from_flat(QueryTrainArgs, dict(model=str(world["model"]), index=str(tmp_path / "index"),
                                         corpus=str(world["corpus"]), out_dir=str(tmp_path / "tuned"),
                                         questions=str(questions), label=label, top_k=30, epochs=8,
                                         batch_size=4, lr=2e-3, passage_weight=passage_weight,
-                                        report_to="tensorboard"))
+                                        report_to="tensorboard")))
     assert_reported(tmp_path / "tuned", None)
     losses = [h["loss"] for h in result["history"]]
     assert losses[-1] < losses[0]
@@ -645,9 +660,9 @@ def test_an_interrupted_training_resumes_with_the_same_losses(world, tmp_path, m
 
     def args(out):
         # Pre-batch negatives off: their FIFO is not checkpointed (it refills within C batches).
-        return PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+        return from_flat(PhraseTrainArgs, dict(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
                                out_dir=str(out), encoder=str(world["encoder"]), epochs=2, batch_size=4, lr=2e-3,
-                               pre_batch=0, save_steps=3, max_passage_tokens=64, max_question_tokens=16)
+                               pre_batch=0, save_steps=3, max_passage_tokens=64, max_question_tokens=16))
 
     train(args(tmp_path / "straight"))
     real_validation = phrase_train.validation_em
@@ -693,7 +708,7 @@ def test_two_processes_train_phrases_as_one_with_twice_the_batch(world, tmp_path
     (encoder / "config.json").write_text(json.dumps(config))
     two = _train_phrase_cli(world, encoder, tmp_path / "two", batch_size=1, nproc=2)
     one = _train_phrase_cli(world, encoder, tmp_path / "one", batch_size=2, nproc=1)
-    start = DensePhraseModel(PhraseModelConfig(str(encoder))).state_dict()
+    start = DensePhraseModel(PhraseModelConfig(encoder=str(encoder))).state_dict()
     # Not tensor by tensor: the last LayerNorm's bias adds the same amount to every token's score, so
     # the in-passage softmax gives it a zero gradient, and Adam blows float noise there up to full steps.
     moved = sum(((one[k] - start[k]) ** 2).sum() for k in one)
@@ -705,9 +720,9 @@ def test_train_phrase_at_zero3_trains_like_zero2(world, tmp_path):
     root = world["root"]
 
     def run(out, **loop):
-        train(PhraseTrainArgs(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
+        train(from_flat(PhraseTrainArgs, dict(train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
                               out_dir=str(out), encoder=str(world["encoder"]), epochs=1, batch_size=4, lr=2e-3,
-                              max_passage_tokens=64, max_question_tokens=16, **loop))
+                              max_passage_tokens=64, max_question_tokens=16, **loop)))
         return losses(out), DensePhraseModel.from_pretrained(out / "last").state_dict()
 
     assert_zero3_trains_like_zero2(run, tmp_path)
@@ -718,9 +733,9 @@ def _query_run(world, index, tmp_path, model=None):
                                                    for n, c in world["born"].items()])
 
     def run(out, **loop):
-        train_query(QueryTrainArgs(model=str(model or world["model"]), index=str(index), corpus=str(world["corpus"]),
+        train_query(from_flat(QueryTrainArgs, dict(model=str(model or world["model"]), index=str(index), corpus=str(world["corpus"]),
                                    out_dir=str(out), questions=str(questions), top_k=30, epochs=2, batch_size=2,
-                                   lr=2e-3, **loop))
+                                   lr=2e-3, **loop)))
         return losses(out), DensePhraseModel.from_pretrained(out / "last").state_dict()
     return run
 
@@ -780,10 +795,10 @@ def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, t
     sup = world["root"] / "sup"
 
     def args(**kw):
-        return PhraseTrainArgs(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
+        return from_flat(PhraseTrainArgs, dict(train_file=str(sup / "train.jsonl"), validation_file=str(sup / "validation.jsonl"),
                                out_dir=str(tmp_path / "r2"), encoder=str(world["model"]), epochs=1, batch_size=4,
                                lr=1e-3, max_passage_tokens=64, max_question_tokens=16, corpus=str(world["corpus"]),
-                               hard_negatives=str(index), hard_negative_count=2, **kw)
+                               hard_negatives=str(index), hard_negative_count=2, **kw))
     result = train(args())
     mined = json.loads((tmp_path / "r2" / "hard_negatives.json").read_text())
     texts = {p["id"]: p for p in map(json.loads, (world["corpus"] / "passages.jsonl").read_text().splitlines())}
@@ -803,7 +818,7 @@ def test_round_two_mines_hard_negatives_with_the_round_one_model(world, index, t
     train(args(resume=True))
     # Round 2 needs a round-1 model to mine with.
     with pytest.raises(InputError, match="round-1"):
-        train(replace(args(), encoder=str(world["encoder"]), out_dir=str(tmp_path / "bad")))
+        train(updated(args(), encoder=str(world["encoder"]), out_dir=str(tmp_path / "bad")))
 
 
 def test_filter_report_keeps_less_and_recalls_less_as_the_threshold_rises(world):
@@ -824,36 +839,37 @@ def test_the_phrase_filter_keeps_answer_tokens_and_build_index_keeps_its_share(w
     from odqa.retriever.phrase_filter import train_filter
     root = world["root"]
     sup = root / "sup"
-    info = train_filter(root / "dump", sup / "train.jsonl", sup / "validation.jsonl", world["corpus"], epochs=300,
-                        out=tmp_path / "filter")
+    info = train_filter(FilterArgs(dump=root / "dump", train_file=sup / "train.jsonl",
+                                   validation_file=sup / "validation.jsonl", corpus=world["corpus"], epochs=300,
+                                   out=tmp_path / "filter"))
     table = {row["keep"]: row for row in info["calibration"]}
     recalls = [row["answer_recall"] for row in info["calibration"]]
     assert recalls == sorted(recalls) and table[1.0]["answer_recall"] == 1.0
     assert table[0.2]["answer_recall"] == 1.0     # the planted cities are what a filter should keep
-    m = build_index(root / "dump", tmp_path / "kept", world["corpus"], keep=0.2, filter_path=tmp_path / "filter")
+    m = index_of(root / "dump", tmp_path / "kept", world["corpus"], keep=0.2, filter=tmp_path / "filter")
     full = json.loads((index / "manifest.json").read_text())
     assert m["vectors"] == pytest.approx(0.2 * full["vectors"], abs=2)
     assert m["bytes_per_passage"] < full["bytes_per_passage"] / 3
 
     def gold_passage_answers(index_dir) -> int:
         """Questions whose own passage's best phrase is the planted city."""
-        searcher = Searcher(index_dir, world["model"], world["corpus"])
+        searcher = searcher_of(index_dir, world["model"], world["corpus"])
         results = searcher.search([f"where was {n} born" for n in NAMES], k=len(NAMES), unit="passage")
-        return sum(p["phrase"]["text"] == world["born"][n] for r, n in zip(results, NAMES)
-                   for p in r["passages"] if p["title"] == n)
+        return sum(h.phrase.text == world["born"][n] for r, n in zip(results, NAMES)
+                   for h in r.hits if h.unit.title == n)
     assert gold_passage_answers(tmp_path / "kept") >= gold_passage_answers(index) - 1 >= 9
     with pytest.raises(InputError, match="no phrase filter"):
-        build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.2, filter_path=tmp_path / "none")
+        index_of(root / "dump", tmp_path / "x", world["corpus"], keep=0.2, filter=tmp_path / "none")
     # Answers that fall inside tokens teach the filter nothing: refused, and nothing is written.
     inside = [{**ex, "answer_char_spans": [[a + 1, b - 1] for a, b in ex["answer_char_spans"]]}
               for ex in map(json.loads, (sup / "train.jsonl").read_text().splitlines())]
     write_jsonl(tmp_path / "inside.jsonl", inside)
     with pytest.raises(InputError, match="inside.jsonl: no answer occurrence falls on the dump's token boundaries"):
-        train_filter(root / "dump", tmp_path / "inside.jsonl", sup / "validation.jsonl", world["corpus"],
-                     out=tmp_path / "bad-filter")
+        train_filter(FilterArgs(dump=root / "dump", train_file=tmp_path / "inside.jsonl",
+                                validation_file=sup / "validation.jsonl", corpus=world["corpus"], out=tmp_path / "bad-filter"))
     assert not (tmp_path / "bad-filter").exists()
     with pytest.raises(InputError, match="--keep"):
-        build_index(root / "dump", tmp_path / "x", world["corpus"], keep=0.0)
+        index_of(root / "dump", tmp_path / "x", world["corpus"], keep=0.0)
 
 
 def test_build_index_reads_the_dump_a_chunk_at_a_time_and_builds_the_same_index_however_it_is_chunked(
@@ -868,7 +884,8 @@ def test_build_index_reads_the_dump_a_chunk_at_a_time_and_builds_the_same_index_
     # every dumped token
     few = tmp_path / "few.jsonl"
     few.write_text("\n".join((root / "sup" / "train.jsonl").read_text().split("\n")[:3]) + "\n")
-    info = train_filter(root / "dump", few, few, world["corpus"], epochs=20, out=tmp_path / "filter")
+    info = train_filter(FilterArgs(dump=root / "dump", train_file=few, validation_file=few, corpus=world["corpus"],
+                                   epochs=20, out=tmp_path / "filter"))
     every, _ = read_dump(root / "dump", world["corpus"])
     scores = load_filter(tmp_path / "filter")[0].score(every["start"], every["end"])
     assert {row["keep"]: row["threshold"] for row in info["calibration"]}[0.5] == pytest.approx(
@@ -894,8 +911,8 @@ def test_build_index_reads_the_dump_a_chunk_at_a_time_and_builds_the_same_index_
     assert saved_scores(tmp_path / "filter", chunks, sizes) is not None
     assert saved_scores(tmp_path / "filter", dump_chunks(tmp_path / "dump", world["corpus"])[0], sizes) is None
     for factory in ("Flat", "IVF2,SQ8"):
-        built = [build_index(dump, tmp_path / f"{name}-{factory}", world["corpus"], factory=factory, keep=0.5,
-                             filter_path=tmp_path / "filter") for name, dump in (("a", root / "dump"), ("b", tmp_path / "dump"))]
+        built = [index_of(dump, tmp_path / f"{name}-{factory}", world["corpus"], factory=factory, keep=0.5,
+                             filter=tmp_path / "filter") for name, dump in (("a", root / "dump"), ("b", tmp_path / "dump"))]
         assert built[0]["filter_threshold"] == built[1]["filter_threshold"]
         every = json.loads((index / "manifest.json").read_text())["vectors"]
         assert built[0]["vectors"] == built[1]["vectors"] == pytest.approx(0.5 * every, abs=2)
@@ -908,14 +925,15 @@ def test_build_index_reads_the_dump_a_chunk_at_a_time_and_builds_the_same_index_
     z = dict(np.load(split / "chunk-00000.npz"))
     np.savez(split / "chunk-00000.npz", **{k: v[::-1] for k, v in z.items()})
     with pytest.raises(InputError, match="chunk-00000.npz: not a chunk of `odqa dump-phrases`"):
-        build_index(tmp_path / "dump", tmp_path / "bad", world["corpus"])
+        index_of(tmp_path / "dump", tmp_path / "bad", world["corpus"])
 
 
 @pytest.mark.parametrize("factory", ["default", "IVF16,PQ8"])
 def test_ivf_pq_scores_from_codes_equal_decoded_vectors(factory):
     import faiss
 
-    from odqa.retriever.phrase_index import IVFPQCodes, default_factory
+    from odqa.retriever.index_build import default_factory
+    from odqa.retriever.ivfpq_codes import IVFPQCodes
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6000, 48)).astype(np.float32)
     index = faiss.index_factory(48, default_factory(len(x), 48) if factory == "default" else factory,
@@ -942,7 +960,7 @@ def test_encoding_reads_a_list_number_of_two_bytes():
     """Past 256 lists faiss writes a vector's list in two little-endian bytes before its code."""
     import faiss
 
-    from odqa.retriever.phrase_index import IVFPQCodes
+    from odqa.retriever.ivfpq_codes import IVFPQCodes
     x = np.random.default_rng(0).standard_normal((8000, 8)).astype(np.float32)
     index = faiss.index_factory(8, "IVF300,PQ2np", faiss.METRIC_INNER_PRODUCT)
     index.train(x)
@@ -961,7 +979,7 @@ def test_an_ivf_pq_index_is_stored_without_its_ids(tmp_path, factory):
     the index that was filled, in fewer bytes (faiss stores an 8-byte id a code)."""
     import faiss
 
-    from odqa.retriever.phrase_index import IVFPQCodes
+    from odqa.retriever.ivfpq_codes import IVFPQCodes
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3000, 16)).astype(np.float32)
     q = rng.standard_normal((20, 16)).astype(np.float32)
@@ -1007,7 +1025,7 @@ def test_an_ivf_pq_index_is_stored_without_its_ids(tmp_path, factory):
 
 
 def test_default_factory_is_ivf_pq_at_about_a_kilobyte_a_passage():
-    from odqa.retriever.phrase_index import default_factory
+    from odqa.retriever.index_build import default_factory
     assert default_factory(1000, 192) == "Flat"
     assert default_factory(201_946, 192) == "OPQ16,IVF256,PQ16"       # the demo's: 16 bytes a vector
     assert default_factory(340_000_000, 192) == "OPQ16,IVF8192,PQ16"  # 21M passages at 16 vectors each
@@ -1080,9 +1098,9 @@ def test_title_phrases_answer_from_the_title_and_never_span_both_segments(tmp_pa
     sup = write_jsonl(tmp_path / "train.jsonl", examples)
     encoder = make_tiny_bert(tmp_path / "bert", [e["text"] + " " + e["title"] for e in examples]
                              + [e["question"] for e in examples])
-    result = train(PhraseTrainArgs(train_file=str(sup), validation_file=str(sup), out_dir=str(tmp_path / "model"),
+    result = train(from_flat(PhraseTrainArgs, dict(train_file=str(sup), validation_file=str(sup), out_dir=str(tmp_path / "model"),
                                    encoder=str(encoder), epochs=25, batch_size=4, lr=2e-3, pre_batch_warmup=10,
-                                   max_passage_tokens=64, max_question_tokens=16, title_phrases=True))
+                                   max_passage_tokens=64, max_question_tokens=16, title_phrases=True)))
     model = tmp_path / "model" / "best"
     assert DensePhraseModel.from_pretrained(model).config.title_phrases
     assert result["best_em"] >= 75.0    # the answer is in no passage's text: only a title phrase gets it
@@ -1090,45 +1108,46 @@ def test_title_phrases_answer_from_the_title_and_never_span_both_segments(tmp_pa
     corpus = tmp_path / "corpus"
     build_corpus([write_jsonl(tmp_path / "passages.jsonl", passages)], corpus)
     dump_phrases(model, corpus, tmp_path / "dump")
-    build_index(tmp_path / "dump", tmp_path / "index", corpus)
-    searcher = Searcher(tmp_path / "index", model, corpus)
-    assert searcher.index.meta["in_title"].sum() == len(passages)   # one title token each
+    index_of(tmp_path / "dump", tmp_path / "index", corpus)
+    searcher = searcher_of(tmp_path / "index", model, corpus)
+    assert searcher.artifacts.index.meta["in_title"].sum() == len(passages)   # one title token each
     questions = [e["question"] for e in examples]
     results = searcher.search(questions, k=5, unit="passage")
-    assert all(r["phrases"][0]["in_title"] and r["phrases"][0]["text"] in NAMES for r in results)
+    assert all(r.phrases[0].in_title and r.phrases[0].text in NAMES for r in results)
+    by_id = {p["id"]: p for p in passages}
     for r in results:
-        for ph in r["phrases"] + [p["phrase"] for p in r["passages"]]:
-            p = passages[ph["row"]]
-            assert ph["text"] == (p["title"] if ph["in_title"] else p["text"])[ph["char_start"]:ph["char_end"]]
+        for ph in r.phrases + [h.phrase for h in r.hits]:
+            p = by_id[ph.passage_id]
+            assert ph.text == (p["title"] if ph.in_title else p["text"])[ph.char_start:ph.char_end]
     q_start, q_end = searcher.encode(questions)
-    title = searcher.index.meta["in_title"]
-    for ph in searcher.search_phrases(q_start, q_end, k=40):   # every start hit with its best end, and back
+    title = searcher.artifacts.index.meta["in_title"]
+    for ph in searcher.phrases.mips(q_start, q_end, k=40):   # every start hit with its best end, and back
         assert (title[ph.start_vec] == title[ph.end_vec]).all()
-    enc = encode_passages(searcher.tokenizer, [p["title"] for p in passages], [p["text"] for p in passages], 64,
+    enc = encode_passages(searcher.artifacts.tokenizer, [p["title"] for p in passages], [p["text"] for p in passages], 64,
                           title_phrases=True)
     with torch.no_grad():
-        hs, he, _ = searcher.model.float().encode_passages(**enc.batch)
+        hs, he, _ = searcher.artifacts.model.float().encode_passages(**enc.batch)
     for qs, qe, r in zip(q_start, q_end, results):
         s = torch.einsum("d,btd->bt", torch.from_numpy(qs), hs)
         e = torch.einsum("d,btd->bt", torch.from_numpy(qe), he)
         spans = best_spans(s, e, enc.candidate, 20, enc.in_title)
         assert all(enc.in_title[b, i] == enc.in_title[b, j] for b, (i, j, _) in enumerate(spans))
         best = max(range(len(spans)), key=lambda b: spans[b][2])
-        assert best == r["phrases"][0]["row"]
+        assert passages[best]["id"] == r.phrases[0].passage_id
 
 
 def test_the_answer_memory_adds_its_votes_to_the_passages_votes():
+    from odqa.common.results import Phrase
     from odqa.retriever.answer_aggregation import aggregate_answer
-    units = [{"score": 3.0, "phrase": {"text": "Osaka", "passage_id": "p1"}},
-             {"score": 2.0, "phrase": {"text": "Tokyo", "passage_id": "p2"}}]
-    assert aggregate_answer(units, 25, 1.0, prior=[])["text"] == "Osaka"
+    units = [hit(3.0, "Osaka"), hit(2.0, "Tokyo")]
+    assert aggregate_answer(units, 25, 1.0, prior=[]).text == "Osaka"
     # Tokyo's passage vote exp(-1) and the memory's 1 outweigh Osaka's 1; the passage's own phrase is shown
-    answer = aggregate_answer(units, 25, 1.0, prior=[({"text": "tokyo", "passage_id": "p2"}, 1.0)])
-    assert answer["text"] == "Tokyo" and answer["support"] == pytest.approx((np.exp(-1) + 1) / (2 + np.exp(-1)))
+    answer = aggregate_answer(units, 25, 1.0, prior=[(Phrase("tokyo", 1.0, "p2.0", 0, 5), 1.0)])
+    assert answer.text == "Tokyo" and answer.support == pytest.approx((np.exp(-1) + 1) / (2 + np.exp(-1)))
     # a phrase that is no passage's best can win on the memory's votes alone, and too few votes do not
-    kyoto = {"text": "Kyoto", "passage_id": "p2"}
-    assert aggregate_answer(units, 25, 1.0, prior=[(kyoto, 2.0)])["text"] == "Kyoto"
-    assert aggregate_answer(units, 25, 1.0, prior=[(kyoto, 0.5)])["text"] == "Osaka"
+    kyoto = Phrase("Kyoto", 1.0, "p2.0", 0, 5)
+    assert aggregate_answer(units, 25, 1.0, prior=[(kyoto, 2.0)]).text == "Kyoto"
+    assert aggregate_answer(units, 25, 1.0, prior=[(kyoto, 0.5)]).text == "Osaka"
 
 
 def _memory(world, tmp_path, rows, name="memory"):
@@ -1143,34 +1162,34 @@ def test_the_answer_memory_lends_its_answers_where_a_top_passage_holds_them_as_a
     from odqa.common.corpus import PassageStore
     from odqa.retriever.answer_memory import AnswerMemory
     question = "where was alice born"
-    plain = Searcher(index, world["model"], world["corpus"]).search([question], k=3)[0]
-    assert "memory" not in plain
+    plain = searcher_of(index, world["model"], world["corpus"]).search([question], k=3)[0]
+    assert plain.memory is None
     # The memory says alice was born where someone else was, a city the tiny model does not answer.
-    other = next(i for i, n in enumerate(NAMES) if world["born"][n] != plain["answer"]["text"])
+    other = next(i for i, n in enumerate(NAMES) if world["born"][n] != plain.answer.text)
     city = world["born"][NAMES[other]]
     memory = _memory(world, tmp_path, [{"id": "m0", "question": question, "answers": [city.upper()]},
                                        {"id": "m1", "question": "where was carol born", "answers": ["atlantis"]}])
 
     def search(**kw):
-        return Searcher(index, world["model"], world["corpus"],
+        return searcher_of(index, world["model"], world["corpus"],
                         memory=AnswerMemory(memory), **kw).search([question], k=3)[0]
     lent = search(memory_weight=100.0)
-    assert lent["passages"] == plain["passages"]                            # the memory moves no passage
-    nearest = lent["memory"][0]
-    assert (nearest["question"], nearest["answers"]) == (question, [city.upper()]) and nearest["similarity"] > 0.99
+    assert lent.hits == plain.hits                            # the memory moves no passage
+    nearest = lent.memory[0]
+    assert (nearest.question, nearest.answers) == (question, (city.upper(),)) and nearest.similarity > 0.99
     # The answer is the city as that person's passage writes it, an indexed phrase of the passage.
-    answer = lent["answer"]
-    text = PassageStore(world["corpus"])[answer["row"]]["text"]
-    assert answer["text"] == city == text[answer["char_start"]:answer["char_end"]]
-    assert answer["passage_id"] == f"p{other}" or city in {p["phrase"]["text"] for p in plain["passages"]}
+    answer = lent.answer
+    text = {p["id"]: p["text"] for p in PassageStore(world["corpus"])}[answer.passage_id]
+    assert answer.text == city == text[answer.char_start:answer.char_end]
+    assert answer.passage_id == f"p{other}" or city in {h.phrase.text for h in plain.hits}
     # Nothing consulted above the threshold, no weight, or an answer no passage holds: the vote as without it.
-    assert search(memory_weight=100.0, memory_threshold=1.01)["memory"] == []
+    assert search(memory_weight=100.0, memory_threshold=1.01).memory == []
     for kw in ({"memory_weight": 100.0, "memory_threshold": 1.01}, {"memory_weight": 0.0}):
-        assert search(**kw)["answer"]["text"] == plain["answer"]["text"]
+        assert search(**kw).answer.text == plain.answer.text
     atlantis = _memory(world, tmp_path, [{"id": "m0", "question": question, "answers": ["atlantis"]}], "atlantis")
-    s = Searcher(index, world["model"], world["corpus"], memory_weight=100.0,
+    s = searcher_of(index, world["model"], world["corpus"], memory_weight=100.0,
                  memory=AnswerMemory(atlantis))
-    assert s.search([question], k=3)[0]["answer"] == plain["answer"]
+    assert s.search([question], k=3)[0].answer == plain.answer
 
 
 def test_an_answer_memory_of_other_question_encoders_or_corrupt_is_refused(world, index, tmp_path):
@@ -1182,7 +1201,7 @@ def test_an_answer_memory_of_other_question_encoders_or_corrupt_is_refused(world
     assert len(opened) == 1 and opened.question_encoder == question_encoder_hash(world["model"])
     opened.manifest["key"]["question_encoder"] = "another model's"
     with pytest.raises(InputError, match="other question encoders"):
-        Searcher(index, world["model"], world["corpus"], memory=opened)
+        searcher_of(index, world["model"], world["corpus"], memory=opened)
     with pytest.raises(InputError, match="not an answer memory"):
         AnswerMemory(tmp_path / "nowhere")
     with open(memory / "vectors.npy", "ab") as f:
@@ -1220,14 +1239,14 @@ def test_cli_build_memory_then_retrieve_and_run_refuses_to_evaluate_what_the_mem
     assert main(["-q", "retrieve", "--retriever", "bm25", "--questions", str(root / "questions.jsonl"), "--corpus",
                  str(world["corpus"]), "--memory", str(memory), "--out", str(tmp_path / "b.json")]) == 2
     with pytest.raises(InputError, match="holds questions, which this run evaluates"):
-        run(RunArgs(str(tmp_path / "run"), index=str(index), model=str(world["model"]), reader=str(tmp_path),
-                    questions=[str(root / "questions.jsonl")], memory=str(memory)))
+        run(from_flat(RunArgs, dict(out_dir=str(tmp_path / "run"), index=str(index), model=str(world["model"]), reader=str(tmp_path),
+                    questions=[str(root / "questions.jsonl")], memory=str(memory))))
 
 
 def test_the_default_pipelines_memory_comes_with_its_model_only(tmp_path):
     from odqa.common.defaults import record_pipeline
-    from odqa.system.args import SearchParts
-    from odqa.system.pipeline import resolve_parts
+    from odqa.system.args import PipelineParts
+    from odqa.system.pipeline import assemble
     paths = {}
     for name in ("phrase_index", "phrase_model", "memory", "corpus"):
         paths[name] = tmp_path / name
@@ -1235,7 +1254,7 @@ def test_the_default_pipelines_memory_comes_with_its_model_only(tmp_path):
     record_pipeline(paths, by="test")
 
     def filled(**kw):
-        return resolve_parts(SearchParts(**kw))[0].memory
+        return assemble(PipelineParts(**kw), reader=False).parts.memory
     assert filled() == str(paths["memory"].resolve())
     assert filled(no_memory=True) is None
     assert filled(model=str(tmp_path / "other")) is None      # its vectors are the default model's questions

@@ -100,13 +100,13 @@ def test_a_retrieval_cut_short_resumes_its_batches_under_two_ranks(world, tmp_pa
 
 
 def test_dump_phrases_under_two_ranks_builds_the_index_one_process_builds(world, tmp_path):
-    from odqa.retriever.phrase_index import build_index
+    from search_helpers import index_of
     args = ["dump-phrases", "--model", str(world["phrase"]), "--corpus", str(world["corpus"]), "--chunk-passages", "2"]
     torchrun([*args, "--out", str(tmp_path / "dump2")], nproc=2)
     assert sorted(p.name for p in (tmp_path / "dump2").iterdir()) == ["shard-001-of-002", "shard-002-of-002"]
     assert main([*args, "--out", str(tmp_path / "dump1")]) == 0
     for n in (1, 2):
-        build_index(tmp_path / f"dump{n}", tmp_path / f"index{n}", world["corpus"], factory="Flat")
+        index_of(tmp_path / f"dump{n}", tmp_path / f"index{n}", world["corpus"], factory="Flat")
     for name in ("start.faiss", "end.faiss"):
         assert (tmp_path / "index2" / name).read_bytes() == (tmp_path / "index1" / name).read_bytes(), name
     with np.load(tmp_path / "index1" / "meta.npz") as a, np.load(tmp_path / "index2" / "meta.npz") as b:
@@ -151,9 +151,10 @@ def test_build_index_under_two_ranks_writes_the_codes_one_process_writes(tmp_pat
 
 
 def test_build_doc_index_under_two_ranks_writes_the_index_one_process_writes(world, tmp_path):
-    from odqa.retriever.doc_encoder import DocEncoder, DocEncoderConfig
+    from odqa.retriever.args import DocEncoderConfig
+    from odqa.retriever.doc_encoder import DocEncoder
     from odqa.retriever.lm import load_tokenizer
-    DocEncoder(DocEncoderConfig(str(world["bert"]), max_doc_tokens=64)).save_pretrained(
+    DocEncoder(DocEncoderConfig(encoder=str(world["bert"]), max_doc_tokens=64)).save_pretrained(
         tmp_path / "doc", load_tokenizer(world["bert"]))
     args = ["build-doc-index", "--model", str(tmp_path / "doc"), "--corpus", str(world["corpus"])]
     torchrun([*args, "--out", str(tmp_path / "one")], nproc=1)

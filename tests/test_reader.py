@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from loop_checks import assert_reported
-from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses
+from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses, read_file
 from tiny_data import CODE_NAMES as NAMES
 from tiny_data import HOBBIES, TINY_DOCS, code_world, write_jsonl
 from tiny_models import make_tiny_t5
@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from odqa.common.corpus import build_corpus
 from odqa.common.io import InputError
+from odqa.common.settings import from_flat
 from odqa.common.trainer import deepspeed_config
 from odqa.reader.args import LoopArgs
 from odqa.reader.cloze import salient_spans
@@ -26,7 +27,7 @@ from odqa.reader.fid import FiDT5
 from odqa.reader.fid_data import FiDCollator, load_fid_file
 from odqa.reader.fid_train import ReaderArgs, split_examples, train_reader
 from odqa.reader.pretrain import span_corrupt
-from odqa.reader.read import load_reader, read
+from odqa.reader.read import load_reader
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +131,12 @@ def test_collator_pads_missing_passages_and_keeps_the_best_k(t5, tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     ex = load_fid_file(path)
     assert [t for t, _ in ex[0].passages] == ["b", "a"]          # by score
-    batch = FiDCollator(tok, n_passages=4, text_maxlength=32)(ex)
+    batch = FiDCollator(tok, k=4, text_maxlength=32)(ex)
     assert batch["input_ids"].shape[:2] == (1, 4)
     assert batch["attention_mask"][0, :2].sum() > 0 and batch["attention_mask"][0, 2:].sum() == 0
     # One target, so no padding: the answer's tokens then eos, none masked.
     assert batch["labels"].tolist() == [tok("3").input_ids]
-    labels = FiDCollator(tok, n_passages=4).encode_targets(["3", "the code of bob"])
+    labels = FiDCollator(tok, k=4).encode_targets(["3", "the code of bob"])
     short = tok("3").input_ids
     assert labels[0, :len(short)].tolist() == short and (labels[0, len(short):] == -100).all()
     assert (labels[1] != -100).all()
@@ -211,8 +212,8 @@ def test_deepspeed_config_fills_every_auto(tmp_path):
 # lr 1e-3: over six model seeds it reaches 72-100% EM by step 400 (100% for five); at 3e-3 how soon copying
 # is found depends on the seed (19-100% at step 400), so any change to the vocabulary could fail the test.
 def _args(t5, data, out, **loop):
-    reader = ReaderArgs(model=str(t5), train_file=[str(data / "train.json")], validation_file=str(data / "val.json"),
-                        n_passages=4, text_maxlength=96, answer_maxlength=8)
+    reader = from_flat(ReaderArgs, dict(model=str(t5), train_file=[str(data / "train.json")], validation_file=str(data / "val.json"),
+                        k=4, text_maxlength=96, max_new_tokens=8))
     return reader, LoopArgs(out_dir=str(out), **{"batch_size": 16, "lr": 1e-3, "warmup_steps": 20, **loop})
 
 
@@ -223,8 +224,7 @@ def test_a_tiny_reader_learns_to_find_the_answer_among_k_passages(t5, data, tmp_
     assert_reported(tmp_path / "run", "em")
     assert result["history"][-1]["loss"] < 0.5 * result["history"][0]["loss"]
     assert result["best"]["value"] >= 40.0      # 4x chance
-    summary = read(tmp_path / "run" / "best", data / "val.json", tmp_path / "pred.jsonl", n_passages=4,
-                   text_maxlength=96)
+    summary = read_file(tmp_path / "run" / "best", data / "val.json", tmp_path / "pred.jsonl", k=4, text_maxlength=96)
     assert summary["em"] == pytest.approx(result["best"]["value"])
     lines = [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()]
     assert len(lines) == 100 and {"id", "question", "answers", "prediction"} <= set(lines[0])
@@ -322,7 +322,7 @@ def test_cloze_file_asks_about_a_span_of_one_passage_among_k(tiny_corpus, tmp_pa
         # Distractors come from other documents.
         assert len({c["id"].split("#")[0] for c in row["ctxs"]} & source_docs) == 1
     # train-reader takes it as it is: every training question has its answer among the k passages.
-    train, _ = split_examples(ReaderArgs(model="-", train_file=[str(out)], n_passages=3, validation_percent=0))
+    train, _ = split_examples(from_flat(ReaderArgs, dict(model="-", train_file=[str(out)], k=3, validation_percent=0)))
     assert len(train) == len(rows)
 
 
@@ -371,7 +371,7 @@ def test_pretraining_reports_to_tensorboard(t5, tmp_path):
     from odqa.reader.args import PretrainArgs
     from odqa.reader.pretrain import pretrain_reader
     build_corpus([write_jsonl(tmp_path / "docs.jsonl", TINY_DOCS)], tmp_path / "corpus")
-    pretrain_reader(PretrainArgs(str(t5), str(tmp_path / "corpus"), input_length=32, validation_passages=2,
+    pretrain_reader(PretrainArgs(model=str(t5), corpus=str(tmp_path / "corpus"), input_length=32, validation_passages=2,
                                  eval_batch_size=2),
                     LoopArgs(out_dir=str(tmp_path / "pre"), backend="accelerate", batch_size=2, max_steps=4,
                              eval_steps=2, save_steps=4, warmup_steps=1, log_steps=2, report_to="tensorboard"))

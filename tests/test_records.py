@@ -48,7 +48,7 @@ def test_a_copied_home_answers_with_its_own_files_once_the_original_is_gone(home
                  "--baselines", "none"]) == 0
     assert json.loads((tmp_path / "run" / "report.json").read_text())["rows"]
     run_args = json.loads((tmp_path / "run" / "run_args.json").read_text())
-    assert run_args["model"].startswith(str(copy)) and run_args["reader"].startswith(str(copy))
+    assert run_args["parts"]["model"].startswith(str(copy)) and run_args["parts"]["reader"].startswith(str(copy))
 
     from fastapi.testclient import TestClient
 

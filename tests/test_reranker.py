@@ -13,14 +13,14 @@ from tiny_models import make_tiny_bert
 
 from odqa.common.defaults import default_pipeline, record_pipeline
 from odqa.common.io import InputError
+from odqa.common.settings import from_flat
 from odqa.retriever.args import RerankerTrainArgs
 from odqa.retriever.cross_encoder import CONFIG, CrossEncoder
 from odqa.retriever.cross_encoder_train import load_groups, ranking_metrics, train_reranker
 from odqa.retriever.rerank import standardise
-from odqa.retriever.searcher import Searcher
-from odqa.system.args import SearchParts
+from odqa.system.args import PipelineParts
 from odqa.system.cli import main
-from odqa.system.pipeline import resolve_parts
+from odqa.system.pipeline import assemble
 
 NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar",
          "peggy", "rupert", "sybil", "trent", "victor", "walter", "yvonne", "zoe"]
@@ -123,8 +123,8 @@ def test_what_is_not_a_reranker_checkpoint_is_refused(trained, tmp_path):
                            ('[{"question": "q", "answers": ["a"], "ctxs": []}]', "fewer than one batch")):   # no group
         (trained["root"] / "bad.json").write_text(content)
         with pytest.raises(InputError, match=error):
-            train_reranker(RerankerTrainArgs(train_file=str(trained["root"] / "bad.json"), validation_file=str(trained["val"]),
-                                             out_dir=str(tmp_path / "x"), encoder=str(trained["root"] / "bert")))
+            train_reranker(from_flat(RerankerTrainArgs, dict(train_file=str(trained["root"] / "bad.json"), validation_file=str(trained["val"]),
+                                             out_dir=str(tmp_path / "x"), encoder=str(trained["root"] / "bert"))))
 
 
 def test_groups_keep_questions_with_both_kinds_in_their_top_passages(tmp_path):
@@ -168,41 +168,47 @@ class FixedReranker:
         return np.array([self.scores.get(p["id"], 0.0) for p in passages])
 
 
+def passage_hits(scores) -> list:
+    """Passages p0, p1, ... of a search, with these scores, each showing its phrase "answer i"."""
+    from odqa.common.results import Passage, Phrase
+    from odqa.retriever.results import Hit
+    return [Hit(Passage(id=f"p{i}", title=f"t{i}", text=f"answer {i} here", score=s,
+                        phrase=Phrase(f"answer {i}", s, f"p{i}", 0, 8)), i) for i, s in enumerate(scores)]
+
+
 def test_the_searcher_reorders_its_top_passages_by_both_scores():
-    passages = [{"id": f"p{i}", "score": s, "phrase": {"text": f"answer {i}"}} for i, s in enumerate([9.0, 8.0, 7.5, 7.0, 1.0])]
+    from odqa.retriever.rerank import cross_reranked
+    passages = passage_hits([9.0, 8.0, 7.5, 7.0, 1.0])
     reranker = FixedReranker({"p3": 10.0, "p4": 5.0}, weight=1.0)
-    searcher = SimpleNamespace(reranker=reranker)
-    result = Searcher._cross_rerank(searcher, "q", {"phrases": [], "passages": [dict(p) for p in passages]}, k=3)
-    final = standardise([p["score"] for p in passages]) + standardise([0, 0, 0, 10.0, 5.0])
+    result = cross_reranked(reranker, "q", passages, k=3)
+    final = standardise([h.score for h in passages]) + standardise([0, 0, 0, 10.0, 5.0])
     want = np.argsort(-final, kind="stable")[:3]
-    assert [p["id"] for p in result["passages"]] == [f"p{i}" for i in want] == ["p3", "p0", "p1"]
-    assert [p["score"] for p in result["passages"]] == pytest.approx(final[want].tolist())
-    assert [p["search_score"] for p in result["passages"]] == [7.0, 9.0, 8.0]
-    assert [p["cross_score"] for p in result["passages"]] == [10.0, 0.0, 0.0]
-    assert result["passages"][0]["phrase"]["text"] == "answer 3"     # the extractive answer follows it
-    reranker.weight = 0.0                                            # a weight of 0 keeps the search's order
-    result = Searcher._cross_rerank(searcher, "q", {"phrases": [], "passages": [dict(p) for p in passages]}, k=5)
-    assert [p["id"] for p in result["passages"]] == [p["id"] for p in passages]
+    assert [h.unit.id for h in result] == [f"p{i}" for i in want] == ["p3", "p0", "p1"]
+    assert [h.score for h in result] == pytest.approx(final[want].tolist())
+    assert [h.parts["search_score"] for h in result] == [7.0, 9.0, 8.0]
+    assert [h.parts["cross_score"] for h in result] == [10.0, 0.0, 0.0]
+    assert result[0].phrase.text == "answer 3"     # the extractive answer follows it
+    reranker.weight = 0.0                           # a weight of 0 keeps the search's order
+    assert [h.unit.id for h in cross_reranked(reranker, "q", passages, k=5)] == [h.unit.id for h in passages]
 
 
 def test_a_reranked_retrieval_file_keeps_both_parts_of_each_score():
     from odqa.common.questions import Question
+    from odqa.retriever.rerank import cross_reranked
+    from odqa.retriever.results import SearchResult
     from odqa.retriever.retrieve import retrieve_phrases
-    passages = [{"id": f"p{i}", "row": i, "title": f"t{i}", "text": f"answer {i} here", "score": s,
-                 "phrase": {"text": f"answer {i}", "in_title": False, "char_start": 0, "char_end": 8, "score": s}}
-                for i, s in enumerate([9.0, 8.0, 7.0])]
+    passages = passage_hits([9.0, 8.0, 7.0])
     reranker = FixedReranker({"p2": 10.0}, weight=2.0)
 
     def search(questions, k, unit):
-        holder = SimpleNamespace(reranker=reranker)
-        return [Searcher._cross_rerank(holder, q, {"phrases": [], "passages": [dict(p) for p in passages]}, k)
-                for q in questions]
+        hits = cross_reranked(reranker, questions[0], passages, k)
+        return [SearchResult("passage", [], hits, answer=hits[0].phrase)]
     entry, = retrieve_phrases(SimpleNamespace(search=search), [Question("q0", "which", ["answer 2"])], k=3)
     assert [c["id"] for c in entry["ctxs"]] == ["p2", "p0", "p1"] and entry["prediction"] == "answer 2"
     assert [c["search_score"] for c in entry["ctxs"]] == [7.0, 9.0, 8.0]
     assert [c["cross_score"] for c in entry["ctxs"]] == [10.0, 0.0, 0.0]
     assert entry["ctxs"][0]["has_answer"] and not entry["ctxs"][1]["has_answer"]
-    plain = retrieve_phrases(SimpleNamespace(search=lambda qs, k, unit: [{"phrases": [], "passages": passages}]),
+    plain = retrieve_phrases(SimpleNamespace(search=lambda qs, k, unit: [SearchResult("passage", [], passages)]),
                              [Question("q0", "which", ["answer 2"])], k=3)[0]
     assert "search_score" not in plain["ctxs"][0] and "cross_score" not in plain["ctxs"][0]
 
@@ -215,7 +221,7 @@ def test_the_default_pipelines_reranker_is_used_unless_a_flag_says_otherwise(tmp
     record_pipeline(paths, by="test")
 
     def reranker(**kw):
-        return resolve_parts(SearchParts(**kw))[0].reranker
+        return assemble(PipelineParts(**kw), reader=False).parts.reranker
 
     assert reranker() == str(paths["reranker"].resolve())
     assert reranker(no_reranker=True) is None

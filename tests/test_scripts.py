@@ -117,8 +117,10 @@ def test_bench_prefilter_searches_its_synthetic_index_both_ways(monkeypatch, cap
     rng = np.random.default_rng(0)
     s = bench.synthetic_searcher(400, 10, 16, 32, rng)
     qs, qe = (rng.standard_normal((3, 32), dtype=np.float32) for _ in range(2))
-    every = s.phrases_in_documents(qs, qe, np.tile(np.arange(40), (3, 1)))     # every document: exact
-    hits = s.search_phrases(qs, qe, 20)
+    from odqa.retriever.phrase_search import id_ranges
+    a = s.artifacts
+    every = [s.every_phrase(q, e, id_ranges(a.doc_vec_start, a.doc_vec_end)) for q, e in zip(qs, qe)]   # exact
+    hits = s.mips(qs, qe, 20)
     for exact, found in zip(every, hits):
         assert len(exact) == 400 * 16 and found.score[0] <= exact.score[0] + 1e-4
     monkeypatch.setattr("sys.argv", ["bench_prefilter", "--passages", "400", "--top-docs", "5", "--k", "10",
@@ -128,13 +130,14 @@ def test_bench_prefilter_searches_its_synthetic_index_both_ways(monkeypatch, cap
 
 
 def test_bench_build_memory_writes_a_dump_that_build_index_reads(tmp_path):
+    from search_helpers import index_of
+
     from odqa.retriever.phrase_dump import read_dump
-    from odqa.retriever.phrase_index import build_index
     bench = _script("bench_build_memory")
     dump, corpus, dump_bytes = bench.synthetic_dump(tmp_path, 300, 5, 8, chunk_passages=64)
     arrays, summary = read_dump(dump, corpus)
     assert len(arrays["token"]) == 1500 and dump_bytes > 1500 * 8 * 2 * 2
-    m = build_index(dump, tmp_path / "index", corpus, factory="Flat", keep=0.2)
+    m = index_of(dump, tmp_path / "index", corpus, factory="Flat", keep=0.2)
     assert m["vectors"] == pytest.approx(300, abs=2) and m["passages"] == 300
 
 

@@ -10,16 +10,18 @@ from tiny_data import TINY_QUESTIONS, write_jsonl
 from tiny_models import make_tiny_system
 
 import odqa
-from odqa.retriever.searcher import Searcher
-from odqa.system.pipeline import Pipeline
+from odqa.common.settings import from_flat
+from odqa.system.args import PipelineParts
+from odqa.system.pipeline import Pipeline, assemble
 from odqa.system.serve import create_app
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory):
     world = make_tiny_system(tmp_path_factory.mktemp("system"))
-    searcher = Searcher(world["index"], world["phrase"], world["corpus"])
-    return {"root": world["root"], "corpus": world["corpus"], "pipeline": Pipeline.load(searcher, world["t5"])}
+    parts = PipelineParts(index=str(world["index"]), model=str(world["phrase"]), corpus=str(world["corpus"]),
+                          reader=str(world["t5"]))
+    return {"root": world["root"], "corpus": world["corpus"], "pipeline": assemble(parts, record=None).loaded()}
 
 
 def test_pipeline_returns_both_answers_and_the_passages(system):
@@ -40,11 +42,12 @@ def test_pipeline_returns_both_answers_and_the_passages(system):
 def test_phrase_decoding_answers_with_a_passage_phrase_or_the_spans_answer(system):
     """`--decoding phrases` through the pipeline, on its T5 reader: the generated answer is the spans
     answer or one of the k passages' best phrases."""
-    from odqa.system.pipeline import ReaderSettings
+    from odqa.reader.args import ReaderSettings
     base = system["pipeline"]
     questions = [q["question"] for q in TINY_QUESTIONS[:4]]
     spans = base.answer(questions, k=3)
-    fused = Pipeline(base.searcher, base.model, base.tokenizer, ReaderSettings(decoding="phrases")).answer(questions, k=3)
+    fused = Pipeline(base.parts, base.search_config, ReaderSettings(decoding="phrases"), searcher=base.searcher,
+                     reader=base.reader).answer(questions, k=3)
     for s, f in zip(spans, fused):
         assert f["generated"] == s["generated"] or f["generated"] in [p["phrase"]["text"] for p in f["passages"]]
 
@@ -80,7 +83,7 @@ def test_a_request_may_change_settings_within_the_servers_limits(system):
         assert first.status_code == 200, first.text
         body = first.json()
         assert body["extractive"]["text"] == body["passages"][0]["phrase"]["text"]    # no vote: the first phrase
-        assert system["pipeline"].searcher.config.answer_depth != 1                 # the server's own are unchanged
+        assert system["pipeline"].searcher.config.answer.answer_depth != 1                 # the server's own are unchanged
         for bad, said in (({"depth": 1}, "not request settings: depth"), ({"nprobe": 8}, "not request settings: nprobe"),
                           ({"answer_depth": 0}, "--answer-depth: must be at least 1"),
                           ({"answer_depth": SETTING_LIMITS["answer_depth"] + 1}, "over this server's limits"),
@@ -94,9 +97,11 @@ def test_a_reader_error_is_a_500_and_the_server_keeps_serving(system, monkeypatc
     with TestClient(create_app(pipeline)) as client:
         def broken(*a, **k):
             raise RuntimeError("reader exploded")
-        monkeypatch.setattr(pipeline, "model", type("Broken", (), {"generate": broken, "get_encoder": lambda self: broken, "training": False,
-                                                                   "generation_config": pipeline.model.generation_config,
-                                                                   "eval": lambda self: self, "train": lambda self, m: self})())
+        model, tokenizer = pipeline.reader
+        monkeypatch.setattr(pipeline, "_reader", (type("Broken", (), {
+            "generate": broken, "get_encoder": lambda self: broken, "training": False,
+            "generation_config": model.generation_config, "eval": lambda self: self,
+            "train": lambda self, m: self})(), tokenizer))
         r = client.post("/answer", json={"question": "how tall is mount everest"})
         assert r.status_code == 500 and "reader exploded" in r.json()["detail"]
         monkeypatch.undo()
@@ -554,17 +559,17 @@ def test_a_run_with_other_arguments_never_leaves_the_old_report_beside_its_files
     questions = write_jsonl(tmp_path / "q.jsonl", TINY_QUESTIONS)
 
     def args(limit):
-        return RunArgs(str(tmp_path / "run"), questions=[str(questions)], k=[2], limit=limit, baselines=["none"],
+        return from_flat(RunArgs, dict(out_dir=str(tmp_path / "run"), questions=[str(questions)], k=[2], limit=limit, baselines=["none"],
                        index=str(root / "index"), model=str(root / "phrase"), reader=str(root / "t5"),
-                       corpus=str(system["corpus"]), no_prefilter=True, no_reranker=True, no_memory=True)
+                       corpus=str(system["corpus"]), no_prefilter=True, no_reranker=True, no_memory=True))
     run(args(4))
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["rows"] and (tmp_path / "run" / "report.md").exists()
 
     def cut(*a, **k):
         raise InputError("cut short")
-    monkeypatch.setattr("odqa.system.run.read_with_ks", cut)
+    monkeypatch.setattr("odqa.system.run.read", cut)
     with pytest.raises(InputError, match="cut short"):
         run(args(2))
     assert not (tmp_path / "run" / "report.json").exists() and not (tmp_path / "run" / "report.md").exists()
-    assert json.loads((tmp_path / "run" / "run_args.json").read_text())["limit"] == 2
+    assert json.loads((tmp_path / "run" / "run_args.json").read_text())["evaluation"]["limit"] == 2

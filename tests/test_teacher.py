@@ -11,6 +11,7 @@ from test_phrase_retriever import planted_world
 from tiny_models import make_tiny_bert
 
 from odqa.common.io import InputError
+from odqa.common.settings import from_flat
 from odqa.retriever.args import TeacherTrainArgs
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_data import encode_passages, encode_questions
@@ -24,10 +25,10 @@ from odqa.retriever.teacher_train import train as train_teacher
 def taught(tmp_path_factory):
     root = tmp_path_factory.mktemp("teacher")
     corpus, born, encoder = planted_world(root)
-    result = train_teacher(TeacherTrainArgs(
+    result = train_teacher(from_flat(TeacherTrainArgs, dict(
         train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
         out_dir=str(root / "teacher"), encoder=str(encoder), epochs=25, batch_size=4, lr=2e-3,
-        max_passage_tokens=64, max_question_tokens=16, report_to="tensorboard"))
+        max_passage_tokens=64, max_question_tokens=16, report_to="tensorboard")))
     return {"root": root, "encoder": encoder, "teacher": root / "teacher" / "best", "result": result}
 
 
@@ -83,10 +84,10 @@ def test_distillation_pulls_the_phrase_model_towards_the_teacher(taught, tmp_pat
     root = taught["root"]
 
     def run(out, teacher, coef=1.0):
-        train_phrase(PhraseTrainArgs(
+        train_phrase(from_flat(PhraseTrainArgs, dict(
             train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
             out_dir=str(out), encoder=str(taught["encoder"]), epochs=6, batch_size=4, lr=2e-3, pre_batch=0,
-            max_passage_tokens=64, max_question_tokens=16, teacher=teacher, distill_coef=coef, log_steps=1))
+            max_passage_tokens=64, max_question_tokens=16, teacher=teacher, distill_coef=coef, log_steps=1)))
         history = json.loads((out / "checkpoint" / "trainer_state.json").read_text())["history"]
         return [h.get("start_distill", np.nan) + h.get("end_distill", np.nan) for h in history]
 
@@ -102,10 +103,10 @@ def test_a_teacher_with_another_vocabulary_is_refused(taught, tmp_path):
     other = make_tiny_bert(tmp_path / "other", ["an entirely different vocabulary"])
     root = taught["root"]
     with pytest.raises(InputError, match="vocabulary"):
-        train_phrase(PhraseTrainArgs(
+        train_phrase(from_flat(PhraseTrainArgs, dict(
             train_file=str(root / "sup" / "train.jsonl"), validation_file=str(root / "sup" / "validation.jsonl"),
             out_dir=str(tmp_path / "m"), encoder=str(other), epochs=1, batch_size=4,
-            max_passage_tokens=64, max_question_tokens=16, teacher=str(taught["teacher"])))
+            max_passage_tokens=64, max_question_tokens=16, teacher=str(taught["teacher"]))))
 
 
 def test_a_joint_input_longer_than_the_teachers_positions_is_refused(taught):

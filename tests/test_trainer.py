@@ -44,8 +44,8 @@ def test_a_resume_may_change_how_long_it_trains_and_nothing_it_trains_on(tmp_pat
     write_json(record, settings)
     check_resumed_settings(record, {**settings, "resume": True, "epochs": 5, "max_steps": 9, "eval_steps": 3,
                                     "save_steps": 2, "log_steps": 1, "deepspeed_config": "moved/zero2.json"})
-    with pytest.raises(InputError, match=r"train_args.json was written by a run with other settings \(lr 0.001 "
-                                         r"there, 0.01 here; seed 13 there, 7 here\)"):
+    with pytest.raises(InputError, match=r"train_args.json was written by a run with other settings \(seed 13 there, "
+                                         r"7 here; lr 0.001 there, 0.01 here\)"):
         check_resumed_settings(record, {**settings, "lr": 1e-2, "seed": 7})
     # A path typed another way is the same setting; another path, or one that names nothing, is not.
     (tmp_path / "data").mkdir()

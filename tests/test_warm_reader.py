@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses
+from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses, generated, read_file
 from safetensors import safe_open
 from tiny_data import CODE_NAMES, HOBBIES, code_world
 from tiny_models import make_tiny_bert
@@ -14,11 +14,12 @@ from transformers import AutoTokenizer, EncoderDecoderModel
 
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import is_echo
-from odqa.reader.args import LoopArgs
+from odqa.common.settings import from_flat, updated
+from odqa.reader.args import LoopArgs, ReaderSettings
 from odqa.reader.fid import FiDEncoderDecoder
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
 from odqa.reader.fid_train import ReaderArgs, train_reader
-from odqa.reader.read import generate_answers, generate_answers_by_k, load_reader, read
+from odqa.reader.read import generate, load_reader
 from odqa.reader.spans import PassageSpans
 from odqa.reader.warm_start import decoder_layer_sources, init_warm_reader
 
@@ -144,16 +145,16 @@ def test_constrained_answers_are_always_spans_of_the_passages(b2b):
         examples.append(FiDExample(str(i), "what is the code of bob ?", [],
                                    [(words[p[0]].title(), " ".join(words[j] for j in p[1:])) for p in pick]))
     for beams in (1, 3):
-        answers = generate_answers(model, tok, examples, 3, batch_size=4, text_maxlength=32, max_new_tokens=6,
-                                   num_beams=beams, progress=False, decoding="spans")
+        answers = generated(model, tok, examples, 3, batch_size=4, text_maxlength=32, max_new_tokens=6,
+                                   num_beams=beams, decoding="spans")
         for ex, a in zip(examples, answers):
             assert a and any(a in t or a in p for t, p in ex.passages), (a, ex.passages)
             assert a.split()[0].lower() not in ("the", "a", "an")
-    free = generate_answers(model, tok, examples, 3, batch_size=4, text_maxlength=32, max_new_tokens=6,
-                            progress=False, decoding="free")
+    free = generated(model, tok, examples, 3, batch_size=4, text_maxlength=32, max_new_tokens=6,
+                     decoding="free")
     assert len(free) == len(examples)
     with pytest.raises(InputError, match="decoding"):
-        generate_answers(model, tok, examples, 3, decoding="beam-me-up")
+        generated(model, tok, examples, 3, decoding="beam-me-up")
 
 
 def test_answers_that_repeat_the_question_are_decoded_again(b2b_pointer):
@@ -167,9 +168,9 @@ def test_answers_that_repeat_the_question_are_decoded_again(b2b_pointer):
     for i in range(24):
         x, y, other = [words[j] for j in torch.randperm(len(words), generator=g)[:3].tolist()]
         examples.append(FiDExample(str(i), f"what is {x} {y} ?", [], [("", f"{x} {y} {other} {y}"), ("", f"{y} {x}")]))
-    kept = generate_answers(model, tok, examples, 2, batch_size=8, text_maxlength=32, max_new_tokens=4,
+    kept = generated(model, tok, examples, 2, batch_size=8, text_maxlength=32, max_new_tokens=4,
                             progress=False, refuse_echoes=False)
-    refused = generate_answers(model, tok, examples, 2, batch_size=8, text_maxlength=32, max_new_tokens=4,
+    refused = generated(model, tok, examples, 2, batch_size=8, text_maxlength=32, max_new_tokens=4,
                                progress=False)
     echoes = [is_echo(a, ex.question) for a, ex in zip(kept, examples)]
     assert 0 < sum(echoes) < len(examples)
@@ -189,17 +190,16 @@ def test_several_k_from_one_encoder_pass_equal_separate_reads(b2b, b2b_pointer, 
             model.passage_scorer.weight.normal_(0, 1.0)
     examples = [FiDExample(str(i), w["question"], w["answers"], [(c["title"], c["text"]) for c in w["ctxs"]])
                 for i, w in enumerate(code_world(10, 4, 2))]
-    by_k = generate_answers_by_k(model, tok, examples, [4, 1, 2], batch_size=4, text_maxlength=32, max_new_tokens=4,
-                                 progress=False)
+    by_k = generate(model, tok, examples, [4, 1, 2], ReaderSettings(batch_size=4, text_maxlength=32, max_new_tokens=4))
     assert list(by_k) == [1, 2, 4]
     for k, answers in by_k.items():
-        assert answers == generate_answers(model, tok, examples, k, batch_size=4, text_maxlength=32, max_new_tokens=4,
+        assert answers == generated(model, tok, examples, k, batch_size=4, text_maxlength=32, max_new_tokens=4,
                                            progress=False)
 
 
 def _args(model, data, out, **loop):
-    reader = ReaderArgs(model=str(model), train_file=[str(data / "train.json")], validation_file=str(data / "val.json"),
-                        n_passages=4, text_maxlength=48, answer_maxlength=6, max_validation=100)
+    reader = from_flat(ReaderArgs, dict(model=str(model), train_file=[str(data / "train.json")], validation_file=str(data / "val.json"),
+                        k=4, text_maxlength=48, max_new_tokens=6, max_validation_examples=100))
     return reader, LoopArgs(out_dir=str(out), **{"batch_size": 16, "lr": 1e-3, "warmup_steps": 20, **loop})
 
 
@@ -208,8 +208,7 @@ def test_a_tiny_warm_started_reader_learns_to_find_the_answer_among_k_passages(b
     result = train_reader(*_args(b2b, data, tmp_path / "run", max_steps=300, eval_steps=150, save_steps=300))
     assert result["history"][-1]["loss"] < 0.5 * result["history"][0]["loss"]
     assert result["best"]["value"] >= 40.0
-    summary = read(tmp_path / "run" / "best", data / "val.json", tmp_path / "pred.jsonl", n_passages=4,
-                   text_maxlength=48)
+    summary = read_file(tmp_path / "run" / "best", data / "val.json", tmp_path / "pred.jsonl", k=4, text_maxlength=48)
     assert summary["em"] == pytest.approx(result["best"]["value"])
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["deepspeed"]["zero_optimization"]["stage"] == 2
 
@@ -352,10 +351,11 @@ def test_span_loss_is_a_softmax_over_what_span_decoding_may_choose(b2b):
 
 
 def test_an_unknown_decoding_is_refused_before_training(b2b, data, tmp_path):
+    """Refused when the settings are made, from flags or in Python: before any model loads."""
     reader, loop = _args(b2b, data, tmp_path / "bad", max_steps=3)
-    reader.decoding = "beam-me-up"
-    with pytest.raises(InputError, match="--decoding"):
-        train_reader(reader, loop)
+    for bad in ("beam-me-up", "phrases"):   # phrases: validation reads files without phrase scores
+        with pytest.raises(InputError, match="--decoding"):
+            updated(reader, decoding=bad)
     assert not (tmp_path / "bad").exists()
 
 
@@ -440,7 +440,7 @@ def test_the_reader_reads_under_bfloat16_autocast_where_the_dtype_says(b2b_prior
     for env in ("float32", "bfloat16"):
         monkeypatch.setenv("ODQA_SEARCH_DTYPE", env)
         seen.clear()
-        read[env] = generate_answers(model, tok, examples, 4, batch_size=4, text_maxlength=96, max_new_tokens=6,
+        read[env] = generated(model, tok, examples, 4, batch_size=4, text_maxlength=96, max_new_tokens=6,
                                      progress=False)
         assert set(seen) == {torch.bfloat16 if env == "bfloat16" else None}
         for ex, a in zip(examples, read[env]):

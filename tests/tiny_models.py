@@ -40,21 +40,22 @@ def make_tiny_t5(out: Path, texts: list[str], vocab_size: int = 160, d_model: in
 def make_tiny_system(root: Path) -> dict:
     """The tiny corpus (tiny_data's documents), an untrained phrase model over a tiny BERT, its dump
     and index, and a tiny T5 reader, under `root`: what the system's commands run on."""
+    from search_helpers import index_of
     from tiny_data import TINY_DOCS, TINY_QUESTIONS, write_jsonl
 
     from odqa.common.corpus import PassageStore, build_corpus
+    from odqa.retriever.args import PhraseModelConfig
     from odqa.retriever.lm import load_tokenizer
     from odqa.retriever.phrase_dump import dump_phrases
-    from odqa.retriever.phrase_index import build_index
-    from odqa.retriever.phrase_model import DensePhraseModel, PhraseModelConfig
+    from odqa.retriever.phrase_model import DensePhraseModel
     corpus = root / "corpus"
     build_corpus([write_jsonl(root / "docs.jsonl", TINY_DOCS)], corpus)
     texts = [p["title"] + " " + p["text"] for p in PassageStore(corpus)] + [q["question"] for q in TINY_QUESTIONS]
     bert = make_tiny_bert(root / "bert", texts)
-    DensePhraseModel(PhraseModelConfig(str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase",
+    DensePhraseModel(PhraseModelConfig(encoder=str(bert), max_passage_tokens=64)).save_pretrained(root / "phrase",
                                                                                        load_tokenizer(bert))
     dump_phrases(root / "phrase", corpus, root / "dump")
-    build_index(root / "dump", root / "index", corpus)
+    index_of(root / "dump", root / "index", corpus)
     make_tiny_t5(root / "t5", texts * 4, vocab_size=300)
     return {"root": root, "corpus": corpus, "bert": bert, "phrase": root / "phrase", "index": root / "index",
             "t5": root / "t5"}

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from odqa.common.settings import flag_of, range_error, read_settings_file, writes_error
+from odqa.common.settings import flag_of, from_flat, is_section, leaves, range_error, read_settings_file, writes_error
 
 REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
 
@@ -26,6 +26,30 @@ class Deprecated(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class DeprecatedSwitch(argparse.Action):
+    """An old spelling of a switch (and its --no- form): it still sets the value, and says which to use."""
+
+    def __init__(self, option_strings, dest, use: str, value: bool, **kwargs):
+        self.use, self.value = use, value
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"odqa: warning: {option_string} is deprecated and goes in {REMOVED_IN}; use {self.use}", file=sys.stderr)
+        setattr(namespace, self.dest, self.value)
+
+
+def add_switch(p: argparse.ArgumentParser, flag: str, aliases, **kwargs) -> None:
+    """A switch (--flag / --no-flag), plus hidden old spellings of it and of its --no- form."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(flag, **kwargs)
+    for old in aliases:
+        group.add_argument(old, action=DeprecatedSwitch, use=flag, value=True, dest=kwargs["dest"],
+                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        if kwargs.get("action") is argparse.BooleanOptionalAction:
+            group.add_argument("--no-" + old[2:], action=DeprecatedSwitch, use="--no-" + flag[2:], value=False,
+                               dest=kwargs["dest"], default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def add_flag(p: argparse.ArgumentParser, flag: str, aliases=(), required: bool = False, **kwargs) -> None:
     """p.add_argument(flag, ...), plus hidden old spellings (`aliases`) of the same setting."""
     if not aliases:
@@ -38,26 +62,55 @@ def add_flag(p: argparse.ArgumentParser, flag: str, aliases=(), required: bool =
                            nargs=kwargs.get("nargs"), default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = None, unset: bool = False) -> None:
-    """One flag per field of a settings dataclass (--field-name, the field's metadata "flag", or a
-    positional argument), with the field's metadata "help"; `defaults` overrides field defaults that
-    depend on $ODQA_HOME. With `unset`, a flag not given parses as None, so that `dataclass_from_args`
-    can tell it from one given (the help still shows the field's default)."""
-    defaults = defaults or {}
+def leaf_defaults(cls) -> dict:
+    """Each flat name of `cls`'s tree and its default there (a section's field: the section's default's
+    value, which may differ from the field's class default), `dataclasses.MISSING` where it has none."""
+    out = {}
     for f in dataclasses.fields(cls):
+        if is_section(f):
+            holder = f.default_factory()
+            for name, at, _ in leaves(f.metadata["section"], f.metadata["rename"]):
+                value = holder
+                for part in at:
+                    value = getattr(value, part)
+                out[name] = value
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = dataclasses.MISSING
+    return out
+
+
+def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = None, unset: bool = False,
+                       only=None) -> None:
+    """One flag per setting of a settings dataclass, its sections' too (--field-name, the field's
+    metadata "flag", a section's renamed flat name, or a positional argument), with the field's
+    metadata "help"; `defaults` overrides defaults that depend on $ODQA_HOME. With `unset`, a flag not
+    given parses as None, so that `dataclass_from_args` can tell it from one given (the help still
+    shows the default). `only(field)`: whether a field of `cls` itself is a flag here (the recipe's
+    fields that `odqa demo` takes)."""
+    defaults, base = defaults or {}, leaf_defaults(cls)
+    for name, _, f in leaves(cls):
+        if only is not None and not only(f):
+            continue
         meta = f.metadata
-        flag = flag_of(f)
-        default = defaults.get(f.name, f.default)
-        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        required = default is dataclasses.MISSING
+        flag = flag_of(f, name)
+        default = defaults.get(name, base[name])
+        # an input the command gives no default of its own (a `defaults` entry, None too) must be named
+        required = name not in defaults and (default is dataclasses.MISSING or (meta.get("required") and default is None))
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         help_ = meta.get("help", "")
         if kind.startswith("bool"):
             # A setting named as a negation (--no-reranker) is a plain switch: its --no- form would read --no-no-reranker.
             action = "store_true" if flag.startswith("--no-") and not default else argparse.BooleanOptionalAction
-            p.add_argument(flag, dest=f.name, action=action, help=help_,
+            if meta.get("aliases"):
+                add_switch(p, flag, meta["aliases"], dest=name, action=action, help=help_,
                            default=None if unset or default is None else bool(default))
+            else:
+                p.add_argument(flag, dest=name, action=action, help=help_,
+                               default=None if unset or default is None else bool(default))
             continue
         shown = "" if required or default is None else \
             f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
@@ -73,7 +126,7 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         if meta.get("positional"):   # named in its errors and usage as itself, not as a metavar
             p.add_argument(flag, type=conv, nargs=nargs, help=help_, **{k: v for k, v in choices.items() if k != "metavar"})
             continue
-        add_flag(p, flag, meta.get("aliases", ()), required=required, dest=f.name, type=conv, nargs=nargs,
+        add_flag(p, flag, meta.get("aliases", ()), required=required, dest=name, type=conv, nargs=nargs,
                  default=None if required or unset else default, help=help_ + shown, **choices)
 
 
@@ -109,16 +162,23 @@ def _converted(conv, text: str):
 
 
 def dataclass_from_args(cls, args, defaults: dict | None = None):
-    """`cls` of the parsed flags; a field whose flag parsed as None (not given, under `unset`) takes its
-    value from `defaults` (a pipeline record's settings), else keeps the field's default."""
-    values, defaults = {}, defaults or {}
-    for f in dataclasses.fields(cls):
-        value = getattr(args, f.name)
-        if value is None and f.name in defaults:
-            values[f.name] = defaults[f.name]
-        elif value is not None or f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            values[f.name] = value   # a required field that a command's own default left None stays None
-    return cls(**values)
+    """`cls` of the parsed flags (its sections' too, by flat name); a setting whose flag parsed as None
+    (not given, under `unset`) takes its value from `defaults` (a pipeline record's settings), else
+    keeps its default."""
+    values, defaults, base = {}, defaults or {}, leaf_defaults(cls)
+    for name, _, f in leaves(cls):
+        value = getattr(args, name, None)
+        if value is None and name in defaults:
+            values[name] = defaults[name]
+        elif value is not None or base[name] is dataclasses.MISSING:
+            values[name] = value   # a required field that a command's own default left None stays None
+    return from_flat(cls, values)
+
+
+def given(cls, args) -> dict:
+    """The settings of `cls` (flat names) whose flags were given: those a command's `unset` flags did
+    not parse as None."""
+    return {name: getattr(args, name) for name, _, _ in leaves(cls) if getattr(args, name, None) is not None}
 
 
 def command(parent, name: str, func, loads_checkpoints: bool | Callable[[argparse.Namespace], bool] = False,

@@ -20,7 +20,7 @@ def cmd_corpus_build(args) -> None:
     from odqa.common.corpus import build_corpus
     from odqa.common.paths import default_corpus, default_documents
     inputs = args.input or [default_documents()]
-    info = build_corpus(inputs, args.out or default_corpus(), fmt=args.format, max_words=args.max_words)
+    info = build_corpus(inputs, args.out or default_corpus(), fmt=args.input_format, max_words=args.max_words)
     print(f"{info['passages']} passages from {info['documents']} documents -> {args.out or default_corpus()}")
 
 

@@ -17,9 +17,9 @@ LAUNCH = ("Runs as one process as is; for several, launch with `deepspeed`, `tor
           "on `-m odqa.system.cli ...`.")
 
 
-def default_reader_dir(preset: str) -> Path:
+def default_reader_dir(shape: str) -> Path:
     from odqa.common.paths import odqa_home
-    return odqa_home() / "readers" / f"t5-{preset}-init"
+    return odqa_home() / "readers" / f"t5-{shape}-init"
 
 
 def default_warm_reader_dir() -> Path:
@@ -41,10 +41,10 @@ def cmd_reader_init(args) -> None:
     from odqa.common.paths import default_corpus
     from odqa.reader.t5_init import init_reader, passage_text
     store = PassageStore(args.corpus or default_corpus())
-    out = args.out or default_reader_dir(args.preset)
-    info = init_reader((passage_text(p) for p in store), out, args.preset, args.vocab_size, args.seed)
+    out = args.out or default_reader_dir(args.shape)
+    info = init_reader((passage_text(p) for p in store), out, args.shape, args.vocab_size, args.seed)
     store.close()
-    print(f"{args.preset} T5: {info['parameters']:,} parameters, {info['vocab_size']:,}-token SentencePiece "
+    print(f"{args.shape} T5: {info['parameters']:,} parameters, {info['vocab_size']:,}-token SentencePiece "
           f"vocabulary (100 sentinels) -> {out}")
 
 
@@ -53,7 +53,7 @@ def cmd_reader_cloze(args) -> None:
     from odqa.reader.cloze import write_cloze_file
     args.corpus = str(args.corpus or default_corpus())
     info = write_cloze_file(dataclass_from_args(ClozeArgs, args))
-    print(f"{info['questions']} cloze questions from {info['passages']} passages, {args.passages} passages each "
+    print(f"{info['questions']} cloze questions from {info['passages']} passages, {args.k} passages each "
           f"-> {args.out}")
 
 
@@ -77,14 +77,14 @@ def cmd_train_reader(args) -> None:
 
 
 def cmd_read(args) -> None:
+    from odqa.common.device import pick_device
     from odqa.common.ranks import current, parts_beside
-    from odqa.reader.read import read
+    from odqa.reader.read import load_reader, read
     # Under a launcher each rank reads its share of the questions; a killed run resumes its batches.
-    s = ReaderSettings.of(args)
-    r = read(args.model, args.input, args.out, n_passages=args.k, batch_size=s.batch_size,
-             text_maxlength=s.text_maxlength, max_new_tokens=s.max_new_tokens, num_beams=s.num_beams,
-             limit=args.limit, decoding=s.decoding, parts=parts_beside(args.out), key=stage_key(args),
-             tokenizer_path=args.tokenizer)
+    device = pick_device()
+    model, tokenizer = load_reader(args.model, device, args.tokenizer)
+    r = read(model, tokenizer, args.input, {args.k: args.out}, dataclass_from_args(ReaderSettings, args), device,
+             limit=args.limit, parts=parts_beside(args.out), key=stage_key(args))[args.k]
     if current().main:
         unscored = f"; {r['without_answers']} without answers, left out of EM" if r["without_answers"] else ""
         em = f"EM {r['em']:.2f} on {r['scored']} questions" if r["scored"] else "no question has answers to score"

@@ -4,7 +4,6 @@ that name a phrase index behind its optional document pre-filter, which `ask`, `
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from odqa.common.io import InputError
@@ -19,41 +18,32 @@ from odqa.retriever.args import (
     QueryTrainArgs,
     RerankerTrainArgs,
     RetrieveArgs,
-    SearchConfig,
     TeacherTrainArgs,
     TuneLambdaArgs,
     VerifyArgs,
 )
+from odqa.retriever.search_config import SearchConfig
 from odqa.system.commands.args import (
     add_dataclass_args,
     command,
     config_arg,
     dataclass_from_args,
+    given,
     stage_key,
 )
 
 
-def phrase_searcher(parts, config: SearchConfig, rerank: bool = True):
-    """The searcher of resolved `parts` (`SearchParts`, `odqa.system.pipeline.resolve_parts`), searching
-    by `config`; with `rerank=False`, the search's own order alone: its rerank off whatever was tuned,
-    no reranker, no answer memory."""
-    from odqa.common.paths import default_corpus
-    from odqa.retriever.searcher import open_searcher
-    if not rerank:
-        config = dataclasses.replace(config, lam=0.0, bm25_weight=0.0)
-    return open_searcher(parts.index, parts.model, parts.corpus or default_corpus(), parts.doc_index, parts.doc_model,
-                         config, reranker=parts.reranker if rerank else None, memory=parts.memory if rerank else None)
-
-
-def searched(args, reader: bool = False):
-    """(the resolved parts, the search settings, the reading settings) of a command's parsed flags: the
-    parts not given and the settings not given are the default pipeline's, as its record holds them."""
+def pipeline_of(args, reader: bool = False, **parts):
+    """The `Pipeline` of a command's parsed flags (`odqa.system.pipeline.assemble`): the parts its flags
+    name and the default pipeline's for the others, the record's settings under the settings flags
+    given; `parts` changes the parts named (`no_reranker=True`). Nothing is loaded until it is used."""
     from odqa.reader.args import ReaderSettings
     from odqa.system.args import PipelineParts, SearchParts
-    from odqa.system.pipeline import resolve_parts
-    parts, recorded = resolve_parts(dataclass_from_args(PipelineParts if reader else SearchParts, args), reader=reader)
-    return (parts, dataclass_from_args(SearchConfig, args, recorded),
-            dataclass_from_args(ReaderSettings, args, recorded) if reader else None)
+    from odqa.system.pipeline import assemble
+    named = dataclass_from_args(PipelineParts if reader else SearchParts, args)
+    named = PipelineParts(**{**{k: getattr(named, k) for k in vars(named)}, **parts})
+    overrides = {**given(SearchConfig, args), **(given(ReaderSettings, args) if reader else {})}
+    return assemble(named, overrides=overrides, reader=reader)
 
 
 def search_args(p: argparse.ArgumentParser, reader: bool = False) -> None:
@@ -70,12 +60,13 @@ def cmd_retrieve(args) -> None:
     from odqa.common.questions import load_questions
     from odqa.common.ranks import current, parts_beside
     from odqa.common.retrieval_file import write_results, write_trec
-    from odqa.retriever.bm25 import BM25Index, BM25Params
+    from odqa.retriever.args import BM25Params
+    from odqa.retriever.bm25 import BM25Index
     from odqa.retriever.retrieve import retrieve, retrieve_phrases
     if args.passage_model and args.retriever != "dense":
         raise InputError(f"--passage-model is DPR's context encoder, for --retriever dense, not {args.retriever}")
     if args.retriever == "phrase":
-        parts, config, _ = searched(args)
+        pipeline = pipeline_of(args)   # a missing part is named before any question is read
     elif args.reranker:
         raise InputError(f"--reranker reorders the phrase retriever's passages, not {args.retriever}'s")
     elif args.memory:
@@ -85,11 +76,11 @@ def cmd_retrieve(args) -> None:
     # Under a launcher each rank searches its share of the questions; a killed run resumes its batches.
     split = {"parts": parts_beside(args.out), "key": stage_key(args)}
     if args.retriever == "phrase":
-        entries = retrieve_phrases(phrase_searcher(parts, config), questions, args.k, args.batch_size, **split)
+        entries = retrieve_phrases(pipeline.searcher, questions, args.k, args.batch_size, **split)
     else:
         store = PassageStore(corpus)
         if args.retriever == "bm25":
-            index = BM25Index.open(corpus, BM25Params(k1=args.k1, b=args.b))
+            index = BM25Index.open(corpus, dataclass_from_args(BM25Params, args))
         else:
             from odqa.common.paths import default_encoder
             from odqa.retriever.dense import DenseIndex
@@ -135,10 +126,8 @@ def cmd_dump_phrases(args) -> None:
 
 
 def cmd_train_filter(args) -> None:
-    from odqa.common.paths import default_corpus
     from odqa.retriever.phrase_filter import filter_dir, train_filter
-    info = train_filter(args.dump, args.train_file, args.validation_file, args.corpus or default_corpus(),
-                        hidden=args.hidden, epochs=args.epochs, out=args.out, report_to=args.report_to)
+    info = train_filter(dataclass_from_args(FilterArgs, args))
     print(f"{info['train_tokens']:,} training tokens; answer phrases kept on {info['validation_answerable']} "
           f"validation passages:")
     print("| tokens kept | score threshold | answer phrases kept |")
@@ -149,11 +138,9 @@ def cmd_train_filter(args) -> None:
 
 
 def cmd_build_index(args) -> None:
-    from odqa.common.paths import default_corpus
     from odqa.common.ranks import current
-    from odqa.retriever.phrase_index import build_index
-    m = build_index(args.dump, args.out, args.corpus or default_corpus(), factory=args.factory, keep=args.keep,
-                    filter_path=args.filter, model_filter=args.model_filter, train_size=args.train_size)
+    from odqa.retriever.index_build import build_index
+    m = build_index(dataclass_from_args(BuildIndexArgs, args))
     if current().main:   # under a launcher, once
         print(f"{m['factory']} index of {m['vectors']} vectors ({m['vectors_per_passage']:.1f} per passage), "
               f"{sum(m['bytes'].values()) / 2**20:.1f} MiB, {m['bytes_per_passage']:,.0f} bytes per passage -> {args.out}")
@@ -180,7 +167,7 @@ def cmd_train_doc(args) -> None:
 def cmd_train_reranker(args) -> None:
     from odqa.retriever.cross_encoder_train import train_reranker
     r = train_reranker(dataclass_from_args(RerankerTrainArgs, args))
-    print(f"{r['train_questions']} training questions with both kinds of passage in their top {args.depth}, "
+    print(f"{r['train_questions']} training questions with both kinds of passage in their top {args.rerank_depth}, "
           f"{r['steps']} steps")
     metrics = [k for k in r["retriever"] if k != "questions"]
     print("| validation | " + " | ".join(metrics) + " |")
@@ -215,13 +202,13 @@ def cmd_tune_lambda(args) -> None:
     if args.memory:
         raise InputError("tune-lambda tunes the order of the passages, which the answer memory does not move: "
                          "--memory has no effect here")
-    parts, config, _ = searched(args)
-    searcher = phrase_searcher(parts, config, rerank=False)
+    pipeline = pipeline_of(args, no_reranker=True, no_memory=True)
+    searcher = pipeline.searcher
     if searcher.prefilter is None:
         raise InputError("tune-lambda needs a document pre-filter (--doc-index and --doc-model, or the default "
                          "pipeline's): lambda weighs the document score")
-    result = tune_searcher_lambda(searcher, load_questions(args.questions), args.metric_k, args.limit,
-                                  info={"questions_file": str(args.questions)}, bm25_grid=args.bm25_grid)
+    result = tune_searcher_lambda(searcher, load_questions(args.questions), dataclass_from_args(TuneLambdaArgs, args),
+                                  info={"questions_file": str(args.questions)})
     metric = f"Top-{args.metric_k}"
     table = {(g["lambda"], g["bm25_weight"]): g[metric] for g in result["grid"]}
     lams, mus = sorted({lam for lam, _ in table}), sorted({mu for _, mu in table})
@@ -230,7 +217,7 @@ def cmd_tune_lambda(args) -> None:
     for lam in lams:
         print(f"| {lam:.1f} | " + " | ".join(f"{table[lam, mu]:.2f}" for mu in mus) + " |")
     print(f"best lambda {result['lambda']:.1f}, BM25 weight {result['bm25_weight']:g} ({metric} {result['best']:.2f} "
-          f"on {result['questions']} questions) -> {parts.doc_index}/lambda.json")
+          f"on {result['questions']} questions) -> {pipeline.parts.doc_index}/lambda.json")
 
 
 def cmd_build_memory(args) -> None:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from odqa.common.device import pick_device
 from odqa.reader.args import ReaderSettings
-from odqa.system.args import AskArgs, DemoArgs, RunArgs, ServeConfig
+from odqa.system.args import AskArgs, DemoArgs, Evaluation, RunArgs, ServeConfig
 from odqa.system.commands.args import (
     add_dataclass_args,
     command,
     dataclass_from_args,
 )
-from odqa.system.commands.retrieval import phrase_searcher, search_args, searched
+from odqa.system.commands.retrieval import pipeline_of, search_args
 
 
 def system_args(p: argparse.ArgumentParser) -> None:
@@ -22,12 +22,6 @@ def system_args(p: argparse.ArgumentParser) -> None:
     unless given, so that the default pipeline's record can fill it."""
     search_args(p, reader=True)
     add_dataclass_args(p, ReaderSettings, unset=True)
-
-
-def pipeline(parts, search, reading):
-    """The `Pipeline` of a command's resolved flags (`searched(args, reader=True)`)."""
-    from odqa.system.pipeline import Pipeline
-    return Pipeline.load(phrase_searcher(parts, search), parts.reader, reading)
 
 
 def shown(path) -> str:
@@ -43,20 +37,19 @@ def shown(path) -> str:
 
 def cmd_demo(args) -> None:
     from odqa.system.demo import run_demo
-    print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, encoder=args.encoder,
-                   documents=args.documents, corpus=args.corpus,
-                   reader_model=args.reader_model, reranker=args.reranker, seed=args.seed), end="")
+    from odqa.system.recipe_config import demo_fields
+    overrides = {f.name: getattr(args, f.name) for f in demo_fields()}
+    print(run_demo(out_dir=args.out, preset=args.preset, plan_only=args.plan, **overrides), end="")
 
 
 def cmd_run(args) -> None:
     from odqa.common.ranks import current
-    from odqa.system.args import PipelineParts
-    from odqa.system.pipeline import resolve_parts
     from odqa.system.report import markdown
     from odqa.system.run import run
-    # the record's settings for the flags not given; the parts (and whether the memory joins) are run's to resolve
-    recorded = resolve_parts(dataclass_from_args(PipelineParts, args), reader=True)[1]
-    rows = run(dataclass_from_args(RunArgs, args, recorded))
+    # the settings of the flags given over the record's; the parts (and whether the memory joins) are run's to resolve
+    p = pipeline_of(args, reader=True)
+    rows = run(RunArgs(out_dir=args.out_dir, parts=dataclass_from_args(RunArgs, args).parts, search=p.search_config,
+                       reading=p.settings, evaluation=dataclass_from_args(Evaluation, args)))
     if not current().main:   # rank 0 writes and prints the report
         return
     print(markdown(rows))
@@ -64,13 +57,13 @@ def cmd_run(args) -> None:
 
 
 def cmd_ask(args) -> None:
-    qa = pipeline(*searched(args, reader=True))
+    qa = pipeline_of(args, reader=True).loaded()
     a = qa.ask(args.question, k=args.k)
     ex = a.extractive
     print(f"question:   {a.question}")
     votes = f", {ex.support:.0%} of the top passages' votes" if ex and ex.support is not None else ""
     print(f"extractive: {ex.text if ex else '-'}" + (f"  (phrase score {ex.score:.2f}, {ex.passage_id}{votes})" if ex else ""))
-    if qa.searcher.memory is not None and not a.memory:
+    if qa.searcher.artifacts.memory is not None and not a.memory:
         print("memory:     on, no training question near enough to lend its answers (--no-memory leaves it out)")
     for m in a.memory:
         print(f"memory:     {m.question!r} (cosine {m.similarity:.2f}): {' | '.join(m.answers[:3])}")
@@ -109,7 +102,7 @@ SERVE_ARGS = "ODQA_SERVE_ARGS"   # how `serve --workers N` hands its flags to ea
 def cmd_serve(args) -> None:
     import uvicorn
 
-    searched(args, reader=True)     # a missing part is refused now, not after the server is up
+    pipeline_of(args, reader=True)     # a missing part is refused now, not after the server is up
     from odqa.system.serve import REQUEST_TIMEOUT_ENV, TimedH11Protocol
     # the protocol reads the deadline from the environment, which worker processes inherit
     os.environ[REQUEST_TIMEOUT_ENV] = str(args.request_timeout_s)
@@ -139,8 +132,9 @@ def serve_app(args):
         import torch
         torch.set_num_threads(args.threads)
     max_batch, max_queue_s = serve_limits(args.max_batch, args.max_queue_s, pick_device())
-    parts, search, reading = searched(args, reader=True)   # once: the loader and /health name the same parts
-    return create_app(load=lambda: pipeline(parts, search, reading), max_batch=max_batch, max_wait_ms=args.max_wait_ms,
+    qa = pipeline_of(args, reader=True)   # once: the loader and /health name the same parts
+    parts = qa.parts
+    return create_app(load=qa.loaded, max_batch=max_batch, max_wait_ms=args.max_wait_ms,
                       max_queue=args.max_queue, max_queue_s=None if max_queue_s < 0 else max_queue_s,
                       timeout_s=args.timeout_s,
                       info={"index": shown(parts.index), "reader": shown(parts.reader),
@@ -159,6 +153,8 @@ def add(sub) -> None:
                             "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
                             "the report and three answers. A rerun reuses every finished stage.")
     add_dataclass_args(p, DemoArgs)
+    from odqa.system.recipe_config import RecipeConfig  # its own fields that are the demo's flags
+    add_dataclass_args(p, RecipeConfig, only=lambda f: f.metadata.get("demo"), unset=True)
 
     p = command(sub, "run", cmd_run, loads_checkpoints=True,
                 help="evaluate the system: extractive vs generated EM per question set and k, with plots",

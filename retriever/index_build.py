@@ -1,0 +1,292 @@
+"""`odqa build-index`: merge phrase dump shards into one index directory (its files: retriever/phrase_index.py).
+
+The quantisers train on a sample (OPQ, the coarse centroids and the PQ codebooks; the coarse k-means on
+every GPU faiss sees), and the kept vectors are encoded chunk by chunk into the codes files, a share of
+the chunks a rank under a launcher; rank 0 writes the rest. The directory is written under a temporary
+name and renamed when complete.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import faiss
+import numpy as np
+from tqdm import tqdm
+
+from odqa.common.artifact import build_dir, fingerprint
+from odqa.common.corpus import corpus_info
+from odqa.common.io import InputError, read_json
+from odqa.common.paths import default_corpus
+from odqa.common.ranks import current
+from odqa.common.settings import needs
+from odqa.retriever.args import BuildIndexArgs
+from odqa.retriever.ivfpq_codes import IVFPQCodes, narrow, position_type
+from odqa.retriever.phrase_dump import dump_chunks, read_chunk
+from odqa.retriever.phrase_filter import chunk_scores, filter_dir, fitted_filter, saved_scores
+from odqa.retriever.phrase_index import MANIFEST_VERSION, SIDES
+
+log = logging.getLogger(__name__)
+
+
+def default_factory(n_vectors: int, dim: int) -> str:
+    """OPQ + IVF-PQ sized to the index: about sqrt(n)/2 coarse lists (a power of two, 16 to 65,536), few
+    enough that their centroids stay a small part of the bytes, and 8-bit PQ over sub-vectors of about 12
+    dimensions (16 bytes for a 192-d vector), behind OPQ's rotation, which balances the variance across
+    the sub-vectors (DensePhrases' OPQ96; on the full phrase model 3.3 points of Top-5 over plain PQ at
+    the same bytes, docs/notes/retrieval.md). Below 4,096 vectors there is too little to train the quantisers
+    on, and an exact scan costs nothing: Flat."""
+    if n_vectors < 4096:
+        return "Flat"
+    nlist = int(min(65536, max(16, 2 ** round(math.log2(math.sqrt(n_vectors) / 2)))))
+    m = max(d for d in range(1, max(1, dim // 12) + 1) if dim % d == 0)
+    return f"OPQ{m},IVF{nlist},PQ{m}"
+
+
+def build_index(args: BuildIndexArgs, add_chunk: int = 100_000) -> dict:
+    """`odqa build-index`: the index of `args.dump`'s vectors in `args.out`. `keep` < 1 indexes only that
+    share of the dump's tokens, those the phrase filter (`odqa train-filter`, by default DUMP/filter)
+    scores highest, or with `model_filter` those the phrase model's own filter head scored highest as it
+    dumped them (DensePhrases' filter); `factory` None: `default_factory`.
+
+    The dump is read a chunk at a time (21M passages dump to terabytes): once for the filter's scores
+    and where each kept vector goes, once for the quantisers' training sample, once to fill the index.
+    Memory holds the metadata and one score a dumped token, not the dump. An 8-bit IVF-PQ (the default)
+    is encoded chunk by chunk into its codes file, written in place through a memory map, so neither
+    faiss's lists nor the codes are held; any other IVF index is filled chunk by chunk under each
+    vector's id; any other index (Flat, HNSW) is filled in id order from the kept vectors gathered first."""
+    needs(args, "dump", "out")
+    dump_dir, out_dir = Path(args.dump), Path(args.out)
+    corpus_dir = args.corpus or default_corpus()
+    factory, keep, filter_path, model_filter = args.factory, args.keep, args.filter, args.model_filter
+    train_size, seed = args.train_size, args.seed
+    chunks, first = dump_chunks(dump_dir, corpus_dir)
+    n_pass, dim = corpus_info(corpus_dir)["passages"], first["dim"]
+    if not 0 < keep <= 1:
+        raise InputError(f"--keep is a share of tokens in (0, 1], not {keep}")
+    if factory is not None:   # a bad factory string is refused before the dump is read, not after
+        try:
+            faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as e:
+            raise InputError(f"--factory {factory!r}: faiss cannot make this index ({str(e).strip().splitlines()[-1]})") from None
+    if model_filter and filter_path is not None:
+        raise InputError("--model-filter ranks tokens by the phrase model's filter head, --filter by a fitted "
+                         "filter: give one")
+    kept, threshold = _kept_tokens(chunks, keep, "model" if model_filter else filter_path or filter_dir(dump_dir),
+                                   first["encoder_hash"])
+    ids, meta, counts = _placed(chunks, kept, n_pass)
+    n_vec = len(meta["token"])
+    factory = factory or default_factory(n_vec, dim)
+    # A model whose start and end vectors are one (DensePhrases' "full" head) dumps one side: it is
+    # indexed once and searched by both the start and the end query.
+    sides = ("start",) if first.get("shared_sides") else SIDES
+
+    key = {"corpus": first["fingerprint"], "encoder_hash": first["encoder_hash"], "factory": factory, "keep": keep,
+           "filter_threshold": threshold, "train_size": train_size, "seed": seed,
+           **({"filter": "the phrase model's"} if model_filter else {})}
+    # Under a launcher rank 0 trains the start side and rank 1 the end side (each on its own sample's
+    # side: the same vectors a single process trains on), and every rank encodes its share of the
+    # chunks into the codes files, beside the index until it is complete (the other ranks never see its
+    # temporary directory); rank 0 writes the index.
+    ranks = current()
+    shared = out_dir.with_name(f".{out_dir.name}.ranks-{fingerprint(key)}") if ranks.world > 1 else None
+    if shared is not None:
+        if ranks.main:
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir(parents=True)
+        ranks.barrier()   # before any rank writes its trained side there
+    with build_dir(out_dir, key) if ranks.main else contextlib.nullcontext((None, None)) as (tmp, manifest):
+        work = shared or tmp
+        indexes = {side: faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT) for side in sides}
+        for index in indexes.values():
+            ivf = faiss.try_extract_index_ivf(index)
+            if isinstance(faiss.downcast_index(ivf) if ivf is not None else None, faiss.IndexIVFPQ):
+                # faiss reorders each PQ codebook for Hamming-distance filtering unless told not to; search
+                # here never filters (polysemous_ht stays 0), and the reordering is a quarter of the training
+                faiss.downcast_index(ivf).do_polysemous_training = False
+        mine = [side for i, side in enumerate(indexes) if i % ranks.world == ranks.rank]
+        if not indexes["start"].is_trained and mine:
+            pick = np.random.default_rng(seed).choice(n_vec, min(train_size, n_vec), replace=False)
+            sample = _gathered(chunks, kept, ids, pick, dim, "sample", sides=mine)
+            for side in mine:
+                log.info("training %s index (%s) on %d vectors", side, factory, len(pick))
+                _train(indexes[side], sample.pop(side))
+        if shared is not None:   # every rank encodes with the same quantisers
+            for side in mine:
+                faiss.write_index(indexes[side], str(shared / f"{side}.faiss"))
+            ranks.barrier()
+            indexes = {side: index if side in mine else faiss.read_index(str(shared / f"{side}.faiss"))
+                       for side, index in indexes.items()}
+        if all(IVFPQCodes.encodes(index) for index in indexes.values()):
+            # The default: each vector's list and code straight into the codes files (`sa_encode` gives
+            # what `add` would store), never filling faiss's lists only to read the codes back out.
+            _encode_codes(indexes, chunks, kept, ids, n_vec, add_chunk, work, ranks)
+            if ranks.main:
+                for side, index in indexes.items():
+                    if shared is not None:
+                        for name in (f"{side}.codes.npy", f"{side}.lists.npy"):
+                            os.replace(shared / name, tmp / name)
+                    # the ids list by list, for whole-index search to read the codes a list at a time
+                    lists = np.load(tmp / f"{side}.lists.npy", mmap_mode="r")
+                    np.save(tmp / f"{side}.order.npy", IVFPQCodes.list_order(lists))
+                    del lists
+                    faiss.write_index(index, str(tmp / f"{side}.faiss"))   # what was trained; its lists empty
+        if ranks.main:   # rank 0 alone fills any other kind of index, and writes the metadata
+            if not all(IVFPQCodes.encodes(index) for index in indexes.values()):
+                _fill_in_faiss(indexes, chunks, kept, ids, n_vec, dim, add_chunk, tmp)
+            with open(tmp / "meta.npz", "wb") as f:
+                # Rows follow from the counts (vectors run in passage order); offsets fit 16 bits for passages
+                # under 64k characters, tokens 8 bits under 256 tokens.
+                titles = {"in_title": meta["in_title"]} if meta["in_title"].any() else {}
+                np.savez_compressed(f, passage_count=counts.astype(np.int32), token=narrow(meta["token"]),
+                                    char_start=narrow(meta["char_start"]), char_end=narrow(meta["char_end"]), **titles)
+            sizes = {p.name: p.stat().st_size for p in tmp.iterdir()}
+            manifest.update(version=MANIFEST_VERSION, encoder_hash=first["encoder_hash"], factory=factory, keep=keep,
+                            filter_threshold=threshold, vectors=int(n_vec), passages=int(n_pass), dim=int(dim),
+                            max_span_len=first["max_span_len"], fingerprint=first["fingerprint"],
+                            vectors_per_passage=n_vec / max(n_pass, 1), sides=list(sides), bytes=sizes,
+                            bytes_per_passage=sum(sizes.values()) / max(n_pass, 1))
+    if shared is not None:
+        ranks.barrier()   # the index is in place before any rank goes on
+        if ranks.main:
+            shutil.rmtree(shared)
+        manifest = read_json(out_dir / "manifest.json")
+    log.info("phrase index %s: %d vectors (%.1f per passage), %.0f bytes per passage", out_dir, n_vec,
+             manifest["vectors_per_passage"], manifest["bytes_per_passage"])
+    return manifest
+
+
+def _train(index: faiss.Index, sample: np.ndarray) -> None:
+    """`index.train`, its coarse k-means on every GPU faiss sees (the bulk of an IVF's training at
+    65,536 lists), as faiss's own benchmarks do it; on the CPU otherwise."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
+        ivf.clustering_index = faiss.index_cpu_to_all_gpus(faiss.IndexFlatL2(ivf.d))
+    index.train(sample)
+
+
+def _encode_codes(indexes: dict, chunks: list[Path], kept: list, ids: list, n_vec: int, add_chunk: int, work: Path,
+                  ranks) -> None:
+    """Each kept vector's IVF list and PQ code into WORK/SIDE.lists.npy and SIDE.codes.npy, at its id:
+    rank r encodes chunks r, r + world, ..., and writes those rows alone, through a memory map."""
+    nlist = faiss.extract_index_ivf(indexes["start"]).nlist
+    list_type = narrow(np.array([nlist - 1])).dtype     # the narrowest that holds every list number
+    if ranks.main:
+        for side, index in indexes.items():
+            np.lib.format.open_memmap(work / f"{side}.codes.npy", mode="w+", dtype=np.uint8,
+                                      shape=(n_vec, IVFPQCodes.code_size(index))).flush()
+            np.lib.format.open_memmap(work / f"{side}.lists.npy", mode="w+", dtype=list_type, shape=(n_vec,)).flush()
+    ranks.barrier()
+    codes = {side: np.load(work / f"{side}.codes.npy", mmap_mode="r+") for side in indexes}
+    lists = {side: np.load(work / f"{side}.lists.npy", mmap_mode="r+") for side in indexes}
+    mine = slice(ranks.rank, None, ranks.world)
+    for side, x, at in _kept_batches(chunks[mine], kept[mine], ids[mine], add_chunk, tuple(indexes)):
+        lists[side][at], codes[side][at] = IVFPQCodes.encode(indexes[side], x)
+    for side in indexes:
+        codes[side].flush()
+        lists[side].flush()
+    del codes, lists
+    ranks.barrier()
+
+
+def _fill_in_faiss(indexes: dict, chunks, kept, ids, n_vec: int, dim: int, add_chunk: int, tmp: Path) -> None:
+    """Any index but an 8-bit IVF-PQ: an IVF filled chunk by chunk under each vector's id, any other (Flat,
+    HNSW) in id order from the kept vectors gathered first."""
+    if all(faiss.try_extract_index_ivf(index) is not None for index in indexes.values()):
+        for side, x, at in _kept_batches(chunks, kept, ids, add_chunk, tuple(indexes)):
+            indexes[side].add_with_ids(x, at.astype(np.int64))
+    else:
+        every = _gathered(chunks, kept, ids, np.arange(n_vec), dim, "gather", np.float16, tuple(indexes))
+        for side, index in indexes.items():
+            for a in tqdm(range(0, n_vec, add_chunk), desc=f"index {side}", disable=None):
+                index.add(every[side][a:a + add_chunk].astype(np.float32))
+        del every
+    for side, index in indexes.items():
+        faiss.write_index(index, str(tmp / f"{side}.faiss"))
+
+
+def _kept_tokens(chunks: list[Path], keep: float, filter_path, encoder_hash: str) -> tuple[list[np.ndarray], float]:
+    """Each chunk's mask of the tokens that a share `keep` of the whole dump keeps, those the filter
+    scores highest (`filter_path` "model": the phrase model's filter logits in the dump), and the score
+    threshold that does it."""
+    sizes = [len(read_chunk(c, ("token",))["token"]) for c in chunks]
+    if keep == 1:
+        return [np.ones(n, bool) for n in sizes], float("-inf")
+    if filter_path == "model":
+        scores = [read_chunk(c, ("filter",))["filter"].astype(np.float32) for c in chunks]
+        threshold = float(np.quantile(np.concatenate(scores), 1 - keep, overwrite_input=True))
+        return [s >= threshold for s in scores], threshold
+    model = fitted_filter(filter_path, encoder_hash)
+    scores = saved_scores(filter_path, chunks, sizes)   # train-filter's, when it scored this dump
+    scores = chunk_scores(model, chunks) if scores is None else [np.array(s) for s in scores]
+    # partitioned in place: two floats a dumped token at the peak, not three (np.quantile copies its input)
+    threshold = float(np.quantile(np.concatenate(scores), 1 - keep, overwrite_input=True))
+    return [s >= threshold for s in scores], threshold
+
+
+def _placed(chunks: list[Path], kept: list[np.ndarray], n_pass: int
+            ) -> tuple[list[np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Each chunk's kept tokens' vector ids (passages in corpus order, tokens in order within one, as
+    search needs them), the metadata in id order, and the kept tokens a passage. Every column is held
+    as narrow as its values (rows and ids int32, offsets as the index stores them): about 20 bytes a
+    kept vector where the dump's int64 and int32 columns took 42."""
+    fields = ("passage_row", "token", "char_start", "char_end", "in_title")
+    owner, counts = np.full(n_pass, -1, np.int32), np.zeros(n_pass, np.int64)
+    parts = []
+    for i, (c, mask) in enumerate(zip(chunks, kept)):
+        raw = {k: v[mask] for k, v in read_chunk(c, fields).items()}
+        rows, tokens = raw["passage_row"], raw["token"]
+        ordered = np.all((np.diff(rows) > 0) | ((np.diff(rows) == 0) & (np.diff(tokens) > 0)))
+        passages, n = np.unique(rows, return_counts=True)
+        if not ordered or (owner[passages] >= 0).any():
+            raise InputError(f"{c}: not a chunk of `odqa dump-phrases` (its passages must be whole, grouped, "
+                             "in token order, and in no other chunk)")
+        owner[passages], counts[passages] = i, n
+        parts.append({"passage_row": rows.astype(position_type(n_pass)), "in_title": raw["in_title"],
+                      **{k: narrow(raw[k]) for k in ("token", "char_start", "char_end")}})
+    first_id = np.concatenate([[0], np.cumsum(counts)])
+    n_vec = int(counts.sum())
+    ids = []
+    for part in parts:
+        rows = part.pop("passage_row")   # its place in its passage, after the passages before it
+        at = first_id[rows] + np.arange(len(rows)) - np.searchsorted(rows, rows)
+        ids.append(at.astype(position_type(n_vec)))
+    meta = {k: np.empty(n_vec, np.result_type(*(p[k].dtype for p in parts)) if parts else np.int32) for k in fields[1:]}
+    for part, at in zip(parts, ids):
+        for k in meta:
+            meta[k][at] = part.pop(k)
+    return ids, meta, counts
+
+
+def _kept_batches(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], size: int, sides=SIDES
+                  ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(side, float32 vectors, their ids) of every kept vector of `sides`, a dump chunk and `size`
+    vectors at a time, the start side before the end side in each chunk."""
+    for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
+        vectors = read_chunk(c, sides)
+        for side in sides:
+            x = vectors[side][kept[i]]
+            for a in range(0, len(x), size):
+                yield side, x[a:a + size].astype(np.float32), ids[i][a:a + size]
+
+
+def _gathered(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], want: np.ndarray, dim: int,
+              desc: str, dtype=np.float32, sides=SIDES) -> dict[str, np.ndarray]:
+    """The start and end vectors (or the `sides` named) of the ids `want`, in that order."""
+    out = {side: np.empty((len(want), dim), dtype) for side in sides}
+    order = np.argsort(want, kind="stable")
+    sorted_want = want[order]
+    for i, c in enumerate(tqdm(chunks, desc=desc, disable=None)):
+        at = np.searchsorted(sorted_want, ids[i])
+        hit = at < len(want)
+        hit[hit] = sorted_want[at[hit]] == ids[i][hit]
+        if hit.any():
+            vectors = read_chunk(c, tuple(sides))
+            for side in out:
+                out[side][order[at[hit]]] = vectors[side][kept[i]][hit]
+    return out
