@@ -1,24 +1,18 @@
-"""What the settings dataclasses of every package share: fields that carry their command-line help
-(tevatron-style; `odqa.system.commands.args` makes one flag per field), sections, the settings that
-many commands share, and the optimiser settings that every trainer embeds. No torch here: building the
-CLI's parser imports this.
+"""What the settings dataclasses of every package share, tevatron-style: fields that carry their help
+(`odqa.system.commands.args` makes one flag per field), sections, the settings many commands share, and
+`OptimArgs`, every trainer's loop. No torch here: building the CLI's parser imports this.
 
-Each setting is declared once, in the class of its concern. A larger class holds another whole as a
-*section* (ColBERT's `ColBERTConfig`): `PhraseTrainArgs.model` is a `PhraseModelConfig`, `RunArgs.search`
-a `SearchConfig`. A section's fields keep their flat names on the command line, in --config files,
-in pipeline records and in the Python API's overrides (`flat`, `from_flat`, `updated`); a section
-may rename one where two of a tree's sections would share it (`ReaderArgs.reading`'s `batch_size` is
-`--eval-batch-size`). A concern that needs another default inherits the setting and gives it
-(`override`), so one name is one quantity whatever the command.
+Each setting is declared once, in the class of its concern; a class that needs another default
+inherits it (`override`). A larger class holds another whole as a *section* (ColBERT's `ColBERTConfig`):
+its settings keep their flat names in flags, --config files, pipeline records and overrides (`from_flat`,
+`updated`, `flat`), a holder may rename one (`ReaderArgs.reading`'s batch_size is --eval-batch-size), and
+a recipe, whose sections share names, sets each in a table of its own.
 
-Field metadata: "help"; "flag" where the flag is not --field-name, or "positional"; "aliases" for old
-spellings that still work, with a deprecation line; "choices"; "range" (positive, non_negative,
-percent, port, share, text: not empty, finite), which both the flag's parser and `check_ranges` (a
-dataclass's __post_init__, for settings made in Python) enforce; "input" for what a command reads or
-writes (a path, a question set, the question), which names its own file rather than a setting;
-"required" for an input its flag must give though Python may leave it None until a recipe fills it;
-"section" for a field that holds a settings class whole; "tuned" for what training sets and a
-checkpoint keeps (a reranker's weight), which is no command's flag.
+Field metadata: "help"; "flag" (not --field-name) or "positional"; "aliases", old spellings still taken
+with a deprecation line; "choices"; "range" (positive, non_negative, percent, port, share, text), which the
+flag's parser and `check_ranges` (for settings made in Python) enforce; "input", what a command reads or
+writes rather than a setting; "required", an input its flag must give though Python may leave it None
+until a recipe fills it in; "section"; "tuned", what training sets and a checkpoint keeps, no flag.
 """
 from __future__ import annotations
 
@@ -108,76 +102,48 @@ def flat_names(cls) -> dict[str, tuple[str, ...]]:
 
 
 def from_flat(cls, values: dict, where: str = ""):
-    """`cls` made from its settings by flat name, each not given keeping its default (a section's: the
-    section's default). A section may also be given as a table of its own (TOML's [section]), which is
-    how a tree whose sections share names (a recipe's) sets them. A name that is none of its settings is
+    """`cls` made from its settings by flat name (a section also by a table of its own, as TOML's
+    [section] gives it), each not given keeping its default; a name that is none of its settings is
     refused, naming `where`."""
-    kwargs = _changes(cls, None, dict(values), where)
     try:
-        return cls(**kwargs)
+        return cls(**_changes(cls, None, dict(values), where))
     except TypeError as e:   # a required setting not given
         raise InputError(f"{where or cls.__name__}: {e}") from None
 
 
 def updated(obj, values: dict | None = None, **more):
-    """A copy of `obj` with the settings named (flat names, into whichever section holds them, or a
-    section's table) changed; `obj` is left as it is. A name that is none of its settings is refused."""
+    """A copy of `obj` with the settings named (flat names, or a section's table) changed."""
     values = {**(values or {}), **more}
-    if not values:
-        return obj
-    return dataclasses.replace(obj, **_changes(type(obj), obj, values, ""))
+    return dataclasses.replace(obj, **_changes(type(obj), obj, values, "")) if values else obj
 
 
 def _changes(cls, obj, values: dict, where: str, rename: dict | None = None) -> dict:
-    """The constructor arguments of `cls` (changed from `obj`, or from the defaults) that `values` sets:
-    its own fields by (renamed) name, a section by its table or by its fields' unambiguous flat names."""
-    rename = rename or {}
-    out, fields = {}, dataclasses.fields(cls)
-    own_names = {rename.get(f.name, f.name): f for f in fields if not is_section(f)}
-    for name in list(values):
-        if name in own_names:
-            out[own_names[name].name] = values.pop(name)
-    counts: dict[str, int] = {}
-    for f in fields:
-        if is_section(f):
-            for name, _, _ in leaves(f.metadata["section"], f.metadata["rename"]):
-                counts[name] = counts.get(name, 0) + 1
-    for f in fields:
-        if not is_section(f):
-            continue
-        sub, sub_rename = f.metadata["section"], f.metadata["rename"]
+    """The arguments of `cls` (changed from `obj`, or from its defaults) that `values` sets: its own
+    fields by (renamed) name, a section by its table or by flat names no other section has."""
+    fields, out = dataclasses.fields(cls), {}
+    own = {(rename or {}).get(f.name, f.name): f.name for f in fields if not is_section(f)}
+    out.update({own[n]: values.pop(n) for n in list(values) if n in own})
+    sections = [f for f in fields if is_section(f)]
+    names = {f.name: {n for n, _, _ in leaves(f.metadata["section"], f.metadata["rename"])} for f in sections}
+    shared = {n for f in sections for n in names[f.name] if sum(n in m for m in names.values()) > 1}
+    for f in sections:
         current = getattr(obj, f.name) if obj is not None else f.default_factory()
-        mine = {}
-        if isinstance(values.get(f.name), dict):
-            table = values.pop(f.name)
-            mine.update({k: v for k, v in table.items()})
-            table_where = f"{where}[{f.name}]" if where else f"[{f.name}]"
-        else:
-            table_where = where
-            if isinstance(values.get(f.name), sub):
-                out[f.name] = values.pop(f.name)
-                continue
-        for name, _, _ in leaves(sub, sub_rename):
-            if name in values and counts[name] == 1:
-                mine[name] = values.pop(name)
-        if mine:
-            inner = _changes(sub, current, {_undo(sub_rename, k): v for k, v in mine.items()}, table_where)
-            out[f.name] = dataclasses.replace(current, **inner) if inner else current
+        if isinstance(values.get(f.name), f.metadata["section"]):
+            out[f.name] = values.pop(f.name)
+            continue
+        table = values.pop(f.name) if isinstance(values.get(f.name), dict) else {}
+        table.update({n: values.pop(n) for n in names[f.name] - shared if n in values})
+        if table:
+            back = {v: k for k, v in f.metadata["rename"].items()}
+            inner = _changes(f.metadata["section"], current, {back.get(k, k): v for k, v in table.items()},
+                             f"{where}[{f.name}]")
+            out[f.name] = dataclasses.replace(current, **inner)
     if values:
-        ambiguous = sorted(n for n in values if counts.get(n, 0) > 1)
-        known = ", ".join(own_names) + (", and the sections' " + ", ".join(
-            f.name for f in fields if is_section(f)) if any(is_section(f) for f in fields) else "")
-        said = f"; {', '.join(ambiguous)}: more than one section has it, so set it in a section's table" if ambiguous \
-            else ""
+        said = f"; {', '.join(sorted(shared & set(values)))}: more than one section has it, so set it in a " \
+               f"section's table" if shared & set(values) else ""
         raise InputError(f"{where or cls.__name__}: not settings of {cls.__name__}: {', '.join(sorted(values))} "
-                         f"(its settings: {known}){said}")
+                         f"(its settings: {', '.join([*own, *(f'[{f.name}]' for f in sections)])}){said}")
     return out
-
-
-def _undo(rename: dict, name: str) -> str:
-    """A flat name of `cls`'s tree as `cls` itself calls it (the names a holder renamed given back)."""
-    back = {v: k for k, v in rename.items()}
-    return back.get(name, name)
 
 
 def flat(obj) -> dict:

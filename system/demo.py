@@ -68,7 +68,8 @@ class Demo:
                 if upgrade:
                     write_json(marker, {**record, "key": key})
                 record = {**record, "key": key}
-            same = record is not None and _same_key(record["key"], key, portable_key(s.defaults))
+            same = record is not None and record["key"].get("after") == key["after"] and \
+                _same(record["key"].get("settings"), key["settings"], portable_key(s.defaults))
             out[s.name] = record["key"] if same and all(o.exists() for o in s.outputs) else None
             previous, previous_old = (record["key"] if same else key), old
         return out
@@ -124,7 +125,7 @@ class Demo:
         and this run's own (OUT/pipeline.json, for `odqa.load(OUT)` after another demo has become the
         default). (A rerun into the same directory retrains the model in the recorded pair's own place:
         there is no old pair to keep, and the search names the mismatch until the index stage has run.)"""
-        built, forget = self.recipe.pipeline()
+        built, forget = self.recipe.recorded_parts()
         by, settings = f"odqa demo -> {self.out}", self.recipe.settings()
         record_pipeline(built, by=by, forget=forget, settings=settings)
         write_record(self.out / "pipeline.json", built, by, settings)
@@ -168,25 +169,15 @@ class Demo:
         return "\n".join(lines)
 
 
-def _same_key(recorded: dict, key: dict, defaults: dict) -> bool:
-    """Whether a stage record's key is `key`, a setting the record does not name (added since it was
-    written) counting as its default there (`defaults`, the same shape)."""
-    if recorded.get("after") != key["after"]:
-        return False
-    return _same(recorded.get("settings"), key["settings"], defaults)
-
-
 def _same(recorded, now, default) -> bool:
-    if isinstance(recorded, dict) and isinstance(now, dict):
-        default = default if isinstance(default, dict) else {}
-        for name in set(recorded) | set(now):
-            if name not in recorded:
-                if name not in default or now[name] != default[name]:
-                    return False
-            elif name not in now or not _same(recorded[name], now[name], default.get(name)):
-                return False
-        return True
-    return recorded == now
+    """Whether a stage record's key (or a part of it) is `now`'s, a setting the record does not name
+    (added since it was written) counting as its default there (`default`, the same shape)."""
+    if not (isinstance(recorded, dict) and isinstance(now, dict)):
+        return recorded == now
+    default = default if isinstance(default, dict) else {}
+    return set(recorded) <= set(now) and all(
+        _same(recorded[n], now[n], default.get(n)) if n in recorded else n in default and now[n] == default[n]
+        for n in now)
 
 
 def _minutes(seconds: float) -> str:

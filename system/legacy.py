@@ -68,17 +68,19 @@ SPECIAL = ("query_epochs", "query_rounds", "rerank_bm25")
 OLD_ONLY = set(MOVED) | set(SPECIAL) - {"query_rounds"}
 
 
-def from_old(old: dict) -> dict:
-    """A recipe's settings in this release's form (sections as tables) from 0.1's flat names (those not
-    given: 0.1's defaults, which are the demo's here too)."""
-    old = {**OLD_DEFAULTS, **old}
-    new: dict = {name: old[name] for name in SAME}
+def from_old(old: dict, complete: bool = True) -> dict:
+    """A recipe's settings in this release's form (sections as tables) from 0.1's flat names: all of them
+    (those not given: 0.1's defaults, the demo's here too), or with `complete=False` those given alone."""
+    given, old = set(old), {**OLD_DEFAULTS, **old}
+    new: dict = {name: old[name] for name in SAME if complete or name in given}
     for name, places in MOVED.items():
-        for section, leaf in places:
+        for section, leaf in places if complete or name in given else ():
             (new.setdefault(section, {}) if section else new)[leaf] = old[name]
-    new["query_rounds"] = old["query_rounds"] if old["query_epochs"] else 0
-    new.setdefault("query", {})["epochs"] = old["query_epochs"] or 2   # 0 meant no stage: the epochs go unused
-    new.setdefault("tune_lambda", {})["bm25_grid"] = list(BM25_GRID) if old["rerank_bm25"] else [0.0]
+    if complete or given & {"query_epochs", "query_rounds"}:
+        new["query_rounds"] = old["query_rounds"] if old["query_epochs"] else 0
+        new.setdefault("query", {})["epochs"] = old["query_epochs"] or 2   # 0 meant no stage: epochs unused
+    if complete or "rerank_bm25" in given:
+        new.setdefault("tune_lambda", {})["bm25_grid"] = list(BM25_GRID) if old["rerank_bm25"] else [0.0]
     return new
 
 
@@ -111,27 +113,11 @@ def flat_preset(values: dict, path: Path) -> dict:
         return values
     print(f"odqa: warning: preset {path} uses 0.1's flat names ({', '.join(old[:4])}{', ...' if len(old) > 4 else ''}), "
           f"which go in 0.3: write it in sections, as system/presets/full.toml is", file=sys.stderr)
-    given = {k: v for k, v in values.items() if not isinstance(v, dict)}
-    unknown = sorted(set(given) - set(OLD_DEFAULTS))
+    unknown = sorted(set(values) - set(OLD_DEFAULTS))
     if unknown:
         from odqa.common.io import InputError
         raise InputError(f"{path}: not recipe settings: {', '.join(unknown)}")
-    # only what the file names, each in its new place: the rest keeps this release's defaults
-    translated = from_old(given)
-    named = {name for name in given}
-    keep: dict = {}
-    for name in named:
-        if name in SAME:
-            keep[name] = translated[name]
-        for section, leaf in MOVED.get(name, []):
-            (keep.setdefault(section, {}) if section else keep)[leaf] = translated[section][leaf] if section \
-                else translated[leaf]
-    if "query_epochs" in named or "query_rounds" in named:
-        keep["query_rounds"] = translated["query_rounds"]
-        keep.setdefault("query", {})["epochs"] = translated["query"]["epochs"]
-    if "rerank_bm25" in named:
-        keep.setdefault("tune_lambda", {})["bm25_grid"] = translated["tune_lambda"]["bm25_grid"]
-    return keep
+    return from_old(values, complete=False)   # only what the file names, each in its new place
 
 
 def old_stage_settings(old: dict, corpus: Path) -> dict[str, dict]:

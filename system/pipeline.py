@@ -186,8 +186,7 @@ def recorded_settings(path: Path, settings: dict) -> tuple[dict, dict]:
         raise InputError(f"{path}: \"settings\" holds what is not a search or reading setting: {e}") from None
 
 
-def resolve_parts(parts: PipelineParts, recorded: dict[str, Path], reader: bool, record: Path | None = None
-                  ) -> tuple[PipelineParts, bool, bool]:
+def resolve_parts(parts: PipelineParts, recorded: dict[str, Path], reader: bool) -> tuple[PipelineParts, bool, bool]:
     """(`parts` with the record's in place of those not given, whether the phrase index is the record's,
     whether the reader is). The pre-filter, the reranker and the corpus come along only with the
     record's phrase index: an index named is searched as named, and `no_prefilter` / `no_reranker`
@@ -223,8 +222,7 @@ def assemble(parts: PipelineParts | None = None, search: SearchConfig | None = N
     $ODQA_HOME/pipeline.json, where there is one), a pipeline.json or a directory holding one, or None
     (the parts are all named). With `reader` the pipeline must have one."""
     from odqa.common.defaults import pipeline_file, read_record
-    parts = parts or PipelineParts()
-    recorded, settings, path = {}, {}, None
+    parts, recorded, settings, path, own_index, own_reader = parts or PipelineParts(), {}, {}, None, False, False
     if record is not None:
         path = pipeline_file() if str(record) == "default" else Path(record)
         path = path / "pipeline.json" if path.is_dir() else path
@@ -232,17 +230,14 @@ def assemble(parts: PipelineParts | None = None, search: SearchConfig | None = N
             recorded, settings = read_record(path)
         elif str(record) != "default":
             raise InputError(f"no pipeline record at {path}: give a pipeline.json, or a directory holding one")
-    if record is not None:
-        parts, own_index, own_reader = resolve_parts(parts, recorded, reader, path)
-        from_search, from_read = recorded_settings(path, settings) if settings else ({}, {})
+        parts, own_index, own_reader = resolve_parts(parts, recorded, reader)
     elif reader and parts.reader is None:
         raise InputError("a pipeline needs a FiD reader: give one (--reader)")
-    search_settings = from_search if record is not None and own_index else {}
-    read_settings = from_read if record is not None and own_reader else {}
+    from_search, from_read = recorded_settings(path, settings) if settings else ({}, {})
     extra_search, extra_read = split_settings(overrides or {})
     try:
-        search = updated(search or updated(SearchConfig(), search_settings), extra_search)
-        reading = updated(reading or updated(ReaderSettings(), read_settings), extra_read)
+        search = updated(search or updated(SearchConfig(), from_search if own_index else {}), extra_search)
+        reading = updated(reading or updated(ReaderSettings(), from_read if own_reader else {}), extra_read)
     except InputError as e:
         raise InputError(f"{path} with {settings}: {e}" if path is not None and settings else str(e)) from None
     return Pipeline(parts, search, reading, device)

@@ -513,7 +513,7 @@ class Recipe:
                  if r["dataset"] == first and r["k"][k]["hit"]]
         return [{"question": r["question"], "answers": r["answers"]} for r in found[: self.cfg.examples]]
 
-    def pipeline(self) -> tuple[dict[str, Path], dict[str, Path]]:
+    def recorded_parts(self) -> tuple[dict[str, Path], dict[str, Path]]:
         """(what the stages have built so far as a pipeline record's parts, the parts an earlier run of
         this recipe recorded that no longer belong). A model and its index go in together, once the index
         is built from that model: between a new phrase model and its index (the next stage, or a run

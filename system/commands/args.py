@@ -15,51 +15,35 @@ REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
 
 
 class Deprecated(argparse.Action):
-    """An old spelling of a flag: it still sets the value, and says which spelling to use."""
+    """An old spelling of a flag (of a switch, or its --no- form: `value`): it still sets the value, and
+    says which spelling to use."""
 
-    def __init__(self, option_strings, dest, use: str, **kwargs):
-        self.use = use
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"odqa: warning: {option_string} is deprecated and goes in {REMOVED_IN}; use {self.use}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-class DeprecatedSwitch(argparse.Action):
-    """An old spelling of a switch (and its --no- form): it still sets the value, and says which to use."""
-
-    def __init__(self, option_strings, dest, use: str, value: bool, **kwargs):
+    def __init__(self, option_strings, dest, use: str, value: bool | None = None, **kwargs):
         self.use, self.value = use, value
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
+        super().__init__(option_strings, dest, **({**kwargs, "nargs": 0} if value is not None else kwargs))
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(f"odqa: warning: {option_string} is deprecated and goes in {REMOVED_IN}; use {self.use}", file=sys.stderr)
-        setattr(namespace, self.dest, self.value)
-
-
-def add_switch(p: argparse.ArgumentParser, flag: str, aliases, **kwargs) -> None:
-    """A switch (--flag / --no-flag), plus hidden old spellings of it and of its --no- form."""
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(flag, **kwargs)
-    for old in aliases:
-        group.add_argument(old, action=DeprecatedSwitch, use=flag, value=True, dest=kwargs["dest"],
-                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        if kwargs.get("action") is argparse.BooleanOptionalAction:
-            group.add_argument("--no-" + old[2:], action=DeprecatedSwitch, use="--no-" + flag[2:], value=False,
-                               dest=kwargs["dest"], default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        setattr(namespace, self.dest, values if self.value is None else self.value)
 
 
 def add_flag(p: argparse.ArgumentParser, flag: str, aliases=(), required: bool = False, **kwargs) -> None:
-    """p.add_argument(flag, ...), plus hidden old spellings (`aliases`) of the same setting."""
+    """p.add_argument(flag, ...), plus hidden old spellings (`aliases`) of the same setting (of a
+    switch, its --no- form too)."""
     if not aliases:
         p.add_argument(flag, required=required, **kwargs)
         return
     group = p.add_mutually_exclusive_group(required=required)
     group.add_argument(flag, **kwargs)
+    hidden = dict(dest=kwargs["dest"], default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     for old in aliases:
-        group.add_argument(old, action=Deprecated, use=flag, dest=kwargs["dest"], type=kwargs.get("type"),
-                           nargs=kwargs.get("nargs"), default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        if "action" not in kwargs:
+            group.add_argument(old, action=Deprecated, use=flag, type=kwargs.get("type"), nargs=kwargs.get("nargs"),
+                               **hidden)
+            continue
+        group.add_argument(old, action=Deprecated, use=flag, value=True, **hidden)
+        if kwargs["action"] is argparse.BooleanOptionalAction:
+            group.add_argument("--no-" + old[2:], action=Deprecated, use="--no-" + flag[2:], value=False, **hidden)
 
 
 def leaf_defaults(cls) -> dict:
@@ -105,12 +89,8 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
         if kind.startswith("bool"):
             # A setting named as a negation (--no-reranker) is a plain switch: its --no- form would read --no-no-reranker.
             action = "store_true" if flag.startswith("--no-") and not default else argparse.BooleanOptionalAction
-            if meta.get("aliases"):
-                add_switch(p, flag, meta["aliases"], dest=name, action=action, help=help_,
-                           default=None if unset or default is None else bool(default))
-            else:
-                p.add_argument(flag, dest=name, action=action, help=help_,
-                               default=None if unset or default is None else bool(default))
+            add_flag(p, flag, meta.get("aliases", ()), dest=name, action=action, help=help_,
+                     default=None if unset or default is None else bool(default))
             continue
         shown = "" if required or default is None else \
             f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
