@@ -4,27 +4,28 @@
     supervise  answer-bearing passages for the training questions (NQ-dev, TQA-dev)
     phrase     train the phrase and question encoders (retriever.phrase_train); where phrase_round_lrs
                names more rounds, each is one epoch on a fresh schedule from the round before's best
-    index      dump every passage's phrase vectors; faiss phrase index
+    index      dump every passage's phrase vectors; the phrase filter; faiss phrase index
     query      query-side fine-tuning of the question encoders against that index (DensePhrases Eq. 11),
-               in query_rounds rounds of query_epochs; a stage only where query_epochs > 0 (the full preset)
+               query_rounds rounds of query.epochs; a stage only where query_rounds > 0 (the full preset)
     doc        train the document encoder (DHR), one or two rounds; document index; tune lambda
     refit      (query_final_fit, the full preset) the query rounds again, on the training and validation
                questions both, once validation has tuned lambda with the rounds that did not see it
     reader     a bert2bert warm-started from the encoder, or a T5 (SentencePiece + preset, or any
                checkpoint, optional span-corruption pretraining); the gold passage alone, then FiD on
                the training questions' BM25 passages or the pipeline's own (DeepSpeed or accelerate)
-    reranker   (opt-in: `reranker`) a cross-encoder passage reranker trained on the pipeline's top
-               `rerank_depth` passages of the training questions; `run` and `ask` then read through it
+    reranker   (opt-in: `with_reranker`) a cross-encoder passage reranker trained on the pipeline's top
+               `reranker.rerank_depth` passages of the training questions; `run` and `ask` then read through it
     memory     (`answer_memory`, on by default) the training question sets encoded by the search model's
                question encoders: `run` and `ask` let a question's nearest ones vote for their answers
     run        `odqa run` on a slice of NQ-test and TQA-test: the report table
 
     r = Recipe(preset_config("full"), "runs/mine")       # every stage writes under runs/mine
     r.build_data(); r.supervise(); r.train_phrase(); r.build_phrase_index(); ...
-    r.stages()                                            # the schedule: each stage, its key's settings
+    r.stages()                                            # the schedule: each stage, what its key is made of
 
-Each verb is one stage: it reads what the stages before it wrote in the run directory (`path`), and
-with `resume` goes on from its own checkpoints.
+Each verb is one stage: it reads what the stages before it wrote in the run directory (`p`), sets the
+files of its section's trainer settings (the section holds the settings, the recipe places the files),
+and with `resume` goes on from its own checkpoints.
 """
 from __future__ import annotations
 
