@@ -72,7 +72,7 @@ def train_reader(args: ReaderArgs, loop: LoopArgs) -> dict:
     train_ex, validation = split_examples(args)
     if not validation:
         raise InputError("no validation questions: pass --validation-file or a larger --validation-percent")
-    model, tokenizer = load_reader(args.model, "cpu")
+    model, tokenizer = load_reader(args.model, "cpu", reading=False)
     if args.passage_loss_coef is not None:
         model.config.passage_loss_coef = args.passage_loss_coef     # saved with the checkpoints
     collator = FiDCollator(tokenizer, args.k, args.reading.text_maxlength, args.reading.max_new_tokens, args.span_loss)

@@ -104,7 +104,7 @@ def pretrain_reader(args: PretrainArgs, loop: LoopArgs) -> dict:
         trainer.check_resumed_settings(Path(loop.out_dir) / "pretrain_args.json", asdict(args))
     engine = trainer.make_engine(loop)
     rank, world, device = engine.rank, engine.world, engine.device
-    model, tokenizer = load_reader(args.model, "cpu")
+    model, tokenizer = load_reader(args.model, "cpu", reading=False)
     passages = tokenize_passages(args.corpus, tokenizer, args.input_length)
     random.Random(0).shuffle(passages)
     validation, passages_train = passages[: args.validation_passages], passages[args.validation_passages:]

@@ -25,6 +25,7 @@ from odqa.common.device import search_dtype
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import answer_em, is_echo
 from odqa.common.ranks import current, split_map
+from odqa.common.timings import stage
 from odqa.common.weights import check_sealed
 from odqa.reader import fusion
 from odqa.reader.args import ReaderSettings
@@ -45,11 +46,12 @@ def _vocab_and_width(config) -> tuple[int, int]:
 
 
 def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
-                tokenizer_path: str | os.PathLike | None = None):
+                tokenizer_path: str | os.PathLike | None = None, *, reading: bool = True):
     """(FiD model, tokenizer) from a T5 checkpoint (a directory or a hub name such as t5-base; FiD's own
     published readers too, reader/checkpoints.py) or a warm-started encoder-decoder (`odqa reader init
     --from`), told apart by the config. The tokenizer is `tokenizer_path`'s, else the checkpoint's, else
-    the T5 of its width's (FiD ships none)."""
+    the T5 of its width's (FiD ships none). `reading`: its decoder's attention chosen for reading on
+    `device`; a trainer, which moves the model on, takes it as transformers loads it."""
     name = str(name_or_path)
     if (Path(name).exists() or os.sep in name) and not (Path(name) / "config.json").is_file():
         raise InputError(f"reader checkpoint not found: {name} has no config.json")
@@ -72,6 +74,11 @@ def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "c
     emb = model.get_input_embeddings().weight.shape
     if emb[0] != vocab or emb[1] != width:
         raise InputError(f"{name}: embedding {tuple(emb)} does not fit the config ({vocab} x {width})")
+    if reading and torch.device(device).type == "cpu":
+        # One decoding step is one query against k x L keys: SDPA's CPU kernels take twice the plain
+        # matrix products' time there (T5 and the warm reader alike), while over whole passages, in
+        # the encoder, they are the faster (docs/notes/speed.md).
+        model.get_decoder().set_attn_implementation("eager")
     return model.to(device).eval(), tokenizer
 
 
@@ -107,26 +114,29 @@ def _generate(model, tokenizer, examples, ks, settings: ReaderSettings, device, 
     out = {k: [] for k in ks}
     for i in tqdm(range(0, len(examples), batch_size), desc=f"read k={','.join(map(str, ks))}", unit=" batch",
                   disable=not progress or None, mininterval=2):
-        batch = collator.encode_passages(examples[i:i + batch_size], offsets=True)
+        with stage("reader input"):
+            batch = collator.encode_passages(examples[i:i + batch_size], offsets=True)
         ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-        encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
+        with stage("reader encoder"):
+            encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
         b, _, length = ids.shape
         questions = [ex.question for ex in examples[i:i + batch_size]]
-        for k in ks:
-            spans = PassageSpans(batch["input_ids"][:, :k], batch["offset_mapping"][:, :k],
-                                 [f[:k] for f in batch["fields"]], end, pad)
-            first = FusedEncoderOutput(last_hidden_state=encoded.last_hidden_state[:, :k * length],
-                                       input_ids=encoded.input_ids[:, :k * length], passage_length=length)
-            first_mask = mask[:, :k].reshape(b, k * length)
-            decode = _Decoder(model, first, first_mask, None if decoding == "free" else spans,
-                              (end, pad, start), max_new_tokens, num_beams)
-            answers = decode(list(range(b)))
-            text = [_answer_text(spans, row, a, tokenizer) for row, a in enumerate(answers)]
-            if decoding != "free" and refuse_echoes:
-                _redecode_echoes(decode, spans, questions, answers, text, tokenizer)
-            if decoding == "phrases":
-                text = fusion.choose(model, tokenizer, first, first_mask, examples[i:i + batch_size], text, k)
-            out[k] += text
+        with stage("reader decoder"):   # the span constraint, the echo check and the fusion count to it
+            for k in ks:
+                spans = PassageSpans(batch["input_ids"][:, :k], batch["offset_mapping"][:, :k],
+                                     [f[:k] for f in batch["fields"]], end, pad)
+                first = FusedEncoderOutput(last_hidden_state=encoded.last_hidden_state[:, :k * length],
+                                           input_ids=encoded.input_ids[:, :k * length], passage_length=length)
+                first_mask = mask[:, :k].reshape(b, k * length)
+                decode = _Decoder(model, first, first_mask, None if decoding == "free" else spans,
+                                  (end, pad, start), max_new_tokens, num_beams)
+                answers = decode(list(range(b)))
+                text = [_answer_text(spans, row, a, tokenizer) for row, a in enumerate(answers)]
+                if decoding != "free" and refuse_echoes:
+                    _redecode_echoes(decode, spans, questions, answers, text, tokenizer)
+                if decoding == "phrases":
+                    text = fusion.choose(model, tokenizer, first, first_mask, examples[i:i + batch_size], text, k)
+                out[k] += text
     model.train(was_training)
     return {k: [p.strip() for p in answers] for k, answers in out.items()}
 

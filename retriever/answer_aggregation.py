@@ -17,8 +17,10 @@ from dataclasses import replace
 
 from odqa.common.metrics import normalize_answer
 from odqa.common.results import Phrase
+from odqa.common.timings import stage
 
 
+@stage("aggregation")
 def aggregate_answer(hits: list, depth: int, temperature: float, prior: list[tuple[Phrase, float]] = ()) -> Phrase | None:
     """The winning phrase of the first `depth` ranked hits (passages or documents, best first, each with
     its score and phrase), and of `prior`'s (phrase, weight) votes after theirs, as that phrase with its

@@ -28,6 +28,7 @@ from odqa.common.io import InputError, check_checksums, read_jsonl, write_jsonl
 from odqa.common.metrics.answers import normalize_answer
 from odqa.common.questions import Question
 from odqa.common.results import Neighbour, Phrase
+from odqa.common.timings import stage
 from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_model import DensePhraseModel, question_encoder_hash, question_vectors_of
 
@@ -78,6 +79,7 @@ class AnswerMemory:
     def __len__(self) -> int:
         return len(self.questions)
 
+    @stage("memory")
     def neighbours(self, vectors: np.ndarray, count: int, threshold: float) -> list[list[Neighbour]]:
         """Each question's (rows of `question_vectors`) nearest `count` memory questions whose cosine is
         at least `threshold`, nearest first."""
@@ -93,6 +95,7 @@ class AnswerMemory:
         return out
 
 
+@stage("memory")
 def memory_votes(neighbours: list[Neighbour], hits: list, weight: float, indexed_phrase) -> list[tuple[Phrase, float]]:
     """The memory's votes for the extractive answer: each neighbour votes once for each of its distinct
     answer strings (as exact match compares them) with `weight` x cosine, for the answer as an indexed
@@ -129,7 +132,7 @@ def build_memory(model_dir: str | os.PathLike, questions: list[Question], sets: 
         raise InputError(f"no questions with plain answers in {', '.join(map(str, sets))}: an answer memory needs some")
     device = pick_device()
     # in the dtype the searcher encodes its questions in, so that a memory question asked again meets itself
-    model = DensePhraseModel.from_pretrained(model_dir).to(device, search_dtype(device)).eval()
+    model = DensePhraseModel.from_pretrained(model_dir, questions_only=True).to(device, search_dtype(device)).eval()
     q_start, q_end = question_vectors_of(model, load_tokenizer(model_dir), [q.question for q in questions],
                                          batch_size, device)
     vectors = question_vectors(q_start, q_end)

@@ -18,6 +18,7 @@ from torch import nn
 from tqdm import tqdm
 
 from odqa.common.io import InputError, hash_files
+from odqa.common.timings import stage
 from odqa.retriever.args import DocEncoderConfig
 from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
 from odqa.retriever.pooling import mean_pool
@@ -32,12 +33,15 @@ CONFIG_FILE = "doc_encoder_config.json"
 
 
 class DocEncoder(nn.Module):
-    def __init__(self, config: DocEncoderConfig, lms: dict[str, nn.Module] | None = None):
+    def __init__(self, config: DocEncoderConfig, lms: dict[str, nn.Module] | None = None,
+                 questions_only: bool = False):
+        """`questions_only`: without the document LM, which a search never runs (the index holds its
+        vectors); such an encoder encodes questions and is not saved."""
         super().__init__()
         self.config = config
         lms = lms or {}
         self.question_lm = lms.get("question_lm") or load_lm(config.encoder)
-        self.doc_lm = lms.get("doc_lm") or load_lm(config.encoder)
+        self.doc_lm = None if questions_only else lms.get("doc_lm") or load_lm(config.encoder)
 
     def encode_questions(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         h = self.question_lm(input_ids=input_ids, attention_mask=attention_mask,
@@ -53,13 +57,16 @@ class DocEncoder(nn.Module):
         return self.encode_questions(**questions), self.encode_docs(**docs)
 
     def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
+        if self.doc_lm is None:
+            raise ValueError("a document encoder loaded for questions only would be saved without its document LM")
         with saving_checkpoint(out_dir, {"question_lm": self.question_lm, "doc_lm": self.doc_lm}, self.config,
                                CONFIG_FILE, tokenizer):
             pass   # nothing of its own beside the two LMs
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike) -> "DocEncoder":
-        return cls(*open_checkpoint(path, CONFIG_FILE, DocEncoderConfig, ("question_lm", "doc_lm"), "document encoder"))
+    def from_pretrained(cls, path: str | os.PathLike, questions_only: bool = False) -> "DocEncoder":
+        names = ("question_lm",) if questions_only else ("question_lm", "doc_lm")
+        return cls(*open_checkpoint(path, CONFIG_FILE, DocEncoderConfig, names, "document encoder"), questions_only)
 
 
 def is_doc_checkpoint(path: str | os.PathLike) -> bool:
@@ -102,6 +109,7 @@ def encode_all_docs(model: DocEncoder, tokenizer, docs: list[dict], batch_size: 
     return out
 
 
+@stage("question encoders")
 @torch.no_grad()
 def encode_questions(model: DocEncoder, tokenizer, questions: list[str], batch_size: int = 64,
                      device: str = "cpu") -> np.ndarray:

@@ -23,6 +23,7 @@ from odqa.common.corpus import DocumentTable, corpus_info
 from odqa.common.device import pick_device, search_dtype
 from odqa.common.io import InputError, check_checksums, loading, read_json, write_json
 from odqa.common.ranks import current, parts_beside, split_arrays
+from odqa.common.timings import stage
 from odqa.retriever.doc_encoder import (
     DocEncoder,
     doc_batch_order,
@@ -87,7 +88,8 @@ class DocRetriever:
         self.device = pick_device(device)
         # loaded (its files checked against its checksums) before its hash is compared: a damaged file is
         # named as such, not taken for another encoder
-        self.model = DocEncoder.from_pretrained(model_dir).to(self.device, search_dtype(self.device)).eval()
+        self.model = DocEncoder.from_pretrained(model_dir, questions_only=True).to(
+            self.device, search_dtype(self.device)).eval()
         if doc_encoder_hash(model_dir) != self.manifest["encoder_hash"]:
             raise InputError(f"{self.dir} was built with another document encoder than {model_dir}: its "
                              f"question encoder would not match the index; rebuild it with `odqa build-doc-index`")
@@ -120,5 +122,6 @@ class DocRetriever:
 
     def search(self, questions: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         vecs = encode_questions(self.model, self.tokenizer, questions, device=self.device)
-        scores, rows = self.index.search(vecs, min(k, self.index.ntotal))
+        with stage("pre-filter"):
+            scores, rows = self.index.search(vecs, min(k, self.index.ntotal))
         return rows, scores

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from odqa.common.io import InputError, atomic_path, hash_files, loading
+from odqa.common.timings import stage
 from odqa.common.weights import check_sealed, read_state_dict, refuse_misfit, seal, weight_file, weight_keys
 from odqa.retriever.args import PhraseModelConfig
 from odqa.retriever.lm import load_lm, open_checkpoint, saving_checkpoint
@@ -39,15 +40,18 @@ DENSEPHRASES_TEACHER = ("cross_encoder.", "bert_qd.", "qa_outputs.")
 
 
 class DensePhraseModel(nn.Module):
-    def __init__(self, config: PhraseModelConfig, lms: dict[str, nn.Module] | None = None):
+    def __init__(self, config: PhraseModelConfig, lms: dict[str, nn.Module] | None = None,
+                 questions_only: bool = False):
+        """`questions_only`: without the phrase LM, which a search never runs (the index holds its
+        vectors): a third of the weights, not loaded. Such a model encodes questions and is not saved."""
         super().__init__()
         self.config = config
         load = lambda: load_lm(config.encoder)  # noqa: E731
         lms = lms or {}
-        self.phrase_lm = lms.get("phrase_lm") or load()
+        self.phrase_lm = None if questions_only else lms.get("phrase_lm") or load()
         self.q_start_lm = lms.get("q_start_lm") or load()
         self.q_end_lm = (lms.get("q_end_lm") or load()) if config.question_encoder == "dual" else None
-        d = self.phrase_lm.config.hidden_size
+        d = self.q_start_lm.config.hidden_size
         if config.head == "split" and d % 2:
             raise ValueError(f"head='split' needs an even hidden size, {config.encoder} has {d}")
         self.dim = d // 2 if config.head == "split" else d
@@ -75,6 +79,8 @@ class DensePhraseModel(nn.Module):
 
     def encode_passages(self, input_ids, attention_mask, token_type_ids=None):
         """Start and end vectors (B, T, dim) and filter logits (B, T, 2) for every token."""
+        if self.phrase_lm is None:
+            raise ValueError("this phrase model was loaded for questions only (questions_only=True)")
         h = self.phrase_lm(input_ids=input_ids, attention_mask=attention_mask,
                            token_type_ids=token_type_ids).last_hidden_state
         start, end = self._split(h, "start_head", "end_head")
@@ -110,6 +116,8 @@ class DensePhraseModel(nn.Module):
     def save_pretrained(self, out_dir: str | os.PathLike, tokenizer=None) -> None:
         """A model loaded from a DensePhrases checkpoint is saved as one again (so DensePhrases' own code
         reads it, and a query-tuned copy still matches the index its phrase side built)."""
+        if self.phrase_lm is None:
+            raise ValueError("a phrase model loaded for questions only would be saved without its phrase LM")
         if self.densephrases:
             return self._save_densephrases(out_dir, tokenizer)
         lms = {name: getattr(self, name) for name in LMS}
@@ -119,14 +127,19 @@ class DensePhraseModel(nn.Module):
             torch.save({k: v for k, v in heads.items() if k.startswith("q_")}, tmp / "question_heads.pt")
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike) -> "DensePhraseModel":
-        """A checkpoint `save_pretrained` wrote, or one of DensePhrases' (`densephrases_layout`)."""
+    def from_pretrained(cls, path: str | os.PathLike, questions_only: bool = False) -> "DensePhraseModel":
+        """A checkpoint `save_pretrained` wrote, or one of DensePhrases' (`densephrases_layout`);
+        `questions_only`: its question side alone (see __init__)."""
         path = Path(path)
         if not is_phrase_checkpoint(path) and densephrases_layout(path):
-            return cls._from_densephrases(path)
-        config, lms = open_checkpoint(path, CONFIG_FILE, PhraseModelConfig, LMS, "phrase model")
+            model = cls._from_densephrases(path)
+            if questions_only:
+                model.phrase_lm = None
+            return model
+        names = LMS[1:] if questions_only else LMS
+        config, lms = open_checkpoint(path, CONFIG_FILE, PhraseModelConfig, names, "phrase model")
         with loading(path, "the phrase model"):
-            model = cls(config, lms)
+            model = cls(config, lms, questions_only)
         expected = model.state_dict()
         heads = {}
         for name in ("phrase_heads.pt", "question_heads.pt"):
@@ -281,6 +294,7 @@ def _tensors_hash(state: dict, prefixes: tuple[str, ...]) -> str:
     return h.hexdigest()[:16]
 
 
+@stage("question encoders")
 @torch.no_grad()
 def question_vectors_of(model: DensePhraseModel, tokenizer, questions: list[str], batch_size: int = 64,
                         device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:

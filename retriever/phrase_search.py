@@ -29,6 +29,7 @@ import numpy as np
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import echoes_at_edge
 from odqa.common.results import Document, Passage, Phrase
+from odqa.common.timings import stage
 from odqa.retriever.results import Hit
 from odqa.retriever.search_config import AnswerConfig, PhraseSearchConfig
 
@@ -81,6 +82,7 @@ class PhraseSearch:
         _, end_hits = ix.search("end", q_end, k)
         return [self._phrases_of(q_start[i], q_end[i], start_hits[i], end_hits[i]) for i in range(len(q_start))]
 
+    @stage("phrase search")
     def deep_enough(self, q_start: np.ndarray, q_end: np.ndarray, k: int, unit: str, table,
                     max_phrases: int | None = None) -> list[Phrases]:
         """Each question's phrases from MIPS deep enough for k distinct passages (documents): k' starts at
@@ -100,6 +102,7 @@ class PhraseSearch:
             todo, kk = np.asarray(again, dtype=np.int64), kk * 2
         return out
 
+    @stage("phrase search")
     def every_phrase(self, qs: np.ndarray, qe: np.ndarray, ids: np.ndarray) -> Phrases:
         """Each of `ids` (whole passages, each in id order) as a start, with its best end within the
         span limit: the best phrase starting there. A passage's best phrase is the best of its own."""
@@ -186,6 +189,7 @@ class PhraseSearch:
         _, _, _, row, char_start, char_end, in_title = span
         return can_answer(self.artifacts.source(in_title, self.artifacts.passage(row)), char_start, char_end, question)
 
+    @stage("phrase search")
     def top_phrases(self, phrases: Phrases, k: int, question: str, answer: AnswerConfig) -> list[Phrase]:
         """A phrase search's result: the first k phrases, of those that can answer with the filter on."""
         kept = []
@@ -247,8 +251,10 @@ class PhraseSearch:
         cap; and that `can_answer` when `answer_filter`. Scored from the index; None if none."""
         passage, index = self.artifacts.passage(row), self.artifacts.index
         meta, a, b = index.meta, int(self.artifacts.passage_vec[row]), int(self.artifacts.passage_vec[row + 1])
-        text_tokens = ~meta["in_title"][a:b].astype(bool)
+        text_tokens = None   # read on the first match: most answers asked of a passage are not in it
         for m in re.finditer(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", passage["text"], re.IGNORECASE):
+            if text_tokens is None:
+                text_tokens = ~meta["in_title"][a:b].astype(bool)
             starts = np.nonzero((meta["char_start"][a:b] == m.start()) & text_tokens)[0]
             ends = np.nonzero((meta["char_end"][a:b] == m.end()) & text_tokens)[0]
             if not len(starts) or not len(ends):
@@ -263,6 +269,7 @@ class PhraseSearch:
             return self.phrase((score, i, j, row, m.start(), m.end(), False))
         return None
 
+    @stage("phrase search")
     def hits(self, phrases: Phrases, keys: np.ndarray, best: np.ndarray, scores: list[float], parts: list[dict],
              unit: str, query: tuple[str, np.ndarray, np.ndarray], answer: AnswerConfig) -> list[Hit]:
         """The passages (`keys`: rows) or documents (document rows) ranked, each with its score, the
@@ -279,6 +286,7 @@ class PhraseSearch:
         return out
 
 
+@stage("phrase search")
 def group(phrases: Phrases, unit: str, table) -> tuple[np.ndarray, np.ndarray]:
     """Passage rows (document rows, by `table`) in order of their best phrase, and the index of that
     phrase: Eq. 3, a passage's score is its best phrase's."""

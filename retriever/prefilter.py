@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from odqa.common.io import InputError
+from odqa.common.timings import stage
 from odqa.retriever.phrase_search import Phrases, PhraseSearch, id_ranges
 from odqa.retriever.rerank import doc_z_of, reranked, standardise
 from odqa.retriever.search_config import PrefilterConfig
@@ -55,6 +56,7 @@ class Prefilter:
             found.append(phrases.every_phrase(qs, qe, id_ranges(a.doc_vec_start[rows], a.doc_vec_end[rows])))
         return found, doc_rows, doc_scores
 
+    @stage("pre-filter")
     def ranked(self, phrases: Phrases, keys: np.ndarray, best: np.ndarray, unit: str, question: str,
                doc_rows: np.ndarray, doc_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
         """(keys, best, scores, parts) of one question's candidates (passage or document rows, the

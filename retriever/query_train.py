@@ -165,7 +165,7 @@ def train_query(args: QueryTrainArgs) -> dict:
     seeded(args.seed)
     searcher = Searcher.open(args.index, args.model, args.corpus, args.doc_index, args.doc_model,
                              SearchConfig(phrase=args.phrase, prefilter=args.prefilter),
-                             dtype=torch.float32)   # its model is trained
+                             trained=True)   # its model is trained, and saved whole
     model = searcher.artifacts.model
     for n, p in model.named_parameters():
         p.requires_grad_(n.startswith("q_"))

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from odqa.common.timings import stage
+
 
 def standardise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
@@ -77,6 +79,7 @@ def final_scores(search_scores, cross_scores, weight: float) -> np.ndarray:
     return standardise(search_scores) + weight * standardise(cross_scores)
 
 
+@stage("cross-encoder")
 def cross_reranked(reranker, question: str, hits: list, k: int) -> list:
     """`hits` (passages) reordered by z(search score) + w x z(cross-encoder score), w the reranker's
     weight, the first k kept: each one's score becomes that sum, its parts the search's and the

@@ -9,6 +9,7 @@ import os
 from functools import lru_cache
 
 import numpy as np
+import torch
 
 from odqa.common.corpus import DocumentTable, PassageStore, corpus_info
 from odqa.common.device import pick_device, search_dtype
@@ -24,10 +25,11 @@ class SearchArtifacts:
     def __init__(self, index_dir: str | os.PathLike, model_dir: str | os.PathLike, corpus_dir: str | os.PathLike,
                  doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None, *,
                  reranker: str | os.PathLike | None = None, memory: str | os.PathLike | AnswerMemory | None = None,
-                 nprobe: int = 64, device: str | None = None, dtype=None):
+                 nprobe: int = 64, device: str | None = None, dtype=None, trained: bool = False):
         """A part may be given opened (a `DocRetriever` as `doc_index`, an `AnswerMemory`), to share it.
-        `dtype`: the phrase model's (default `search_dtype`: bfloat16 where the hardware has it; a model
-        that will be trained needs float32)."""
+        The phrase model is its question side alone, in `search_dtype` (bfloat16 where the hardware has
+        it), unless it will be `trained` (query-side training saves it whole): then all of it, in float32
+        (or `dtype`)."""
         from odqa.retriever.doc_index import DocRetriever
         self.prefilter = doc_index if isinstance(doc_index, DocRetriever) else None
         if doc_index and self.prefilter is None:
@@ -43,7 +45,8 @@ class SearchArtifacts:
         self.device = pick_device(device)
         # loaded (and its files checked against its checksums) before its hashes are compared: a damaged
         # file is named as such, not taken for another model
-        self.model = DensePhraseModel.from_pretrained(model_dir).to(self.device, dtype or search_dtype(self.device)).eval()
+        dtype = dtype or (torch.float32 if trained else search_dtype(self.device))
+        self.model = DensePhraseModel.from_pretrained(model_dir, questions_only=not trained).to(self.device, dtype).eval()
         if phrase_encoder_hash(model_dir) != self.index.manifest["encoder_hash"]:
             raise InputError(f"{index_dir} was built with another phrase encoder than {model_dir}: search with the "
                              f"model it was built from, or rebuild it from this one (`odqa dump-phrases`, then "
@@ -59,7 +62,7 @@ class SearchArtifacts:
         self.passage = lru_cache(maxsize=65_536)(self.store.__getitem__)
         # Passage row r's vectors are ids passage_vec[r] .. passage_vec[r + 1] - 1.
         self.passage_vec = np.concatenate([[0], np.cumsum(self.index.meta["passage_count"])]).astype(np.int64)
-        self.corpus_dir, self._table, self._bm25 = corpus_dir, None, None
+        self.corpus_dir, self.model_dir, self._table, self._bm25 = corpus_dir, model_dir, None, None
         if self.reranker is not None:
             self.reranker.to(self.device).eval()
         if self.prefilter is not None:

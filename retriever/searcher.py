@@ -50,13 +50,15 @@ class Searcher:
     def open(cls, index: str | os.PathLike, model: str | os.PathLike, corpus: str | os.PathLike,
              doc_index: str | os.PathLike | None = None, doc_model: str | os.PathLike | None = None,
              config: SearchConfig | None = None, *, reranker: str | os.PathLike | None = None,
-             memory: str | os.PathLike | None = None, device: str | None = None, dtype=None) -> "Searcher":
+             memory: str | os.PathLike | None = None, device: str | None = None, dtype=None,
+             trained: bool = False) -> "Searcher":
         """The phrase index and model, behind the document pre-filter when `doc_index` is given (with the
         `doc_model` it was built with), the passage reranker (`odqa train-reranker`) and the answer memory
         (`odqa build-memory`) where given (`SearchArtifacts`), searched by `config`."""
         config = config or SearchConfig()
         return cls(SearchArtifacts(index, model, corpus, doc_index, doc_model, reranker=reranker, memory=memory,
-                                   nprobe=config.phrase.nprobe, device=device, dtype=dtype), config)
+                                   nprobe=config.phrase.nprobe, device=device, dtype=dtype,
+                                   trained=trained), config)
 
     def with_settings(self, **settings) -> "Searcher":
         """This searcher with other settings (`SearchConfig`'s, by name, but nprobe, which the index is

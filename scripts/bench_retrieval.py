@@ -39,6 +39,9 @@ def main() -> int:
     p.add_argument("--index", default=None, help="phrase index (default: the default pipeline's)")
     p.add_argument("--model", default=None, help="phrase model (default: the default pipeline's)")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="run only these (dense, bm25, phrase: the default pipeline's; every, unfiltered, no-bm25, "
+                        "no-memory)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = [sys.executable, "-m", "odqa.system.cli", "-q", "retrieve", "--questions", args.questions,
@@ -47,36 +50,43 @@ def main() -> int:
         phrase = base + ["--retriever", "phrase", "--no-reranker"] + (["--index", args.index] if args.index else []) \
             + (["--model", args.model] if args.model else [])
         runs = {
-            "dense (MiniLM mean-pooled, Flat)": base + ["--retriever", "dense"],
-            "BM25": base + ["--retriever", "bm25"],
-            "phrase, every phrase": phrase + ["--no-prefilter"],
-            "phrase, every phrase, without the answer filter": phrase + ["--no-prefilter", "--no-answer-filter"],
-            "phrase, behind the document pre-filter": phrase,
-            "phrase, behind the document pre-filter, without the BM25 term": phrase + ["--bm25-weight", "0"],
-            "phrase, behind the document pre-filter, without the answer memory": phrase + ["--no-memory"],
+            "dense (MiniLM mean-pooled, Flat)": ("dense", base + ["--retriever", "dense"]),
+            "BM25": ("bm25", base + ["--retriever", "bm25"]),
+            "phrase, every phrase": ("every", phrase + ["--no-prefilter"]),
+            "phrase, every phrase, without the answer filter": ("unfiltered", phrase + ["--no-prefilter",
+                                                                                       "--no-answer-filter"]),
+            "phrase, behind the document pre-filter": ("phrase", phrase),
+            "phrase, behind the document pre-filter, without the BM25 term": ("no-bm25", phrase + ["--bm25-weight", "0"]),
+            "phrase, behind the document pre-filter, without the answer memory": ("no-memory", phrase + ["--no-memory"]),
         }
+        runs = {name: cmd for name, (short, cmd) in runs.items() if args.only is None or short in args.only}
+        top = {}
         for cmd in runs.values():   # what a retriever builds on its first use is built before the timing
             timed(cmd + ["--limit", "1", "--out", str(Path(tmp) / "warm.json")])   # the last --limit counts
         seconds = {name: float("inf") for name in runs}
         for r in range(args.repeat):   # rounds of every command, so a load that comes and goes hits all alike
             for name, cmd in runs.items():
-                took = timed(cmd + ["--out", str(Path(tmp) / "run.json")])
+                out = Path(tmp) / "run.json"
+                took = timed(cmd + ["--out", str(out)])
                 seconds[name] = min(seconds[name], took)
+                entries = json.loads(out.read_text())
+                top[name] = 100 * sum(any(c["has_answer"] for c in e["ctxs"][:args.k]) for e in entries) / len(entries)
                 print(f"round {r + 1}, {name}: {took:.1f} s", file=sys.stderr, flush=True)
         manifest = None
         if args.index or not args.model:
             from odqa.common.defaults import default_pipeline
             index = Path(args.index) if args.index else default_pipeline().get("phrase_index")
             manifest = json.loads((index / "manifest.json").read_text()) if index else None
-    dense = seconds["dense (MiniLM mean-pooled, Flat)"]
+    dense = seconds.get("dense (MiniLM mean-pooled, Flat)")
     print(f"{args.n} questions of {args.questions}, top-{args.k} passages each, whole `odqa retrieve` commands")
     if manifest:
         print(f"phrase index: {manifest['factory']}, keep {manifest.get('keep', 1.0)}, {manifest['vectors']:,} vectors, "
               f"{manifest.get('bytes_per_passage', 0):,.0f} bytes per passage")
-    print("| retriever | seconds | questions/s | / dense |")
-    print("|---|---:|---:|---:|")
+    print(f"| retriever | seconds | questions/s | / dense | Top-{args.k} |")
+    print("|---|---:|---:|---:|---:|")
     for name, s in seconds.items():
-        print(f"| {name} | {s:.1f} | {args.n / s:.1f} | {dense / s:.2f}x |")
+        ratio = f"{dense / s:.2f}x" if dense else "-"
+        print(f"| {name} | {s:.1f} | {args.n / s:.1f} | {ratio} | {top[name]:.1f} |")
     return 0
 
 

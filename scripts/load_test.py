@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import httpx
 import numpy as np
@@ -45,6 +46,7 @@ def rss_mb(pid: int) -> float:
 async def level(url: str, questions: list[str], clients: int, seconds: float, k: int, warmup: float) -> dict:
     """`clients` closed-loop clients for `seconds`: each sends its next question when it has an answer."""
     latencies, starts, served, shed, failed, done = [], [], [], 0, 0, 0
+    why = Counter()   # what each failure was: an HTTP status or an exception's name
     t0 = time.perf_counter()
     stop = t0 + seconds
 
@@ -57,8 +59,9 @@ async def level(url: str, questions: list[str], clients: int, seconds: float, k:
             start = time.perf_counter()
             try:
                 r = await http.post(f"{url}/answer", json={"question": q, "k": k})
-            except httpx.HTTPError:
+            except httpx.HTTPError as e:
                 failed += 1
+                why[type(e).__name__] += 1
                 continue
             if r.status_code == 200:
                 latencies.append(time.perf_counter() - start)
@@ -70,6 +73,7 @@ async def level(url: str, questions: list[str], clients: int, seconds: float, k:
                 await asyncio.sleep(min(1.0, float(r.headers.get("retry-after", 1))))
             else:
                 failed += 1
+                why[f"HTTP {r.status_code}: {r.text[:120]}"] += 1
 
     start = time.perf_counter()
     limits = httpx.Limits(max_connections=clients + 8)
@@ -83,7 +87,7 @@ async def level(url: str, questions: list[str], clients: int, seconds: float, k:
     ramp = [x for x, t in zip(latencies, starts) if t < warmup]
     return {"clients": clients, "answered": done, "per_s": done / took, "p50": pct([x for x, _ in steady], 50),
             "p99": pct([x for x, _ in steady], 99), "server_p50": pct([v for _, v in steady], 50),
-            "server_p99": pct([v for _, v in steady], 99), "shed": shed, "failed": failed, "measured": len(steady),
+            "server_p99": pct([v for _, v in steady], 99), "shed": shed, "failed": failed, "why": dict(why), "measured": len(steady),
             "warmup_max": 1000 * max(ramp) if ramp else float("nan")}
 
 
@@ -154,6 +158,9 @@ def main() -> int:
     print(f"failed other than 429: {sum(r['failed'] for r in rows)} (p99: as the clients see it; server p99: from "
           f"arrival to answer inside the server, without the clients' own waiting; both over the requests started "
           f"after the first {args.warmup_s:g} s of a level)")
+    for r in rows:
+        if r["why"]:
+            print(f"  at {r['clients']} clients: " + "; ".join(f"{n} x {w}" for w, n in r["why"].items()))
     print(f"server RSS {before:.0f} MB before, {after:.0f} MB after; exit code on SIGTERM: {code}")
     return 0
 

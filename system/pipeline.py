@@ -9,7 +9,8 @@
 One phrase search (behind the document pre-filter when the searcher has one) yields both the top
 passage's phrase, the extractive answer, and the top-k passages, which the FiD reader reads to
 generate the other answer. With an answer memory, `Answer.memory` lists the training questions whose
-answers the extractive answer's vote consulted. Timings are per batch, in milliseconds, for each stage.
+answers the extractive answer's vote consulted. Timings are per batch, in milliseconds: retrieving,
+reading, and each stage of them (`common/timings.py`).
 
 `assemble` is the one place a `Pipeline` is made: from the parts named (a command's flags, a recipe's
 files), the default pipeline's record for those not named, its settings, and overrides. `odqa.load`,
@@ -28,6 +29,7 @@ from odqa.common.device import pick_device
 from odqa.common.io import InputError
 from odqa.common.results import Answer, Passage
 from odqa.common.settings import flat_names, updated
+from odqa.common.timings import recording
 from odqa.reader.args import ReaderSettings
 from odqa.reader.fid_data import FiDExample
 from odqa.retriever.search_config import SearchConfig
@@ -105,15 +107,18 @@ class Pipeline:
             return []
         searcher, s = self._with(overrides)
         questions = [q.strip() if isinstance(q, str) else q for q in questions]
-        t0 = time.perf_counter()
-        results = searcher.search(questions, k, unit="passage")
-        t1 = time.perf_counter()
-        examples = [FiDExample(id=str(i), question=q, answers=[], passages=[(h.unit.title, h.unit.text) for h in r.hits],
-                               phrases=[(h.phrase.text, h.phrase.score) if h.phrase else None for h in r.hits])
-                    for i, (q, r) in enumerate(zip(questions, results))]
-        generated = generate(*self.reader, examples, [k], s, self.device)[k]
-        t2 = time.perf_counter()
-        timings = {"retrieve_ms": 1000 * (t1 - t0), "read_ms": 1000 * (t2 - t1), "questions_in_batch": len(questions)}
+        with recording() as stages:
+            t0 = time.perf_counter()
+            results = searcher.search(questions, k, unit="passage")
+            t1 = time.perf_counter()
+            examples = [FiDExample(id=str(i), question=q, answers=[],
+                                   passages=[(h.unit.title, h.unit.text) for h in r.hits],
+                                   phrases=[(h.phrase.text, h.phrase.score) if h.phrase else None for h in r.hits])
+                        for i, (q, r) in enumerate(zip(questions, results))]
+            generated = generate(*self.reader, examples, [k], s, self.device)[k]
+            t2 = time.perf_counter()
+        timings = {"retrieve_ms": 1000 * (t1 - t0), "read_ms": 1000 * (t2 - t1), "questions_in_batch": len(questions),
+                   "stages_ms": {name: 1000 * seconds for name, seconds in stages.items()}}
         answers = [Answer(question=q, extractive=r.extractive, generated=g, passages=tuple(h.unit for h in r.hits),
                           memory=tuple(r.memory or ()), timings=timings)
                    for q, r, g in zip(questions, results, generated)]

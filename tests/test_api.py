@@ -219,3 +219,12 @@ def test_odqa_runs_command_leaves_the_default_pipelines_memory_out_unless_asked(
     assert "which this run evaluates" in capsys.readouterr().err
     assert main(argv) == 2
     assert "which this run evaluates" not in capsys.readouterr().err
+
+
+def test_an_answer_says_where_its_time_went(qa):
+    stages = qa.ask(QUESTIONS[0], k=3).timings["stages_ms"]
+    assert {"question encoders", "phrase search", "aggregation", "reader encoder", "reader decoder"} <= set(stages)
+    assert all(ms >= 0 for ms in stages.values())
+    # each stage's own time: together no more than the whole
+    a = qa.ask(QUESTIONS[0], k=3).timings
+    assert sum(a["stages_ms"].values()) <= a["retrieve_ms"] + a["read_ms"] + 1

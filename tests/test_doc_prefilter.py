@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from loop_checks import (
     assert_reported,
     assert_two_processes_train_as_one_with_twice_the_accumulation,
@@ -29,6 +30,7 @@ from odqa.retriever.lm import load_tokenizer
 from odqa.retriever.phrase_dump import dump_phrases
 from odqa.retriever.phrase_model import DensePhraseModel
 from odqa.retriever.rerank import Candidates, combined
+from odqa.retriever.searcher import Searcher
 from odqa.retriever.supervise import supervise
 from odqa.retriever.tune_lambda import tune_lambda
 
@@ -572,3 +574,18 @@ def test_a_damaged_document_encoder_is_named_not_taken_for_another(world, doc_mo
     weights.write_bytes(bytes(data))
     with pytest.raises(InputError, match=r"damaged document encoder: .*doc_lm/model.safetensors: its sha256 differs"):
         DocRetriever(doc_model["index"], damaged, world["corpus"])
+
+
+def test_a_search_loads_the_question_side_alone_and_a_trainer_the_whole_model(world, doc_model, tmp_path):
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    assert docs.model.doc_lm is None and docs.model.question_lm is not None
+    searcher = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"], doc_index=docs)
+    assert searcher.artifacts.model.phrase_lm is None
+    with pytest.raises(ValueError, match="questions only"):
+        searcher.artifacts.model.save_pretrained(tmp_path / "half")
+    with pytest.raises(ValueError, match="questions only"):
+        docs.model.save_pretrained(tmp_path / "half-doc")
+    assert not (tmp_path / "half").exists() and not (tmp_path / "half-doc").exists()
+    trained = Searcher.open(world["root"] / "index", world["root"] / "phrase", world["corpus"], trained=True)
+    assert trained.artifacts.model.phrase_lm is not None
+    assert trained.artifacts.model.q_start_lm.dtype == torch.float32

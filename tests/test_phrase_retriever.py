@@ -150,6 +150,13 @@ def test_dump_index_search_returns_the_planted_span(world, tmp_path):
     assert result.hits[0].unit.id == "planted"
 
 
+def passage_side(searcher):
+    """The searcher's phrase model whole, in its dtype: a searcher loads only the question side."""
+    from odqa.retriever.phrase_model import DensePhraseModel
+    a = searcher.artifacts
+    return DensePhraseModel.from_pretrained(a.model_dir).to(a.model.q_start_lm.dtype).eval()
+
+
 def brute_force_top_phrase(searcher, question, max_len=None):
     """Every span (i, j), i <= j < i + L, of every passage, scored with the model directly."""
     import torch
@@ -162,7 +169,7 @@ def brute_force_top_phrase(searcher, question, max_len=None):
     enc = encode_passages(searcher.artifacts.tokenizer, [p["title"] for p in passages], [p["text"] for p in passages],
                           searcher.artifacts.model.config.max_passage_tokens)
     with torch.no_grad():
-        hs, he, _ = searcher.artifacts.model.encode_passages(**enc.batch)
+        hs, he, _ = passage_side(searcher).encode_passages(**enc.batch)
     s = torch.einsum("d,btd->bt", torch.from_numpy(q_start[0]), hs)
     e = torch.einsum("d,btd->bt", torch.from_numpy(q_end[0]), he)
     for row, (i, j, score) in enumerate(best_spans(s, e, enc.candidate, max_len or searcher.artifacts.model.config.max_span_len)):
@@ -359,7 +366,7 @@ def passage_spans_best_first(searcher, question, row):
     p = searcher.artifacts.store[row]
     enc = encode_passages(searcher.artifacts.tokenizer, [p["title"]], [p["text"]], searcher.artifacts.model.config.max_passage_tokens)
     with torch.no_grad():
-        hs, he, _ = searcher.artifacts.model.encode_passages(**enc.batch)
+        hs, he, _ = passage_side(searcher).encode_passages(**enc.batch)
     s = hs[0] @ torch.from_numpy(q_start[0])
     e = he[0] @ torch.from_numpy(q_end[0])
     cand = enc.candidate[0].nonzero().ravel().tolist()
@@ -1126,7 +1133,7 @@ def test_title_phrases_answer_from_the_title_and_never_span_both_segments(tmp_pa
     enc = encode_passages(searcher.artifacts.tokenizer, [p["title"] for p in passages], [p["text"] for p in passages], 64,
                           title_phrases=True)
     with torch.no_grad():
-        hs, he, _ = searcher.artifacts.model.float().encode_passages(**enc.batch)
+        hs, he, _ = passage_side(searcher).float().encode_passages(**enc.batch)
     for qs, qe, r in zip(q_start, q_end, results):
         s = torch.einsum("d,btd->bt", torch.from_numpy(qs), hs)
         e = torch.einsum("d,btd->bt", torch.from_numpy(qe), he)

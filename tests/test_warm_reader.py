@@ -561,3 +561,11 @@ def test_passages_encoded_in_length_groups_read_as_one_padded_call(b2b_prior):
     assert torch.allclose(loss0, loss4, atol=1e-5)
     assert len(grads0) == len(grads4) and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads0, grads4))
     assert torch.equal(gen0, gen4)
+
+
+def test_read_on_a_cpu_decodes_with_plain_attention_and_training_loads_as_transformers_does(b2b):
+    model, _ = load_reader(b2b)
+    assert model.decoder.config._attn_implementation == "eager"
+    assert model.encoder.config._attn_implementation == "sdpa"
+    trained, _ = load_reader(b2b, reading=False)
+    assert trained.decoder.config._attn_implementation == "sdpa"
