@@ -17,6 +17,7 @@ until a recipe fills it in; "section"; "tuned", what training sets and a checkpo
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,6 +177,10 @@ def range_error(rule: str, value, integer: bool | None = None) -> str | None:
     `integer`: whether the field counts (default: whether the value is an int)."""
     if integer is None:
         integer = isinstance(value, int) and not isinstance(value, bool)
+    if rule != "text" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return f"must be a {'whole number' if integer else 'number'}, not {value!r}"
+    if rule != "text" and (said := finite_error(value)):
+        return said
     if rule == "text":
         return None if str(value).strip() else f"must not be empty, not {value!r}"
     if rule == "percent":
@@ -191,6 +196,14 @@ def range_error(rule: str, value, integer: bool | None = None) -> str | None:
     if rule == "share":
         return None if 0 <= value <= 1 else f"must be between 0 and 1, not {value:g}"
     raise ValueError(f"unknown range rule {rule!r}")
+
+
+def finite_error(value) -> str | None:
+    """Why a float setting's value is refused, if it is NaN or infinite: every comparison with NaN is
+    false, so a NaN passes any range and turns scores into NaN downstream."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, not {value}"
+    return None
 
 
 def writes_error(kind: str, path) -> str | None:
@@ -211,11 +224,11 @@ def check_ranges(settings) -> None:
         said = f.metadata.get("writes") and value is not None and writes_error(f.metadata["writes"], value)
         if said:
             raise InputError(f"{flag_of(f)} {said}")
-        if "range" in f.metadata and value is not None:
-            for one in value if isinstance(value, (list, tuple)) else [value]:
-                said = range_error(f.metadata["range"], one, _counts(f))
-                if said:
-                    raise InputError(f"{flag_of(f)}: {said}")
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            said = finite_error(one) or ("range" in f.metadata and one is not None and
+                                         range_error(f.metadata["range"], one, _counts(f)))
+            if said:
+                raise InputError(f"{flag_of(f)}: {said}")
 
 
 def _counts(f) -> bool:

@@ -11,6 +11,7 @@ whose document side must be the one the index was built with (its question side 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -108,14 +109,27 @@ class DocRetriever:
 
     @property
     def tuned_lambda(self) -> float | None:
-        path = self.dir / "lambda.json"
-        return read_json(path)["lambda"] if path.exists() else None
+        return self._tuned("lambda", required=True)
 
     @property
     def tuned_bm25_weight(self) -> float | None:
         """The rerank's BM25 weight stored with lambda (files tuned before it was a term hold none)."""
+        return self._tuned("bm25_weight", required=False)
+
+    def _tuned(self, key: str, required: bool) -> float | None:
+        """A weight `odqa tune-lambda` stored in lambda.json, refused by name unless a finite number."""
         path = self.dir / "lambda.json"
-        return read_json(path).get("bm25_weight") if path.exists() else None
+        if not path.exists():
+            return None
+        record = read_json(path)
+        value = record.get(key) if isinstance(record, dict) else None
+        if value is None and not required and isinstance(record, dict):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InputError(f"{path}: {key!r} must be a finite number (a table written by `odqa tune-lambda`), "
+                             f"not {value if isinstance(record, dict) else record!r}; run `odqa tune-lambda` again "
+                             "or remove the file")
+        return float(value)
 
     def save_lambda(self, result: dict) -> None:
         write_json(self.dir / "lambda.json", result)

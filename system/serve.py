@@ -393,6 +393,8 @@ def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, ma
             err = {k: v for k, v in err.items() if k != "ctx"}
             if "input" in err:
                 shown = err["input"] if isinstance(err["input"], (str, int, float, bool, type(None))) else str(err["input"])
+                if isinstance(shown, float) and not math.isfinite(shown):
+                    shown = str(shown)   # JSON has no NaN or Infinity: echoed as one, the 422 would be a 500
                 if isinstance(shown, str):
                     # Never echo megabytes back, nor text that cannot be encoded (a lone surrogate).
                     cut = shown[:ECHO_CHARS] + ("..." if len(shown) > ECHO_CHARS else "")

@@ -140,6 +140,11 @@ TABLE = [
     ("serve --max-queue 0", "serve --max-queue 0", "argument --max-queue: must be at least 1, not 0"),
     ("serve --timeout-s -5", "serve --timeout-s -5", "argument --timeout-s: must be above 0, not -5"),
     ("serve --request-timeout-s 0", "serve --request-timeout-s 0", "argument --request-timeout-s: must be above 0, not 0"),
+    ("retrieve --k1 nan", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --k1 nan", "argument --k1: must be a finite number, not nan"),
+    ("ask --lam nan", "ask who --lam nan", "argument --lam: must be a finite number, not nan"),
+    ("ask --memory-threshold inf", "ask who --memory-threshold inf", "argument --memory-threshold: must be a finite number, not inf"),
+    ("serve --max-queue-s nan", "serve --max-queue-s nan", "argument --max-queue-s: must be a finite number, not nan"),
+    ("serve --timeout-s inf", "serve --timeout-s inf", "argument --timeout-s: must be a finite number, not inf"),
     ("read, truncated weights", "read --model {reader_truncated} --input {root}/fid.jsonl --out {tmp}/p.jsonl", "reader_truncated: cannot load the reader's weights (SafetensorError"),
 ]
 
@@ -348,3 +353,27 @@ def test_read_leaves_questions_without_answers_out_of_em_and_says_so(kit, tmp_pa
     out = capsys.readouterr().out
     assert " on 2 questions; 1 without answers, left out of EM" in out
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 3      # each still gets its prediction
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_float_setting_refuses_nan_and_inf_in_python_too(bad):
+    from odqa.reader.args import ReaderSettings
+    from odqa.retriever.args import BM25Params
+    from odqa.retriever.search_config import MemoryConfig, PrefilterConfig
+    from odqa.system.args import ServeConfig
+    for cls, name in ((PrefilterConfig, "lam"), (MemoryConfig, "memory_threshold"), (BM25Params, "k1"),
+                      (ServeConfig, "timeout_s"), (ServeConfig, "max_queue_s")):
+        with pytest.raises(InputError, match="must be a finite number"):
+            cls(**{name: bad})
+    with pytest.raises(InputError, match="must be a whole number, not '5'"):
+        ReaderSettings(batch_size="5")   # once a TypeError from the range check's comparison
+
+
+@pytest.mark.parametrize("record", [{"lambda": float("nan")}, {"lambda": "0.5"}, [0.5], 3, {"lambda": 0.5, "bm25_weight": float("inf")}])
+def test_a_damaged_lambda_table_is_refused_by_name(tmp_path, record):
+    from odqa.retriever.doc_index import DocRetriever
+    (tmp_path / "lambda.json").write_text(json.dumps(record))   # json writes NaN and Infinity, as a hand edit may
+    index = DocRetriever.__new__(DocRetriever)   # the table alone: no model or corpus is read for it
+    index.dir = tmp_path
+    with pytest.raises(InputError, match="lambda.json: '(lambda|bm25_weight)' must be a finite number"):
+        index.tuned_lambda, index.tuned_bm25_weight

@@ -573,3 +573,14 @@ def test_a_run_with_other_arguments_never_leaves_the_old_report_beside_its_files
         run(args(2))
     assert not (tmp_path / "run" / "report.json").exists() and not (tmp_path / "run" / "report.md").exists()
     assert json.loads((tmp_path / "run" / "run_args.json").read_text())["evaluation"]["limit"] == 2
+
+
+def test_nan_or_infinity_in_a_body_is_a_422_naming_it():
+    # Python's json reads NaN and Infinity, which JSON has not: echoed back as they came, the 422 was a 500.
+    with TestClient(create_app(SlowPipeline(0.01), max_batch=1)) as client:
+        for body, said in (('{"question": "q", "k": NaN}', "valid integer"),
+                           ('{"question": "q", "settings": {"lam": NaN}}', "must be a finite number"),
+                           ('{"question": "q", "settings": {"memory_threshold": -Infinity}}', "must be a finite number")):
+            r = client.post("/answer", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 422 and said in r.text, (body, r.status_code, r.text)
+        assert 'odqa_requests_total{status="422"} 3.0' in client.get("/metrics").text

@@ -9,7 +9,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from odqa.common.settings import flag_of, from_flat, is_section, leaves, range_error, read_settings_file, writes_error
+from odqa.common.settings import (
+    finite_error,
+    flag_of,
+    from_flat,
+    is_section,
+    leaves,
+    range_error,
+    read_settings_file,
+    writes_error,
+)
 
 REMOVED_IN = "0.3"   # the release that drops the deprecated spellings
 
@@ -94,7 +103,7 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
             continue
         shown = "" if required or default is None else \
             f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
-        conv = int if "int" in kind else float if "float" in kind else Path if "Path" in kind else str
+        conv = int if "int" in kind else _number if "float" in kind else Path if "Path" in kind else str
         rule = meta.get("range")
         if rule is not None:
             conv = _checked(conv, rule)
@@ -136,9 +145,21 @@ def _writable(conv, kind: str):
 
 def _converted(conv, text: str):
     try:
-        return conv(text)
+        value = conv(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a {'whole number' if conv is int else 'number'}: {text!r}") from None
+    said = finite_error(value)
+    if said:
+        raise argparse.ArgumentTypeError(said)
+    return value
+
+
+def _number(text: str) -> float:
+    """An argparse type for a float setting: a finite number (float() takes "nan" and "inf")."""
+    return _converted(float, text)
+
+
+_number.__name__ = "float"   # argparse names the type in its "invalid float value" errors
 
 
 def dataclass_from_args(cls, args, defaults: dict | None = None):
