@@ -9,9 +9,16 @@ from odqa.common.io import InputError
 
 def pick_device(device: str | None = None) -> str:
     """`device` when given, else "cuda" when torch sees a GPU, else "cpu"."""
-    if device:
-        return str(device)
     import torch  # here, not at the top: odqa.common loads without torch
+    if device:
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError):
+            raise InputError(f"device {device!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise InputError(f"device {device!r}: torch sees no CUDA GPU here (torch {torch.__version__}; "
+                             "a CPU build has none)")
+        return str(device)
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

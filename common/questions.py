@@ -35,6 +35,29 @@ QUESTION_SETS = {
 }
 REGEX_SETS = {"curated-test"}
 DEFAULT_SPLIT = "validation"   # of a hub dataset named without one: open-domain QA evaluates on it
+# One asked question (the API, `odqa ask`): TriviaQA's longest is 854 characters, and far longer leaves
+# the reader's input no room for its passages, so the answer comes out empty. The server takes 500.
+MAX_QUESTION_CHARS = 1000
+
+
+def checked_question(question, name: str = "question", max_chars: int = MAX_QUESTION_CHARS) -> str:
+    """One asked question, stripped, or the named reason it cannot be asked: a TypeError for what is
+    not a string, an InputError (a ValueError) for text that is empty, invisible, too long or not
+    valid Unicode. Question files are read by `load_questions`, which has its own rules."""
+    if not isinstance(question, str):
+        raise TypeError(f"{name} must be a string, not {type(question).__name__}")
+    question = question.strip()
+    if not question:
+        raise InputError(f"{name} is empty")
+    if len(question) > max_chars:
+        raise InputError(f"{name} is longer than {max_chars} characters ({len(question):,})")
+    try:
+        question.encode("utf-8")
+    except UnicodeEncodeError:   # a lone surrogate: what an argument of invalid UTF-8 decodes to
+        raise InputError(f"{name} is not valid text (it holds a lone surrogate)") from None
+    if not any(ch.isprintable() and not ch.isspace() for ch in question):
+        raise InputError(f"{name} has no visible characters")
+    return question
 
 
 @dataclass

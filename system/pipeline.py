@@ -23,10 +23,11 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from odqa.common.device import pick_device
 from odqa.common.io import InputError
+from odqa.common.questions import checked_question
 from odqa.common.results import Answer, Passage
 from odqa.common.settings import flat_names, updated
 from odqa.common.timings import recording
@@ -100,13 +101,11 @@ class Pipeline:
         passages; `overrides` change search or reader settings for this call only."""
         from odqa.reader.read import generate
         single = isinstance(question, str)
-        questions = [question] if single else list(question)
-        if not 1 <= k <= MAX_K:
-            raise InputError(f"k must be in 1..{MAX_K}, not {k}")
+        questions = _questions(question)
+        _check_k(k)
         if not questions:
             return []
         searcher, s = self._with(overrides)
-        questions = [q.strip() if isinstance(q, str) else q for q in questions]
         with recording() as stages:
             t0 = time.perf_counter()
             results = searcher.search(questions, k, unit="passage")
@@ -134,7 +133,8 @@ class Pipeline:
         if unit not in UNITS:
             raise InputError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
         single = isinstance(questions, str)
-        qs = [questions] if single else list(questions)
+        qs = _questions(questions)
+        _check_k(k)
         if not qs:
             return []
         searcher, _ = self._with(overrides)
@@ -145,16 +145,47 @@ class Pipeline:
     def read(self, question: str, passages: Sequence[Passage | tuple[str, str] | str], **overrides) -> str:
         """The reader's answer to `question` over `passages`: `Passage`s, (title, text) pairs or texts."""
         from odqa.reader.read import generate
+        question = checked_question(question)
+        if isinstance(passages, (str, Passage)) or not isinstance(passages, Sequence):
+            raise TypeError(f"passages must be a list of passages, not {type(passages).__name__}")
         if not passages:
             raise InputError("read needs at least one passage")
+        if len(passages) > MAX_K:
+            raise InputError(f"read reads at most {MAX_K} passages, not {len(passages)}")
         _, s = self._with(overrides)
-        pairs = [(p.title, p.text) if isinstance(p, Passage) else ("", p) if isinstance(p, str) else tuple(p)
-                 for p in passages]
-        example = FiDExample(id="0", question=question.strip(), answers=[], passages=pairs)
+        pairs = [_pair(p, i) for i, p in enumerate(passages)]
+        example = FiDExample(id="0", question=question, answers=[], passages=pairs)
         if s.decoding == "phrases":   # no phrase scores come with given passages
             s = dataclasses.replace(s, decoding="spans")
         (answer,) = generate(*self.reader, [example], [len(pairs)], s, self.device)[len(pairs)]
         return answer
+
+
+def _questions(question) -> list[str]:
+    """`ask`'s and `search`'s question argument, one string or a list of them, each checked."""
+    if isinstance(question, str):
+        return [checked_question(question)]
+    if not isinstance(question, (Sequence, Iterable)) or isinstance(question, (bytes, dict)):
+        raise TypeError(f"question must be a string or a list of strings, not {type(question).__name__}")
+    return [checked_question(q, f"question {i}") for i, q in enumerate(question)]
+
+
+def _check_k(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be a whole number (an int) in 1..{MAX_K}, not {k!r}")
+    if not 1 <= k <= MAX_K:
+        raise InputError(f"k must be in 1..{MAX_K}, not {k}")
+
+
+def _pair(passage, i: int) -> tuple[str, str]:
+    """One passage given to `read` as the (title, text) the reader reads."""
+    if isinstance(passage, Passage):
+        return passage.title, passage.text
+    if isinstance(passage, str):
+        return "", passage
+    if isinstance(passage, tuple) and len(passage) == 2 and all(isinstance(x, str) for x in passage):
+        return passage
+    raise TypeError(f"passages[{i}] must be a Passage, a text or a (title, text) pair of strings, not {passage!r:.80}")
 
 
 def pipeline_record(name_or_path: str | os.PathLike = "default") -> tuple[Path, dict[str, Path], dict]:

@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, Stric
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from odqa.common.io import InputError
+from odqa.common.questions import checked_question
 from odqa.common.results import Answer
 from odqa.common.settings import from_flat
 from odqa.reader.args import ReaderSettings
@@ -94,18 +95,10 @@ class AnswerRequest(BaseModel):
     @field_validator("question")
     @classmethod
     def _question(cls, v: str) -> str:
-        v = v.strip()
-        if not v:
-            raise ValueError("question is empty")
-        if len(v) > MAX_QUESTION_CHARS:
-            raise ValueError(f"question is longer than {MAX_QUESTION_CHARS} characters")
         try:
-            v.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("question is not valid text (it holds a lone surrogate)") from None
-        if not any(ch.isprintable() and not ch.isspace() for ch in v):
-            raise ValueError("question has no visible characters")
-        return v
+            return checked_question(v, max_chars=MAX_QUESTION_CHARS)
+        except InputError as e:
+            raise ValueError(str(e)) from None
 
 
 class Metrics:

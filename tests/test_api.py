@@ -1,10 +1,12 @@
 """odqa as a notebook user meets it: `odqa.load` a pipeline, ask one question and many, search at each
 unit, read given passages, and round-trip an `Answer` through JSON."""
+import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
+import torch
 from tiny_data import TINY_QUESTIONS
 from tiny_models import make_tiny_system
 
@@ -51,8 +53,8 @@ def test_an_answer_round_trips_through_json(qa):
     a = qa.ask(QUESTIONS[1], k=2)
     back = odqa.Answer.from_dict(json.loads(json.dumps(a.to_dict())))
     assert back == a and back.timings == a.timings
-    with pytest.raises(Exception):
-        a.generated = "changed"        # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.generated = "changed"
 
 
 @pytest.mark.parametrize("unit, kind", [("phrase", odqa.Phrase), ("passage", odqa.Passage), ("document", odqa.Document)])
@@ -228,3 +230,30 @@ def test_an_answer_says_where_its_time_went(qa):
     # each stage's own time: together no more than the whole
     a = qa.ask(QUESTIONS[0], k=3).timings
     assert sum(a["stages_ms"].values()) <= a["retrieve_ms"] + a["read_ms"] + 1
+
+
+def test_the_api_names_a_bad_argument_and_what_it_takes(qa, record):
+    for call, error, said in (
+            (lambda: qa.ask(None), TypeError, "question must be a string or a list of strings, not NoneType"),
+            (lambda: qa.ask(3), TypeError, "question must be a string or a list of strings, not int"),
+            (lambda: qa.ask(["who", 3]), TypeError, "question 1 must be a string, not int"),
+            (lambda: qa.ask("who", k=1.5), TypeError, "k must be a whole number"),
+            (lambda: qa.ask("who", k="5"), TypeError, "k must be a whole number"),
+            (lambda: qa.ask("who", k=None), TypeError, "k must be a whole number"),
+            (lambda: qa.ask("who", k=0), InputError, "k must be in 1..100, not 0"),
+            (lambda: qa.ask("   "), InputError, "question is empty"),
+            (lambda: qa.ask("\u200b\u200b\u2060"), InputError, "question has no visible characters"),
+            (lambda: qa.ask("who\udcff"), InputError, "lone surrogate"),
+            (lambda: qa.ask("who " * 30_000), InputError, "question is longer than 1000 characters"),
+            (lambda: qa.search(None), TypeError, "question must be a string"),
+            (lambda: qa.read("who", [None]), TypeError, r"passages\[0\] must be a Passage, a text or a \(title, text\) pair"),
+            (lambda: qa.read("who", [("one",)]), TypeError, r"passages\[0\] must be"),
+            (lambda: qa.read("who", "a passage"), TypeError, "passages must be a list of passages, not str"),
+            (lambda: qa.read(None, ["text"]), TypeError, "question must be a string, not NoneType"),
+            (lambda: odqa.load(record, device="tpu9"), InputError, "device 'tpu9' is not a torch device"),
+    ):
+        with pytest.raises(error, match=said):
+            call()
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="device 'cuda': torch sees no CUDA GPU here"):
+            odqa.load(record, device="cuda")

@@ -141,6 +141,8 @@ TABLE = [
     ("serve --timeout-s -5", "serve --timeout-s -5", "argument --timeout-s: must be above 0, not -5"),
     ("serve --request-timeout-s 0", "serve --request-timeout-s 0", "argument --request-timeout-s: must be above 0, not 0"),
     ("retrieve --k1 nan", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --k1 nan", "argument --k1: must be a finite number, not nan"),
+    ("ask, invalid UTF-8", "ask who\udcff\udcfe", "question is not valid text (it holds a lone surrogate)"),
+    ("ask, zero-width characters only", "ask \u200b\u200c\u2060", "question has no visible characters"),
     ("ask --lam nan", "ask who --lam nan", "argument --lam: must be a finite number, not nan"),
     ("ask --memory-threshold inf", "ask who --memory-threshold inf", "argument --memory-threshold: must be a finite number, not inf"),
     ("serve --max-queue-s nan", "serve --max-queue-s nan", "argument --max-queue-s: must be a finite number, not nan"),

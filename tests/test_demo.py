@@ -4,6 +4,7 @@ interrupted stage resumes and one started with other settings starts over."""
 import json
 import random
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -319,7 +320,7 @@ def test_machine_speed_times_float32_as_the_reference_machine_did(tmp_path, monk
 
     import odqa.retriever.dense as dense
     from odqa.common.corpus import build_corpus
-    from odqa.system.estimate import machine_speed
+    from odqa.system.estimate import REFERENCE, machine_speed
     dtypes = []
 
     class Timed:
@@ -327,12 +328,14 @@ def test_machine_speed_times_float32_as_the_reference_machine_did(tmp_path, monk
             dtypes.append(dtype)
 
         def encode(self, texts, batch_size=64):
-            return None
+            time.sleep(0.02 * len(texts))   # a machine that encodes a passage in 20 ms
+
     monkeypatch.setattr(dense, "MeanPoolEncoder", Timed)
     monkeypatch.setenv("ODQA_SEARCH_DTYPE", "bfloat16")
     corpus = tmp_path / "corpus"
     build_corpus([write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "title": "a", "text": "a b c ."}])], corpus)
-    assert machine_speed("minilm", corpus) >= 0 and dtypes == [torch.float32]
+    expected = 0.02 / REFERENCE["encode_s"]
+    assert expected <= machine_speed("minilm", corpus) < 3 * expected and dtypes == [torch.float32]
 
 
 def test_only_a_reader_with_pretrained_embeddings_holds_them_fixed(tmp_path):

@@ -1061,7 +1061,7 @@ def test_a_dump_that_fails_to_start_leaves_its_directory_usable(world, tmp_path)
     broken = tmp_path / "broken-model"
     shutil.copytree(world["model"], broken)
     (broken / "phrase_heads.pt").write_bytes(b"truncated")     # hashes fine, fails to load
-    with pytest.raises(Exception):
+    with pytest.raises(InputError, match="phrase_heads.pt"):
         dump_phrases(broken, world["corpus"], out)
     dump_phrases(world["model"], world["corpus"], out, chunk_passages=5)   # the right model, same directory
     assert (out / "shard-001-of-001" / "done.json").exists()

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from odqa.common.device import pick_device
+from odqa.common.questions import checked_question
 from odqa.reader.args import ReaderSettings
 from odqa.system.args import AskArgs, DemoArgs, Evaluation, RunArgs, ServeConfig
 from odqa.system.commands.args import (
@@ -57,8 +58,9 @@ def cmd_run(args) -> None:
 
 
 def cmd_ask(args) -> None:
+    question = checked_question(args.question)   # before the models load: a bad question is refused at once
     qa = pipeline_of(args, reader=True).loaded()
-    a = qa.ask(args.question, k=args.k)
+    a = qa.ask(question, k=args.k)
     ex = a.extractive
     print(f"question:   {a.question}")
     votes = f", {ex.support:.0%} of the top passages' votes" if ex and ex.support is not None else ""
