@@ -26,7 +26,7 @@ from odqa.common.io import InputError
 from odqa.common.metrics.answers import answer_em, is_echo
 from odqa.common.ranks import current, split_map
 from odqa.common.timings import stage
-from odqa.common.weights import check_sealed
+from odqa.common.weights import check_sealed, weight_file, weight_keys
 from odqa.reader import fusion
 from odqa.reader.args import ReaderSettings
 from odqa.reader.checkpoints import load_tokenizer, load_weights
@@ -45,14 +45,10 @@ def _vocab_and_width(config) -> tuple[int, int]:
     return config.vocab_size, config.d_model
 
 
-def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
-                tokenizer_path: str | os.PathLike | None = None, *, reading: bool = True):
-    """(FiD model, tokenizer) from a T5 checkpoint (a directory or a hub name such as t5-base; FiD's own
-    published readers too, reader/checkpoints.py) or a warm-started encoder-decoder (`odqa reader init
-    --from`), told apart by the config. The tokenizer is `tokenizer_path`'s, else the checkpoint's, else
-    the T5 of its width's (FiD ships none). `reading`: its decoder's attention chosen for reading on
-    `device`; a trainer, which moves the model on, takes it as transformers loads it."""
-    name = str(name_or_path)
+def check_reader(name: str):
+    """(config, model class) of a reader checkpoint, or the named error its loading would end in, found
+    without loading the weights: no config or not a reader's, files that differ from their checksums,
+    a weight file whose header does not cover it (truncated). `odqa serve` checks before it starts."""
     if (Path(name).exists() or os.sep in name) and not (Path(name) / "config.json").is_file():
         raise InputError(f"reader checkpoint not found: {name} has no config.json")
     try:
@@ -65,6 +61,21 @@ def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "c
                          f"(`odqa reader init --from`) one")
     if Path(name).is_dir():
         check_sealed(name, "reader")   # one odqa wrote; a hub or FiD checkpoint loads as it is
+        weights = weight_file(name)
+        if weights is not None and weights.suffix == ".safetensors":
+            weight_keys(weights)   # safetensors checks that its header's offsets cover the file
+    return config, cls
+
+
+def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
+                tokenizer_path: str | os.PathLike | None = None, *, reading: bool = True):
+    """(FiD model, tokenizer) from a T5 checkpoint (a directory or a hub name such as t5-base; FiD's own
+    published readers too, reader/checkpoints.py) or a warm-started encoder-decoder (`odqa reader init
+    --from`), told apart by the config. The tokenizer is `tokenizer_path`'s, else the checkpoint's, else
+    the T5 of its width's (FiD ships none). `reading`: its decoder's attention chosen for reading on
+    `device`; a trainer, which moves the model on, takes it as transformers loads it."""
+    name = str(name_or_path)
+    config, cls = check_reader(name)
     tokenizer = load_tokenizer(name, config, tokenizer_path)
     vocab, width = _vocab_and_width(config)
     if len(tokenizer) > vocab:

@@ -147,7 +147,9 @@ TABLE = [
     ("ask --memory-threshold inf", "ask who --memory-threshold inf", "argument --memory-threshold: must be a finite number, not inf"),
     ("serve --max-queue-s nan", "serve --max-queue-s nan", "argument --max-queue-s: must be a finite number, not nan"),
     ("serve --timeout-s inf", "serve --timeout-s inf", "argument --timeout-s: must be a finite number, not inf"),
-    ("read, truncated weights", "read --model {reader_truncated} --input {root}/fid.jsonl --out {tmp}/p.jsonl", "reader_truncated: cannot load the reader's weights (SafetensorError"),
+    ("serve, truncated reader weights", "serve --index {index} --model {model} --corpus {corpus} --reader {reader_truncated} --no-prefilter",
+     "reader_truncated/model.safetensors: cannot load the weights (SafetensorError"),
+    ("read, truncated weights", "read --model {reader_truncated} --input {root}/fid.jsonl --out {tmp}/p.jsonl", "reader_truncated/model.safetensors: cannot load the weights (SafetensorError"),
 ]
 
 

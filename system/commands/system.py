@@ -104,7 +104,10 @@ SERVE_ARGS = "ODQA_SERVE_ARGS"   # how `serve --workers N` hands its flags to ea
 def cmd_serve(args) -> None:
     import uvicorn
 
-    pipeline_of(args, reader=True)     # a missing part is refused now, not after the server is up
+    # A missing or damaged part is refused now, by name, not after the server is up; the models then
+    # load in a thread, so the port opens at once.
+    from odqa.reader.read import check_reader
+    check_reader(str(pipeline_of(args, reader=True).parts.reader))
     from odqa.system.serve import REQUEST_TIMEOUT_ENV, TimedH11Protocol
     # the protocol reads the deadline from the environment, which worker processes inherit
     os.environ[REQUEST_TIMEOUT_ENV] = str(args.request_timeout_s)
