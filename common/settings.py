@@ -177,12 +177,12 @@ def range_error(rule: str, value, integer: bool | None = None) -> str | None:
     `integer`: whether the field counts (default: whether the value is an int)."""
     if integer is None:
         integer = isinstance(value, int) and not isinstance(value, bool)
-    if rule != "text" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        return f"must be a {'whole number' if integer else 'number'}, not {value!r}"
-    if rule != "text" and (said := finite_error(value)):
-        return said
     if rule == "text":
         return None if str(value).strip() else f"must not be empty, not {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a {'whole number' if integer else 'number'}, not {value!r}"
+    if said := finite_error(value):
+        return said
     if rule == "percent":
         return None if 0 <= value <= 100 else f"must be between 0 and 100, not {value:g}"
     if rule == "port":

@@ -165,7 +165,7 @@ def _questions(question) -> list[str]:
     """`ask`'s and `search`'s question argument, one string or a list of them, each checked."""
     if isinstance(question, str):
         return [checked_question(question)]
-    if not isinstance(question, (Sequence, Iterable)) or isinstance(question, (bytes, dict)):
+    if not isinstance(question, Iterable) or isinstance(question, (bytes, dict)):
         raise TypeError(f"question must be a string or a list of strings, not {type(question).__name__}")
     return [checked_question(q, f"question {i}") for i, q in enumerate(question)]
 

@@ -103,9 +103,9 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
             continue
         shown = "" if required or default is None else \
             f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
-        conv = int if "int" in kind else _number if "float" in kind else Path if "Path" in kind else str
+        conv = int if "int" in kind else float if "float" in kind else Path if "Path" in kind else str
         rule = meta.get("range")
-        if rule is not None:
+        if rule is not None or conv is float:   # float() takes "nan" and "inf", which _converted refuses
             conv = _checked(conv, rule)
         if meta.get("writes"):
             conv = _writable(conv, meta["writes"])
@@ -119,11 +119,11 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls, defaults: dict | None = 
                  default=None if required or unset else default, help=help_ + shown, **choices)
 
 
-def _checked(conv, rule: str):
-    """An argparse type: `conv`, then the field's range rule (common.settings.range_error)."""
+def _checked(conv, rule: str | None):
+    """An argparse type: `conv`, then the field's range rule, if it has one (common.settings.range_error)."""
     def parse(text: str):
         value = conv(text) if conv is str else _converted(conv, text)
-        said = range_error(rule, value)
+        said = rule is not None and range_error(rule, value)
         if said:
             raise argparse.ArgumentTypeError(said)
         return value
@@ -152,14 +152,6 @@ def _converted(conv, text: str):
     if said:
         raise argparse.ArgumentTypeError(said)
     return value
-
-
-def _number(text: str) -> float:
-    """An argparse type for a float setting: a finite number (float() takes "nan" and "inf")."""
-    return _converted(float, text)
-
-
-_number.__name__ = "float"   # argparse names the type in its "invalid float value" errors
 
 
 def dataclass_from_args(cls, args, defaults: dict | None = None):
