@@ -60,10 +60,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     _remove(tmp)
     try:
         yield tmp
+        publish(tmp, path)
     except BaseException:
         _remove(tmp)
         raise
-    publish(tmp, path)
 
 
 PUBLISH_TRIES = 20
@@ -190,12 +190,17 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_json(text: str, where: str, whole_file: bool = False) -> Any:
-    """json.loads, with errors (bad JSON, a lone surrogate escape) as InputError naming `where` (and, for
-    a whole file, the line)."""
+    """json.loads, with errors (bad JSON, a lone surrogate escape, nesting too deep for the decoder, an
+    integer of more digits than Python converts) as InputError naming `where` (and, for a whole file,
+    the line)."""
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{where}{f':{e.lineno}' if whole_file else ''}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply to read") from None
+    except ValueError as e:     # int("1" * 5000): past sys.get_int_max_str_digits()
+        raise InputError(f"{where}: not readable JSON ({str(e).split(';')[0]})") from None
     if _SURROGATE_ESCAPE.search(text):
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,6 +213,15 @@ def writes_error(kind: str, path) -> str | None:
     if Path(path).exists() and Path(path).is_dir() != (kind == "dir"):
         return (f"{path}: a {'file' if kind == 'dir' else 'directory'} is there; this writes a "
                 f"{'directory' if kind == 'dir' else 'file'} of that name: give another path, or remove it")
+    # the output goes in as a temporary sibling renamed onto it, made under the nearest folder that exists
+    # (so a long job is refused before it runs, not when it writes)
+    above = Path(path).absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"{path}: {above} is a file, so nothing can be written under it"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"{path}: cannot write in {above} (permission denied)"
     return None
 
 
@@ -380,7 +390,7 @@ def read_settings_file(path: Path, label: str) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
         values = tomllib.loads(text) if kind == "TOML" else json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:   # tomllib.TOMLDecodeError and JSONDecodeError are ValueErrors
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:   # TOMLDecodeError, JSONDecodeError: ValueErrors
         raise InputError(f"{label}: not valid {kind}: {e}") from None
     if not isinstance(values, dict):
         raise InputError(f"{label}: a table of settings, not {type(values).__name__}")

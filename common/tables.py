@@ -116,7 +116,7 @@ def _answers(row: dict, where: str) -> list[str]:
         if text.startswith("["):
             try:
                 value = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 try:
                     value = ast.literal_eval(text)
                 except (ValueError, SyntaxError, MemoryError, RecursionError):

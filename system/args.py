@@ -9,6 +9,7 @@ from pathlib import Path
 
 from odqa.common.settings import (
     CORPUS_HELP,
+    FILE_OUT,
     OUT,
     QUESTIONS_HELP,
     HeldOut,
@@ -158,5 +159,5 @@ class EvalRetrievalArgs(Settings):
     runs: list[Path] = required("DPR-format retrieval files", positional=True)
     topk: list[int] = listed([1, 5, 20, 100], "k values", range="positive")
     no_answerable: bool = arg(False, "skip the answerable subset (no corpus pass)")
-    json: Path | None = path(None, "also write the metrics to this JSON file")
+    json: Path | None = arg(None, "also write the metrics to this JSON file", **FILE_OUT)
     corpus: Path | None = path(None, CORPUS_HELP)

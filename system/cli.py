@@ -77,6 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     except FetchError as e:
         print(f"odqa: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        # the machine refused a named file (a folder made read-only mid-run, a full disk): the path and the
+        # reason, as for bad input; an OSError naming no file is a bug, and keeps its traceback
+        if e.filename is None:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(f"odqa: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 

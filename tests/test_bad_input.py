@@ -6,6 +6,7 @@ import csv
 import gzip
 import io
 import json
+import os
 import shutil
 import string
 import tempfile
@@ -62,6 +63,11 @@ def kit(tmp_path_factory):
     (root / "dpr.qa.csv").write_text("who wrote hamlet\t['Shakespeare']\nwho painted the mona lisa\n")
     (root / "binary-q.jsonl").write_bytes(gzip.compress(b'{"question": "q", "answers": ["a"]}\n'))
     write_jsonl(root / "q.jsonl", TINY_QUESTIONS)
+    (root / "run.json").write_text(json.dumps([{"question": "q", "answers": ["a"], "ctxs": [
+        {"id": "1", "title": "t", "text": "a b", "score": 1.0, "has_answer": True}]}]))
+    (root / "deep-q.jsonl").write_text('{"question": "q", "answers": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    (root / "bigint-q.jsonl").write_text('{"id": ' + "7" * 5000 + ', "question": "q", "answers": ["a"]}\n')
+    (root / "deep-fid.json").write_text("[" * 100_000 + "]" * 100_000 + "\n")
 
     def broken_model(name, edit):
         """A copy edited by hand, without the checksums that would refuse any edit (tests/test_damaged_checkpoints.py):
@@ -120,6 +126,10 @@ TABLE = [
     ("retrieve, a binary question file", "retrieve --questions {root}/binary-q.jsonl --corpus {corpus} --out {tmp}/r.json", "binary-q.jsonl:1: not UTF-8 text"),
     ("retrieve, a DPR question line without answers", "retrieve --questions {root}/dpr.qa.csv --corpus {corpus} --out {tmp}/r.json",
      "dpr.qa.csv:2: expected a JSON object or DPR's question<TAB>['answer', ...], got 1 tab-separated fields"),
+    ("retrieve, JSON nested too deeply", "retrieve --questions {root}/deep-q.jsonl --corpus {corpus} --out {tmp}/r.json", "deep-q.jsonl:1: JSON nested too deeply to read"),
+    ("retrieve, a 5,000-digit question id", "retrieve --questions {root}/bigint-q.jsonl --corpus {corpus} --out {tmp}/r.json",
+     "bigint-q.jsonl:1: not readable JSON (Exceeds the limit (4300 digits)"),
+    ("read, JSON nested too deeply", "read --model {reader} --input {root}/deep-fid.json --out {tmp}/p.jsonl", "deep-fid.json: JSON nested too deeply to read"),
     ("retrieve --batch-size 0", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --batch-size 0", "argument --batch-size: must be at least 1"),
     ("retrieve --k -3", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --k -3", "argument --k: must be at least 1, not -3"),
     ("a truncated meta.npz", "retrieve --retriever phrase --index {index_truncated} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
@@ -135,6 +145,15 @@ TABLE = [
     ("train-reader --lr -1", "train-reader --train-file {root}/fid.jsonl --out {tmp}/r --lr -1", "argument --lr: must be at least 0, not -1"),
     ("train-phrase --warmup-ratio 2", "train-phrase --train-file {root}/q.jsonl --validation-file {root}/q.jsonl --out {tmp}/p --warmup-ratio 2", "argument --warmup-ratio: must be between 0 and 1, not 2"),
     ("build-memory --out a file", "build-memory --out {root}/good.jsonl", "argument --out: {root}/good.jsonl: a file is there; this writes a directory"),
+    ("eval-retrieval --json a directory", "eval-retrieval {root}/run.json --corpus {corpus} --json {corpus}", "a directory is there; this writes a file"),
+    ("retrieve --out under a file", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {root}/good.jsonl/r.json",
+     "{root}/good.jsonl is a file, so nothing can be written under it"),
+    ("eval-retrieval --json under a file", "eval-retrieval {root}/run.json --corpus {corpus} --json {root}/good.jsonl/m/m.json",
+     "{root}/good.jsonl is a file, so nothing can be written under it"),
+    ("read --out under a file", "read --model {reader} --input {root}/fid.jsonl --out {root}/good.jsonl/p.jsonl",
+     "{root}/good.jsonl is a file, so nothing can be written under it"),
+    ("build-index --out under a file", "build-index --dump {root}/dump --out {root}/good.jsonl/i",
+     "{root}/good.jsonl is a file, so nothing can be written under it"),
     ("retrieve --out a directory", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {corpus}", "a directory is there; this writes a file"),
     ("serve --port 99999", "serve --port 99999", "argument --port: must be a port, 1 to 65535, not 99999"),
     ("serve --max-queue 0", "serve --max-queue 0", "argument --max-queue: must be at least 1, not 0"),
@@ -187,6 +206,29 @@ def test_an_internal_error_is_not_dressed_as_bad_input(monkeypatch):
     monkeypatch.setattr(index_build, "build_index", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["-q", "build-index", "--dump", "x", "--out", "y"])
+
+
+def test_a_folder_that_refuses_the_output_is_named(kit, tmp_path, capsys, monkeypatch):
+    """The machine refusing an output mid-run (a folder made read-only, a full disk): one line naming the
+    path, and no temporary left behind."""
+    import odqa.common.io as io_module
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied", str(dst))
+    monkeypatch.setattr(io_module.os, "replace", refuse)
+    out = tmp_path / "m.json"
+    assert main(["-q", "eval-retrieval", str(kit["root"] / "run.json"), "--no-answerable", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == f"odqa: error: {out}: Permission denied"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes in a read-only folder")
+def test_a_read_only_folder_is_refused_before_the_run(kit, tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    assert _run(["-q", "eval-retrieval", str(kit["root"] / "run.json"), "--json", str(locked / "m.json")]) == 2
+    assert f"cannot write in {locked} (permission denied)" in capsys.readouterr().err
 
 
 def test_a_refused_corpus_leaves_the_built_one_as_it_was(kit, tmp_path, capsys):
