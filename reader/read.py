@@ -114,8 +114,26 @@ def generate(model, tokenizer, examples: list[FiDExample], ks: list[int], settin
         return _generate(model, tokenizer, examples, ks, settings, device, progress, refuse_echoes)
 
 
+def check_lengths(model, settings: ReaderSettings) -> None:
+    """Refuse `settings` that ask a reader with learned position embeddings (a warm-started BERT, whose
+    tables hold 512) for more positions than it has, naming the setting: otherwise a tensor-size error
+    deep inside the model, after the encoder has run. T5's relative positions have no such bound."""
+    config = model.config
+    if config.model_type != "encoder-decoder":
+        return
+    # the decoder's first position is the start token; the encoder's input is "question: ... title: ... context: ..."
+    limits = (("--max-new-tokens", settings.max_new_tokens + 1, config.decoder, "answer tokens"),
+              ("--text-maxlength", settings.text_maxlength, config.encoder, "tokens a passage"))
+    for flag, wanted, part, what in limits:
+        most = getattr(part, "max_position_embeddings", None)
+        if most is not None and wanted > most:
+            raise InputError(f"{flag} {wanted - (flag == '--max-new-tokens')}: this reader reads at most "
+                             f"{most - (flag == '--max-new-tokens')} {what} (its {most} position embeddings)")
+
+
 def _generate(model, tokenizer, examples, ks, settings: ReaderSettings, device, progress, refuse_echoes
               ) -> dict[int, list[str]]:
+    check_lengths(model, settings)
     ks, batch_size, decoding = sorted(set(ks)), settings.batch_size, settings.decoding
     text_maxlength, max_new_tokens, num_beams = settings.text_maxlength, settings.max_new_tokens, settings.num_beams
     collator = FiDCollator(tokenizer, ks[-1], text_maxlength)

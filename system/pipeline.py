@@ -86,7 +86,9 @@ class Pipeline:
     def loaded(self) -> "Pipeline":
         """This pipeline with its searcher and reader loaded now (a server, `odqa.load`: a damaged part is
         named before the first question)."""
-        self.searcher, self.reader   # noqa: B018
+        from odqa.reader.read import check_lengths
+        self.searcher   # noqa: B018
+        check_lengths(self.reader[0], self.settings)
         return self
 
     def _with(self, overrides: dict):
@@ -99,13 +101,14 @@ class Pipeline:
     def ask(self, question: str | Sequence[str], k: int = 10, **overrides) -> Answer | list[Answer]:
         """The answers to one question (an `Answer`) or to a list of them (a list), from the top k
         passages; `overrides` change search or reader settings for this call only."""
-        from odqa.reader.read import generate
+        from odqa.reader.read import check_lengths, generate
         single = isinstance(question, str)
         questions = _questions(question)
         _check_k(k)
         if not questions:
             return []
         searcher, s = self._with(overrides)
+        check_lengths(self.reader[0], s)   # before the search, not after it
         with recording() as stages:
             t0 = time.perf_counter()
             results = searcher.search(questions, k, unit="passage")

@@ -569,3 +569,16 @@ def test_read_on_a_cpu_decodes_with_plain_attention_and_training_loads_as_transf
     assert model.encoder.config._attn_implementation == "sdpa"
     trained, _ = load_reader(b2b, reading=False)
     assert trained.decoder.config._attn_implementation == "sdpa"
+
+
+def test_lengths_past_the_position_embeddings_are_refused_by_name_before_reading(b2b):
+    """The tiny BERT has 128 positions: an answer or a passage longer than that is named up front
+    (a 2,000-token free answer once ended in a tensor-size error deep in BERT)."""
+    model, tok = load_reader(b2b)
+    examples = [FiDExample("0", "what is the code of bob ?", [], [("people", "bob likes chess .")])]
+    for decoding in ("free", "spans"):
+        with pytest.raises(InputError, match=r"--max-new-tokens 2000: this reader reads at most 127 answer tokens"):
+            generated(model, tok, examples, 1, max_new_tokens=2000, decoding=decoding)
+    with pytest.raises(InputError, match=r"--text-maxlength 129: this reader reads at most 128 tokens a passage"):
+        generated(model, tok, examples, 1, text_maxlength=129)
+    assert len(generated(model, tok, examples, 1, max_new_tokens=127, text_maxlength=128, decoding="free")) == 1
