@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import sys
+import zipfile
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -261,11 +262,33 @@ def _line_index(path: Path, cache: Path, build) -> dict[str, np.ndarray]:
     file changed after the cache was written (a passage edited by hand) is walked again rather than
     read at stale byte offsets."""
     if cache.exists():
-        with np.load(cache) as z:
-            if z["stat"].tolist() == _stat(path):
-                return {name: z[name] for name in z.files if name != "stat"}
+        arrays = _cached(cache, path)
+        if arrays is not None:
+            return arrays
     arrays = build()
     _cache(cache, lambda f: np.savez(f, stat=np.asarray(_stat(path), np.int64), **arrays))
+    return arrays
+
+
+def _cached(cache: Path, path: Path) -> dict[str, np.ndarray] | None:
+    """The arrays of a line index cached for `path`'s current size and mtime, or None: also when the cache is
+    damaged (zip's CRC catches a flipped byte, a truncation ends the archive early) or holds offsets that
+    cannot be `path`'s lines (each array one entry a line, offsets rising from 0 within the file); a cache is
+    derived, so it is walked again rather than refused."""
+    try:
+        with np.load(cache, allow_pickle=False) as z:
+            if z["stat"].tolist() != _stat(path):
+                return None
+            arrays = {name: z[name] for name in z.files if name != "stat"}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        log.warning("%s is damaged (%s: %s): reading %s again", cache, type(e).__name__, e, path)
+        return None
+    offsets = arrays.get("offsets")
+    if offsets is None or offsets.ndim != 1 or offsets.dtype.kind != "i" or \
+            any(a.ndim != 1 or len(a) != len(offsets) for a in arrays.values()) or \
+            (len(offsets) and (offsets[0] != 0 or offsets[-1] >= path.stat().st_size or np.any(np.diff(offsets) <= 0))):
+        log.warning("%s holds offsets that are not %s's lines: reading it again", cache, path)
+        return None
     return arrays
 
 

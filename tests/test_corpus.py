@@ -1,6 +1,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from tiny_data import write_jsonl
 
@@ -161,6 +162,37 @@ def test_document_table_reads_documents_by_offset_and_names_a_bad_line(tiny_corp
     (copy / "documents.jsonl").write_text("\n".join(lines[:2] + ["", lines[2][:-1]] + lines[3:]))
     with pytest.raises(InputError, match=r"documents.jsonl:4: not valid JSON"):   # the changed file, not the cache
         DocumentTable(copy)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "wrong offsets"])
+def test_a_damaged_line_index_is_walked_again_not_trusted(tiny_corpus, tmp_path, damage, caplog):
+    """The cached offsets of passages.jsonl and documents.jsonl are derived: a damaged cache (a flipped
+    byte, a truncation: once a BadZipFile) or one whose offsets cannot be the file's lines (once a passage
+    cut mid-word) is read again from the file, and written sound."""
+    import shutil
+    copy = tmp_path / "c"
+    shutil.copytree(tiny_corpus, copy)
+    passages, docs = load(copy / "passages.jsonl"), load(copy / "documents.jsonl")
+    PassageStore(copy), DocumentTable(copy)   # the caches are written
+    for cache in [*copy.glob("passages.offsets.*.npz"), *copy.glob("documents.index.*.npz")]:
+        data = bytearray(cache.read_bytes())
+        if damage == "flipped":
+            data[len(data) // 3] ^= 0xFF
+        elif damage == "truncated":
+            data = data[:len(data) // 2]
+        else:
+            with np.load(cache) as z:
+                arrays = {name: z[name] for name in z.files}
+            arrays["offsets"] = arrays["offsets"] + 3
+            np.savez(cache, **arrays)
+            data = cache.read_bytes()
+        cache.write_bytes(bytes(data))
+    assert [PassageStore(copy)[i] for i in range(len(passages))] == passages
+    assert list(DocumentTable(copy).docs) == docs
+    assert caplog.text.count("reading") >= 2   # each cache said why it was not used
+    caplog.clear()
+    assert list(PassageStore(copy)) == passages and list(DocumentTable(copy).docs) == docs
+    assert "reading" not in caplog.text          # and was rewritten sound
 
 
 def test_a_corpus_that_cannot_be_written_to_is_read_without_its_caches(tiny_corpus, tmp_path, monkeypatch):
