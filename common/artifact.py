@@ -76,7 +76,10 @@ def current_manifest(directory: str | os.PathLike, key: dict) -> dict | None:
     if portable(manifest.get("key")) != portable_key(key):
         log.info("%s was built with other inputs or settings: building it again", directory)
         return None
-    problems = verify_checksums(directory, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
+    try:
+        problems = verify_checksums(directory, manifest.get("files", {}), VERIFY_ON_OPEN_BYTES)
+    except InputError as e:   # a record of the wrong shape: as good as absent, the artifact is built again
+        problems = [str(e)]
     if problems:
         log.warning("%s: building it again", problems[0])
         return None

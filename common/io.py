@@ -295,7 +295,7 @@ def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
     """Problems (an empty list when none) of the files against `recorded` checksums: a missing file, a
     size or a sha256 that differs. Files over `hash_up_to` bytes have only their size checked."""
     directory, problems = Path(directory), []
-    for name, want in recorded.items():
+    for name, want in checked_record(recorded, _record_path(directory, record)).items():
         path = directory / name
         if not path.is_file():
             problems.append(f"{path}: missing")
@@ -306,11 +306,43 @@ def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
     return problems
 
 
+def _record_path(directory, record: str) -> str:
+    return str(Path(directory) / "manifest.json") if record == "the manifest" else f"{directory}: {record}"
+
+
+def read_object(path: str | os.PathLike, what: str) -> dict:
+    """A JSON file that must hold an object (a manifest, a record): anything else is an InputError naming
+    it, not an AttributeError where a field is looked up."""
+    obj = read_json(path)
+    if not isinstance(obj, dict):
+        raise InputError(f"{path}: not {what} (a JSON {type(obj).__name__}, not an object)")
+    return obj
+
+
+def checked_record(recorded, where: str) -> dict[str, dict]:
+    """`recorded` if it has the shape of a files record, {name: {"bytes": int, "sha256": 64 hex digits}};
+    else an InputError naming `where` and the entry (a hand-edited manifest once ended in a KeyError)."""
+    if not isinstance(recorded, dict):
+        raise InputError(f"{where}: its \"files\" are {type(recorded).__name__}, not a table of files")
+    for name, want in recorded.items():
+        if not isinstance(want, dict) or type(want.get("bytes")) is not int or want["bytes"] < 0 or \
+                not isinstance(want.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", want["sha256"]):
+            raise InputError(f"{where}: the entry of {name!r} is not {{\"bytes\": a size, \"sha256\": a hash}}: "
+                             f"{json.dumps(want)[:80]}")
+    return recorded
+
+
 def check_checksums(directory: str | os.PathLike, manifest: dict, what: str = "index", state: str = "corrupt",
                     record: str = "the manifest", advice: str = "rebuild it",
-                    hash_up_to: int | None = VERIFY_ON_OPEN_BYTES) -> None:
+                    hash_up_to: int | None = VERIFY_ON_OPEN_BYTES, reads: Iterable[str] = ()) -> None:
     """On opening an index (or a checkpoint): sizes of all its files and bytes of those up to `hash_up_to`,
-    as its manifest's "files" record them; an InputError naming the first that differs."""
+    as its manifest's "files" record them; an InputError naming the first that differs, or a file the
+    opener `reads` that the record leaves out (and so would go unchecked)."""
+    recorded = checked_record(manifest.get("files", {}), _record_path(directory, record))
+    unrecorded = [name for name in reads if name not in recorded]
+    if unrecorded:
+        raise InputError(f"{state} {what}: {Path(directory) / unrecorded[0]} is not in {record}'s files, so it "
+                         f"cannot be checked; {advice}")
     problems = verify_checksums(directory, manifest.get("files", {}), hash_up_to, record)
     if problems:
         raise InputError(f"{state} {what}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")

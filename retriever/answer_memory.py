@@ -61,7 +61,7 @@ class AnswerMemory:
         if manifest is None or manifest.get("format") != FORMAT:
             raise InputError(f"{self.dir} is not an answer memory (no manifest.json of format {FORMAT}): "
                              f"build it with `odqa build-memory`")
-        check_checksums(self.dir, manifest, "answer memory")
+        check_checksums(self.dir, manifest, "answer memory", reads=["vectors.npy", "questions.jsonl"])
         self.manifest = manifest
         self.vectors = np.load(self.dir / "vectors.npy")
         rows = [obj for _, obj in read_jsonl(self.dir / "questions.jsonl")]

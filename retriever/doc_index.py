@@ -22,7 +22,7 @@ import torch
 from odqa.common.artifact import build_dir
 from odqa.common.corpus import DocumentTable, corpus_info
 from odqa.common.device import pick_device, search_dtype
-from odqa.common.io import InputError, check_checksums, loading, read_json, write_json
+from odqa.common.io import InputError, check_checksums, loading, read_json, read_object, write_json
 from odqa.common.ranks import current, parts_beside, split_arrays
 from odqa.common.timings import stage
 from odqa.retriever.doc_encoder import (
@@ -85,7 +85,10 @@ class DocRetriever:
         self.dir = Path(index_dir)
         if not (self.dir / "manifest.json").exists():
             raise InputError(f"{self.dir} is not a document index (no manifest.json): run `odqa build-doc-index`")
-        self.manifest = read_json(self.dir / "manifest.json")
+        self.manifest = read_object(self.dir / "manifest.json", "a document index manifest")
+        missing = [k for k in ("encoder_hash", "fingerprint", "documents") if k not in self.manifest]
+        if missing:
+            raise InputError(f"{self.dir / 'manifest.json'}: not a document index manifest (no {', '.join(missing)})")
         self.device = pick_device(device)
         # loaded (its files checked against its checksums) before its hash is compared: a damaged file is
         # named as such, not taken for another encoder
@@ -96,7 +99,7 @@ class DocRetriever:
                              f"question encoder would not match the index; rebuild it with `odqa build-doc-index`")
         if corpus_info(corpus_dir)["fingerprint"] != self.manifest["fingerprint"]:
             raise InputError(f"{self.dir} was built from another version of the corpus {corpus_dir}")
-        check_checksums(self.dir, self.manifest, "document index")
+        check_checksums(self.dir, self.manifest, "document index", reads=["docs.faiss"])
         with loading(self.dir / "docs.faiss", "the document index"):
             self.index = faiss.read_index(str(self.dir / "docs.faiss"))
         if self.index.ntotal != self.manifest["documents"]:

@@ -32,7 +32,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from odqa.common.io import InputError, check_checksums, loading, read_json
+from odqa.common.io import InputError, check_checksums, loading, read_object
 from odqa.retriever.index_gpu import on_gpus
 from odqa.retriever.ivfpq_codes import IVFPQCodes, position_type
 
@@ -49,19 +49,28 @@ class PhraseIndex:
         manifest_path = self.dir / "manifest.json"
         if not manifest_path.exists():
             raise InputError(f"{self.dir} is not a phrase index (no manifest.json)")
-        self.manifest = read_json(manifest_path)
+        self.manifest = read_object(manifest_path, "a phrase index manifest")
         missing = [k for k in ("vectors", "dim", "max_span_len", "encoder_hash", "fingerprint") if k not in self.manifest]
         if missing:
             raise InputError(f"{manifest_path}: not a phrase index manifest (no {', '.join(missing)})")
-        if "files" in self.manifest:
-            check_checksums(self.dir, self.manifest, "phrase index")
+        wrong = [k for k in ("vectors", "dim", "max_span_len", "version") if k in self.manifest
+                 and (type(self.manifest[k]) is not int or self.manifest[k] < 0)]
+        if wrong:
+            raise InputError(f"{manifest_path}: its {wrong[0]!r} is {self.manifest[wrong[0]]!r}, not a count")
+        n, dim = self.manifest["vectors"], self.manifest["dim"]
+        stored = self.manifest.get("sides", SIDES)
+        if not isinstance(stored, (list, tuple)) or not stored or set(stored) - set(SIDES):
+            raise InputError(f"{manifest_path}: sides {stored} are not the start and end sides")
+        stored = tuple(stored)
+        if "files" in self.manifest or self.manifest.get("version", 1) >= 3:
+            # every file this opening reads is one the manifest records: a version-3 manifest stripped of its
+            # files would otherwise search codes no check covers
+            reads = [f"{side}.faiss" for side in stored] + ["meta.npz"] + \
+                [p.name for side in stored for p in sorted(self.dir.glob(f"{side}.*.npy"))]
+            check_checksums(self.dir, self.manifest, "phrase index", reads=reads)
         else:
             log.warning("%s has no checksums (built before they were recorded): rebuild it to have its files "
                         "checked on opening", self.dir)
-        n, dim = self.manifest["vectors"], self.manifest["dim"]
-        stored = tuple(self.manifest.get("sides", SIDES))
-        if not stored or set(stored) - set(SIDES):
-            raise InputError(f"{manifest_path}: sides {stored} are not the start and end sides")
         # the side each query searches: its own, or the one side of a model whose two are one
         self._side = {side: side if side in stored else stored[0] for side in SIDES}
         self._faiss, self._codes, self._from_codes = {}, {}, set()

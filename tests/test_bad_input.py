@@ -93,6 +93,19 @@ def kit(tmp_path_factory):
     meta = k["index_truncated"] / "meta.npz"
     meta.write_bytes(meta.read_bytes()[:100])
 
+    def broken_index(name, edit):
+        out = root / name
+        shutil.copytree(root / "index", out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        (out / "manifest.json").write_text(json.dumps(edit(manifest)))
+        k[name] = out
+    broken_index("index_manifest_number", lambda m: 5)
+    broken_index("index_entry_no_bytes", lambda m: {**m, "files": {n: {"sha256": f["sha256"]} for n, f in m["files"].items()}})
+    broken_index("index_files_number", lambda m: {**m, "files": 3})
+    broken_index("index_vectors_text", lambda m: {**m, "vectors": "many"})
+    broken_index("index_no_files", lambda m: {n: v for n, v in m.items() if n != "files"})
+    broken_index("index_file_unrecorded", lambda m: {**m, "files": {n: f for n, f in m["files"].items() if n != "meta.npz"}})
+
     reader = make_tiny_t5(root / "reader", texts, vocab_size=300)
     k["reader"] = reader
     k["reader_truncated"] = root / "reader_truncated"
@@ -134,6 +147,19 @@ TABLE = [
     ("retrieve --k -3", "retrieve --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json --k -3", "argument --k: must be at least 1, not -3"),
     ("a truncated meta.npz", "retrieve --retriever phrase --index {index_truncated} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
      "index_truncated/meta.npz: "),
+    ("an index manifest that is a number", "retrieve --retriever phrase --index {index_manifest_number} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
+     "index_manifest_number/manifest.json: not a phrase index manifest (a JSON int, not an object)"),
+    ("an index manifest entry without bytes", "retrieve --retriever phrase --index {index_entry_no_bytes} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
+     "index_entry_no_bytes/manifest.json: the entry of 'end.faiss' is not {{\"bytes\": a size, \"sha256\": a hash}}"),
+    ("verify, a manifest entry without bytes", "verify {index_entry_no_bytes}",
+     "index_entry_no_bytes/manifest.json: the entry of 'end.faiss' is not {{\"bytes\": a size"),
+    ("verify, a manifest whose files are a number", "verify {index_files_number}", "index_files_number/manifest.json: its \"files\" are int, not a table of files"),
+    ("an index manifest counting in words", "retrieve --retriever phrase --index {index_vectors_text} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
+     "index_vectors_text/manifest.json: its 'vectors' is 'many', not a count"),
+    ("an index manifest stripped of its files", "retrieve --retriever phrase --index {index_no_files} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
+     "corrupt phrase index: {index_no_files}/start.faiss is not in the manifest's files, so it cannot be checked"),
+    ("an index manifest leaving out a file it reads", "retrieve --retriever phrase --index {index_file_unrecorded} --model {model} --questions {root}/q.jsonl --corpus {corpus} --out {tmp}/r.json",
+     "corrupt phrase index: {index_file_unrecorded}/meta.npz is not in the manifest's files"),
     ("read --k 0", "read --model {reader} --input {root}/fid.jsonl --out {tmp}/p.jsonl --k 0", "argument --k: must be at least 1, not 0"),
     ("read --k -2", "read --model {reader} --input {root}/fid.jsonl --out {tmp}/p.jsonl --k -2", "argument --k: must be at least 1, not -2"),
     ("read, a score that is not a number", "read --model {reader} --input {root}/fid-bad-score.jsonl --out {tmp}/p.jsonl", "fid-bad-score.jsonl:2: ctx 0: \"score\" is not a number: 'abc'"),
@@ -280,11 +306,13 @@ def test_an_index_corrupted_in_place_is_refused_and_verify_names_the_file(kit, t
 
 
 def test_nan_scores_are_refused(kit, tmp_path):
-    """An index without checksums (built before they were recorded) whose vectors hold NaN: search refuses."""
+    """An index of version 2 without checksums (built before they were recorded) whose vectors hold NaN:
+    search refuses."""
     broken = tmp_path / "index"
     shutil.copytree(kit["index"], broken)
     manifest = json.loads((broken / "manifest.json").read_text())
     del manifest["files"]
+    manifest["version"] = 2
     (broken / "manifest.json").write_text(json.dumps(manifest))
     start = faiss.read_index(str(broken / "start.faiss"))      # Flat: its vectors, in place
     faiss.rev_swig_ptr(faiss.downcast_index(start).get_xb(), start.ntotal * start.d)[:] = np.nan

@@ -236,7 +236,7 @@ def cmd_build_memory(args) -> None:
 
 
 def cmd_verify(args) -> None:
-    from odqa.common.io import read_json, require_file, verify_checksums
+    from odqa.common.io import checked_record, read_json, read_object, require_file, verify_checksums
     from odqa.common.weights import CHECKSUMS, check_sealed
     is_model = any((args.path / f).exists() for f in (CHECKSUMS, "config.json", "phrase_config.json"))
     if not (args.path / "manifest.json").exists() and is_model:
@@ -247,8 +247,8 @@ def cmd_verify(args) -> None:
         check_sealed(args.path, "checkpoint", whole=True)
         print(f"{args.path}: every file matches {CHECKSUMS} ({len(read_json(args.path / CHECKSUMS))} checked)")
         return
-    manifest = read_json(require_file(args.path / "manifest.json", "index manifest"))
-    files = manifest.get("files")
+    manifest = read_object(require_file(args.path / "manifest.json", "index manifest"), "an index manifest")
+    files = checked_record(manifest.get("files", {}), f"{args.path / 'manifest.json'}")
     if not files:
         raise InputError(f"{args.path}/manifest.json records no checksums (built before they were): rebuild the index")
     for name, want in files.items():
