@@ -20,7 +20,15 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from odqa.common.io import VERIFY_ON_OPEN_BYTES, atomic_path, checksums, read_json, verify_checksums, write_json
+from odqa.common.io import (
+    VERIFY_ON_OPEN_BYTES,
+    InputError,
+    atomic_path,
+    checksums,
+    read_json,
+    verify_checksums,
+    write_json,
+)
 from odqa.common.paths import portable
 from odqa.common.ranks import current
 
