@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -43,6 +43,8 @@ from tqdm import tqdm
 from odqa.common.io import (
     InputError,
     atomic_path,
+    check_checksums,
+    file_sha256,
     parse_json,
     plain_suffix,
     read_json,
@@ -199,21 +201,62 @@ def doc_passages(doc: SourceDoc, max_words: int = MAX_WORDS) -> list[dict]:
     return out
 
 
+class _Distinct:
+    """Ids seen, 8 bytes each (DPR's 21M passage ids as Python strings would take some 2 GB): `repeated()`
+    names one given twice, found again among `ids()` only when the hashes say there is one."""
+
+    def __init__(self):
+        self.hashes = array("q")
+
+    def add(self, id_: str) -> None:
+        self.hashes.append(_id_hash(id_))
+
+    def repeated(self, ids: Callable[[], Iterable[str]]) -> str | None:
+        hashes = np.frombuffer(self.hashes, dtype=np.int64)
+        values, counts = np.unique(hashes, return_counts=True)
+        twice = set(values[counts > 1].tolist())
+        if not twice:
+            return None
+        seen = set()
+        for id_ in ids():
+            if _id_hash(id_) in twice:
+                if id_ in seen:
+                    return id_
+                seen.add(id_)
+        return None   # two ids of one 64-bit hash: not a repeat
+
+
+def _id_hash(id_: str) -> int:
+    return int.from_bytes(hashlib.blake2b(id_.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+def _ids_in(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["id"]
+
+
 def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fmt: str = "auto",
                  max_words: int = MAX_WORDS) -> dict:
     """Stream the inputs into passages.jsonl and documents.jsonl in out_dir. One document is held in
-    memory at a time; outputs appear only when complete."""
+    memory at a time; outputs appear only when complete. Passage and document ids must be distinct
+    (both are looked up by id); corpus.json records the files' sizes and sha256, which every opening
+    checks."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = hashlib.sha256()
     n_passages = n_docs = 0
+    passage_ids, doc_ids = _Distinct(), _Distinct()
     with atomic_path(out_dir / "passages.jsonl") as p_tmp, atomic_path(out_dir / "documents.jsonl") as d_tmp, \
             open(p_tmp, "w", encoding="utf-8") as p_out, open(d_tmp, "w", encoding="utf-8") as d_out:
         for path in inputs:
             for doc in tqdm(read_source(path, fmt), desc=f"corpus {path if is_hub(path) else Path(path).name}", unit=" docs",
                             mininterval=2, disable=None):
                 passages = doc_passages(doc, max_words)
+                doc_ids.add(doc.id)
                 for p in passages:
+                    passage_ids.add(p["id"])
                     line = (json.dumps(p, ensure_ascii=False) + "\n").encode("utf-8")
                     fingerprint.update(line)
                     p_out.write(line.decode("utf-8"))
@@ -225,8 +268,16 @@ def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fm
         if not n_passages:
             # An empty corpus would index nothing and answer nothing, silently: refuse it before it replaces one.
             raise InputError(f"{', '.join(map(str, inputs))}: no passage text in {n_docs} documents")
+        p_out.flush(), d_out.flush()
+        for what, ids, tmp in (("passage", passage_ids, p_tmp), ("document", doc_ids, d_tmp)):
+            twice = ids.repeated(lambda: _ids_in(tmp))
+            if twice is not None:
+                raise InputError(f"{', '.join(map(str, inputs))}: the {what} id {twice!r} is given more than once; "
+                                 f"{what}s are looked up by id, so each needs its own")
     info = {"passages": n_passages, "documents": n_docs, "max_words": max_words,
-            "inputs": [str(p) if is_hub(p) else str(Path(p).resolve()) for p in inputs], "fingerprint": fingerprint.hexdigest()[:16]}
+            "inputs": [str(p) if is_hub(p) else str(Path(p).resolve()) for p in inputs], "fingerprint": fingerprint.hexdigest()[:16],
+            "files": {name: {"bytes": (out_dir / name).stat().st_size, "sha256": file_sha256(out_dir / name)}
+                      for name in ("passages.jsonl", "documents.jsonl")}}
     write_json(out_dir / "corpus.json", info)
     log.info("wrote %d passages of %d documents to %s", n_passages, n_docs, out_dir)
     return info
@@ -330,6 +381,16 @@ class JsonLines(Sequence):
             yield obj
 
 
+def _check_file(corpus_dir: Path, info: dict, name: str) -> None:
+    """A corpus file as corpus.json recorded it (its size; its sha256 up to VERIFY_ON_OPEN_BYTES): a passage
+    edited after indexing would be read at the index's character offsets, an answer cut mid-word. A corpus
+    built before corpus.json recorded its files is read as it is."""
+    if "files" in info:
+        check_checksums(corpus_dir, {"files": {k: v for k, v in info["files"].items() if k == name}}, "corpus", state="changed", record="corpus.json",
+                        advice="a corpus is rebuilt (`odqa corpus build`) rather than edited, with the indexes built "
+                               "from it", reads=[name])
+
+
 class PassageStore:
     """Passages of a built corpus by row number, read lazily: only the byte offset of each line is
     held (8 bytes a passage), so 21M passages cost ~170 MB rather than their text."""
@@ -338,6 +399,7 @@ class PassageStore:
         self.dir = Path(corpus_dir)
         self.info = corpus_info(self.dir)
         self.path = require_file(self.dir / "passages.jsonl", "passages file")
+        _check_file(self.dir, self.info, "passages.jsonl")
         self.offsets = self._offsets()
         if len(self.offsets) != self.info["passages"]:
             raise InputError(f"{self.path} has {len(self.offsets)} lines but corpus.json says {self.info['passages']}")
@@ -383,6 +445,7 @@ class DocumentTable:
         self.dir = Path(corpus_dir)
         info = corpus_info(self.dir)
         path = require_file(self.dir / "documents.jsonl", "documents file")
+        _check_file(self.dir, info, "documents.jsonl")
         offsets, self.count, self.ids = self._index(path, info["fingerprint"])
         self.docs = JsonLines(path, offsets)
         if int(self.count.sum()) != info["passages"]:

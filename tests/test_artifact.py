@@ -114,3 +114,16 @@ def test_a_key_naming_paths_in_the_home_is_reused_in_a_copy_of_it(tmp_path, monk
     legacy.write_text("y")
     (copy / "legacy.json.key.json").write_text(json.dumps(moved))
     assert cached_key(legacy, moved) is not None
+
+
+def test_a_manifest_whose_files_record_is_of_the_wrong_shape_is_built_again(tmp_path):
+    """A derived artifact (the answer index, BM25) with a hand-edited files record is rebuilt, as one whose
+    files differ is, rather than ending in a KeyError."""
+    d = tmp_path / "a"
+    with build_dir(d, {"x": 1}) as (tmp, _):
+        (tmp / "f.bin").write_bytes(b"abc")
+    assert current_manifest(d, {"x": 1}) is not None
+    manifest = json.loads((d / "manifest.json").read_text())
+    for files in ({"f.bin": {"sha256": manifest["files"]["f.bin"]["sha256"]}}, 3, {"f.bin": {"bytes": "3", "sha256": "0"}}):
+        (d / "manifest.json").write_text(json.dumps({**manifest, "files": files}))
+        assert current_manifest(d, {"x": 1}) is None

@@ -123,10 +123,30 @@ def test_passage_store_random_access(tiny_corpus):
     assert PassageStore(tiny_corpus)[2] == passages[2]
 
 
+def test_a_corpus_file_edited_after_its_build_is_refused_by_name(tiny_corpus, tmp_path):
+    """An edit of the same size (a word changed: once an answer cut mid-word, "tten by Wil") or another
+    size, in passages.jsonl or documents.jsonl: refused at opening by corpus.json's record of the files."""
+    import shutil
+    for name, opener in (("passages.jsonl", PassageStore), ("documents.jsonl", DocumentTable)):
+        for edit in (lambda t: t.replace("a", "o", 1), lambda t: t.replace("a", "aa", 1)):
+            copy = tmp_path / f"c-{name}"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(tiny_corpus, copy)
+            opener(copy)
+            (copy / name).write_text(edit((copy / name).read_text()))
+            with pytest.raises(InputError, match=rf"changed corpus: {copy / name}: .*corpus.json.*rebuilt"):
+                opener(copy)
+
+
 def test_passage_store_reads_an_edited_file_again_and_names_a_bad_line(tiny_corpus, tmp_path):
+    """A corpus built before corpus.json recorded its files: an edited passages.jsonl is walked again
+    rather than read at stale offsets."""
     import shutil
     copy = tmp_path / "c"
     shutil.copytree(tiny_corpus, copy)
+    info = json.loads((copy / "corpus.json").read_text())
+    del info["files"]
+    (copy / "corpus.json").write_text(json.dumps(info))
     passages = load(copy / "passages.jsonl")
     assert PassageStore(copy)[1] == passages[1]                       # the offsets are cached now
     passages[0]["text"] = "A longer first passage, edited by hand. " + passages[0]["text"]
@@ -158,6 +178,9 @@ def test_document_table_reads_documents_by_offset_and_names_a_bad_line(tiny_corp
     assert sent.docs._fd is None and sent.docs[1] == docs[1] and sent.docs._fd != table.docs._fd
     copy = tmp_path / "c"
     shutil.copytree(tiny_corpus, copy)
+    info = json.loads((copy / "corpus.json").read_text())
+    del info["files"]   # built before corpus.json recorded its files, which would refuse the edit
+    (copy / "corpus.json").write_text(json.dumps(info))
     lines = (copy / "documents.jsonl").read_text().split("\n")
     (copy / "documents.jsonl").write_text("\n".join(lines[:2] + ["", lines[2][:-1]] + lines[3:]))
     with pytest.raises(InputError, match=r"documents.jsonl:4: not valid JSON"):   # the changed file, not the cache
@@ -247,3 +270,26 @@ def test_temporaries_of_killed_writers_are_removed_by_the_next_write(tmp_path):
         tmp.mkdir()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["index", f".index.tmp-{os.getppid()}", f".index.b.tmp-{dead.pid}"])
+
+
+def test_an_id_given_twice_is_refused_and_the_corpus_there_is_kept(tmp_path, tiny_corpus):
+    """Passages and documents are looked up by id: a corpus holding one twice would answer with the wrong
+    passage. The built corpus in --out stays as it was."""
+    import shutil
+    out = tmp_path / "c"
+    shutil.copytree(tiny_corpus, out)
+    before = (out / "passages.jsonl").read_bytes()
+    rows = [{"id": "7", "title": "A", "text": "one passage"}, {"id": "8", "title": "B", "text": "another"},
+            {"id": "7", "title": "C", "text": "the first's id again"}]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match=r"p.jsonl: the passage id '7' is given more than once"):
+        build_corpus([tmp_path / "p.jsonl"], out)
+    docs = [{"id": "d", "title": "A", "sections": [{"title": "", "paragraphs": ["x y"]}]},
+            {"id": "d", "title": "B", "sections": [{"title": "", "paragraphs": ["z"]}]}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in docs))
+    with pytest.raises(InputError, match=r"d.jsonl: the (passage|document) id 'd(#0)?' is given more than once"):
+        build_corpus([tmp_path / "d.jsonl"], out)
+    assert (out / "passages.jsonl").read_bytes() == before and not [p for p in out.iterdir() if ".tmp-" in p.name]
+    rows[2]["id"] = "9"
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert build_corpus([tmp_path / "p.jsonl"], out)["passages"] == 3
