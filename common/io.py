@@ -52,8 +52,12 @@ def _tmp_name(path: Path) -> Path:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling of `path` to write (a file or a directory); rename it onto `path`
-    only when the block finishes, so readers see either the old output or the complete new one."""
+    only when the block finishes, so readers see either the old output or the complete new one. An output
+    that is a symbolic link is written where it points, the link kept (a shared results file linked into
+    several runs), as `open(path, "w")` would."""
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_orphans(path)
     tmp = _tmp_name(path)

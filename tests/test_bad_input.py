@@ -249,6 +249,20 @@ def test_a_folder_that_refuses_the_output_is_named(kit, tmp_path, capsys, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_output_that_is_a_link_is_written_where_it_points(kit, tmp_path):
+    """The link stays a link and its target holds the new output (once the link was replaced by a file
+    and the target kept the old content): retrieve's results and eval-retrieval's metrics."""
+    for name, argv in (("r.json", ["retrieve", "--questions", str(kit["root"] / "q.jsonl"), "--corpus", str(kit["corpus"]),
+                                   "--k", "3", "--out"]),
+                       ("m.json", ["eval-retrieval", str(kit["root"] / "run.json"), "--no-answerable", "--json"])):
+        target, link = tmp_path / "shared" / name, tmp_path / f"link-{name}"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text("old")
+        link.symlink_to(target)
+        assert main(["-q", *argv, str(link)]) == 0
+        assert link.is_symlink() and link.resolve() == target and json.loads(target.read_text())
+
+
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes in a read-only folder")
 def test_a_read_only_folder_is_refused_before_the_run(kit, tmp_path, capsys):
     locked = tmp_path / "locked"
