@@ -16,6 +16,8 @@ barrier) is read here and nowhere else.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -111,11 +113,12 @@ def split_map(fn: Callable[[Sequence], list], items: Sequence, batch_size: int, 
         if ranks.world > 1:
             raise InputError("a stage split by rank needs a directory for its parts")
         return [r for batch in _progress(batches, desc, len(items), 0) for r in _checked(fn, batch)]
-    parts = _compute(fn, batches, Path(parts), key, desc, ranks, _JSON)
-    results = [r for b in range(len(batches)) for r in _read_part(parts, b, batches[b], _JSON)]
-    ranks.barrier()   # every rank has read every part
-    if ranks.main:
-        shutil.rmtree(parts)
+    with _one_run_at_a_time(Path(parts), ranks):
+        parts = _compute(fn, batches, Path(parts), key, desc, ranks, _JSON)
+        results = [r for b in range(len(batches)) for r in _read_part(parts, b, batches[b], _JSON)]
+        ranks.barrier()   # every rank has read every part
+        if ranks.main:
+            shutil.rmtree(parts)
     return results
 
 
@@ -127,12 +130,47 @@ def split_arrays(fn: Callable[[Sequence], np.ndarray], items: Sequence, batch_si
     other ranks are given nothing and return once rank 0 is done."""
     ranks = ranks or current()
     batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
-    parts = _compute(fn, batches, Path(parts), key, desc, ranks, _NPY)
-    if ranks.main:
-        for b in range(len(batches)):
-            yield _read_part(parts, b, batches[b], _NPY)
-        shutil.rmtree(parts)
+    with _one_run_at_a_time(Path(parts), ranks):
+        parts = _compute(fn, batches, Path(parts), key, desc, ranks, _NPY)
+        if ranks.main:
+            for b in range(len(batches)):
+                yield _read_part(parts, b, batches[b], _NPY)
+            shutil.rmtree(parts)
     ranks.barrier()   # the output is complete before any rank goes on to read it
+
+
+@contextlib.contextmanager
+def _one_run_at_a_time(parts: Path, ranks: Ranks) -> Iterator[None]:
+    """Hold `parts` for this run (its rank 0 holds the lock; its other ranks wait for it at the first
+    barrier): a second run of the same stage into the same output (`odqa retrieve` started twice) waits
+    for the first to finish and then computes its own, where it once died on the first one's parts
+    vanishing under it. Each run publishes whole; the last one's output stays. The lock file goes with
+    the lock."""
+    if not ranks.main:
+        yield
+        return
+    lock = parts.with_name(f"{parts.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("another run is writing %s: waiting for it to finish", parts.name.removeprefix(".")
+                        .removesuffix(".parts"))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:   # the holder before us removes the file as it lets go: a lock on that removed file holds nothing
+            ours = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            ours = False
+        if ours:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        os.unlink(lock)
+        os.close(fd)
 
 
 def _save_npy(path: Path, rows) -> None:

@@ -263,6 +263,38 @@ def test_an_output_that_is_a_link_is_written_where_it_points(kit, tmp_path):
         assert link.is_symlink() and link.resolve() == target and json.loads(target.read_text())
 
 
+@pytest.mark.parametrize("command", ["retrieve", "read"])
+def test_two_runs_into_one_output_both_finish_and_leave_one_whole_output(kit, tmp_path, command):
+    """`odqa retrieve` or `odqa read` started twice into one --out (once, one died with FileNotFoundError
+    on the other's parts): both finish, the output is one run's whole output, no temporary is left."""
+    import subprocess
+    import sys
+    many = tmp_path / "in"
+    many.mkdir()
+    if command == "retrieve":
+        write_jsonl(many / "q.jsonl", [{**q, "id": f"{i}-{q['id']}"} for i in range(40) for q in TINY_QUESTIONS])
+        argv = ["retrieve", "--questions", str(many / "q.jsonl"), "--corpus", str(kit["corpus"]), "--k", "3",
+                "--batch-size", "1"]
+    else:
+        rows = [json.loads(line) for line in (kit["root"] / "fid.jsonl").read_text().splitlines()]
+        write_jsonl(many / "fid.jsonl", [{**r, "id": f"{i}-{r['id']}"} for i in range(30) for r in rows])
+        argv = ["read", "--model", str(kit["reader"]), "--input", str(many / "fid.jsonl"), "--batch-size", "1",
+                "--k", "2", "--max-new-tokens", "2"]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / ("r.json" if command == "retrieve" else "p.jsonl")
+    runs = [subprocess.Popen([sys.executable, "-m", "odqa.system.cli", "-q", *argv, "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for run in runs:
+        _, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err
+    assert [p for p in out_dir.iterdir() if p.name.startswith(".")]     # no parts, lock or temporary
+    if command == "retrieve":
+        assert len(json.loads(out.read_text())) == 40 * len(TINY_QUESTIONS)
+    else:
+        assert len(out.read_text().splitlines()) == 30 * len(rows)
+
+
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes in a read-only folder")
 def test_a_read_only_folder_is_refused_before_the_run(kit, tmp_path, capsys):
     locked = tmp_path / "locked"
