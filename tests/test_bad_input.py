@@ -288,7 +288,7 @@ def test_two_runs_into_one_output_both_finish_and_leave_one_whole_output(kit, tm
     for run in runs:
         _, err = run.communicate(timeout=600)
         assert run.returncode == 0, err
-    assert [p for p in out_dir.iterdir() if p.name.startswith(".")]     # no parts, lock or temporary
+    assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]     # no parts, lock or temporary
     if command == "retrieve":
         assert len(json.loads(out.read_text())) == 40 * len(TINY_QUESTIONS)
     else:
