@@ -47,6 +47,7 @@ async def level(url: str, questions: list[str], clients: int, seconds: float, k:
     """`clients` closed-loop clients for `seconds`: each sends its next question when it has an answer."""
     latencies, starts, served, shed, failed, done = [], [], [], 0, 0, 0
     why = Counter()   # what each failure was: an HTTP status or an exception's name
+    statuses = Counter()   # every response the clients got, to check the server's /metrics against
     t0 = time.perf_counter()
     stop = t0 + seconds
 
@@ -63,6 +64,7 @@ async def level(url: str, questions: list[str], clients: int, seconds: float, k:
                 failed += 1
                 why[type(e).__name__] += 1
                 continue
+            statuses[r.status_code] += 1
             if r.status_code == 200:
                 latencies.append(time.perf_counter() - start)
                 starts.append(start - t0)
@@ -88,7 +90,16 @@ async def level(url: str, questions: list[str], clients: int, seconds: float, k:
     return {"clients": clients, "answered": done, "per_s": done / took, "p50": pct([x for x, _ in steady], 50),
             "p99": pct([x for x, _ in steady], 99), "server_p50": pct([v for _, v in steady], 50),
             "server_p99": pct([v for _, v in steady], 99), "shed": shed, "failed": failed, "why": dict(why), "measured": len(steady),
-            "warmup_max": 1000 * max(ramp) if ramp else float("nan")}
+            "warmup_max": 1000 * max(ramp) if ramp else float("nan"), "statuses": statuses}
+
+
+def counted_by_server(url: str) -> tuple[Counter, float]:
+    """The server's /metrics: its POST /answer responses by status, and its latency histogram's count."""
+    from prometheus_client.parser import text_string_to_metric_families
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
+    by_status = Counter({int(x.labels["status"]): int(x.value) for x in families["odqa_requests"].samples
+                         if x.name.endswith("_total")})
+    return by_status, sum(x.value for x in families["odqa_request_seconds"].samples if x.name.endswith("_count"))
 
 
 def main() -> int:
@@ -129,7 +140,7 @@ def main() -> int:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        httpx.post(f"{url}/answer", json={"question": questions[0], "k": args.k}, timeout=120)  # warm-up
+        warm = httpx.post(f"{url}/answer", json={"question": questions[0], "k": args.k}, timeout=120)
         health = httpx.get(f"{url}/health").json()
         before = rss_mb(server.pid)
         rows = []
@@ -137,6 +148,7 @@ def main() -> int:
             rows.append(asyncio.run(level(url, questions, clients, args.seconds, args.k, args.warmup_s)))
             print(f"{clients} clients: {rows[-1]}", file=sys.stderr, flush=True)
         after = rss_mb(server.pid)
+        counted, answered = counted_by_server(url)
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(60)
@@ -162,7 +174,13 @@ def main() -> int:
         if r["why"]:
             print(f"  at {r['clients']} clients: " + "; ".join(f"{n} x {w}" for w, n in r["why"].items()))
     print(f"server RSS {before:.0f} MB before, {after:.0f} MB after; exit code on SIGTERM: {code}")
-    return 0
+    got = sum((r["statuses"] for r in rows), Counter({warm.status_code: 1}))
+    lost = sum(n for r in rows for w, n in r["why"].items() if not w.startswith("HTTP"))   # no response to count
+    match = counted == got and answered == got[200]
+    print(f"/metrics by status {dict(sorted(counted.items()))}, latency count {answered:.0f}; the clients got "
+          f"{dict(sorted(got.items()))}: {'they match' if match else 'they DIFFER'}"
+          + (f" ({lost} request(s) ended without a response)" if lost else ""))
+    return 0 if match or lost else 1
 
 
 if __name__ == "__main__":

@@ -186,12 +186,26 @@ class Gate:
                 return await self._refuse(send, 413, f"a request body is at most {MAX_BODY_BYTES} bytes")
             receive = self._replay(body, receive)
 
+        arrived, status = time.perf_counter(), None
+
         async def counted(message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                self.metrics.requests.labels(str(message["status"])).inc()
-                self.metrics.worker_requests.inc()
+                status = message["status"]
+                self._count(status)
+                if status == 200:   # the latency of the answers clients got, so its count is the 200s'
+                    self.metrics.latency.observe(time.perf_counter() - arrived)
             await send(message)
-        await self.app(scope, receive, counted)
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:
+            if status is None:   # starlette's outermost middleware answers it 500, outside this count
+                self._count(500)
+            raise
+
+    def _count(self, status: int) -> None:
+        self.metrics.requests.labels(str(status)).inc()
+        self.metrics.worker_requests.inc()
 
     @staticmethod
     async def _body(receive) -> bytes | None:
@@ -223,8 +237,7 @@ class Gate:
         return replayed
 
     async def _refuse(self, send, status: int, detail: str, headers: list | None = None) -> None:
-        self.metrics.requests.labels(str(status)).inc()
-        self.metrics.worker_requests.inc()
+        self._count(status)
         body = json.dumps({"detail": detail}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -337,7 +350,6 @@ class Batcher:
             a["timings"] = {**a["timings"], "total_ms": 1000 * (now - p.arrived)}
             if not p.future.done():
                 p.future.set_result(a)
-                self.metrics.latency.observe(now - p.arrived)
 
 
 def create_app(pipeline=None, max_batch: int = 16, max_wait_ms: float = 10.0, max_queue: int = 64,

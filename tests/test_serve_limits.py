@@ -27,7 +27,10 @@ class GatedPipeline:
     def answer(self, questions, k=10, **settings):
         self.go.wait(30)
         self.asked += questions
-        return [{"question": q, "extractive": None, "generated": "x", "passages": [],
+        if "fail" in questions[0]:
+            raise RuntimeError("a pipeline that fails")
+        # "malformed": an answer the response model refuses, which starlette answers 500 outside the app
+        return [{"question": q, "extractive": None, "generated": 5 if "malformed" in q else "x", "passages": [],
                  "timings": {"retrieve_ms": 1.0, "read_ms": 2.0}} for q in questions]
 
 
@@ -159,3 +162,23 @@ def test_a_request_whose_client_has_gone_is_not_computed(server):
     assert r.status_code == 200
     assert pipeline.asked == ["first", "after"]
     assert gone_count(server["url"]) == 1
+
+
+def test_metrics_count_every_response_the_clients_got_by_status(server):
+    """Answers, refusals (422, 405), a pipeline's failure and an answer the response model refuses
+    (both 500: the second was once answered outside the count): /metrics's counts by status are the
+    clients', and the latency histogram counts the 200s."""
+    from collections import Counter
+
+    from prometheus_client.parser import text_string_to_metric_families
+    got, url = Counter(), server["url"]
+    # a connection each: uvicorn closes one after an error the app did not handle
+    for body in ([{"question": f"q{i}"} for i in range(5)] + [{"question": ""}, {"question": "x", "k": 0},
+                 {"question": "fail me"}, {"question": "malformed"}, {"question": "malformed again"}]):
+        got[httpx.post(f"{url}/answer", json=body, timeout=30).status_code] += 1
+    got[httpx.get(f"{url}/answer").status_code] += 1
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
+    counted = {int(s.labels["status"]): s.value for s in families["odqa_requests"].samples if s.name.endswith("_total")}
+    assert got == Counter({200: 5, 422: 2, 500: 3, 405: 1}) and counted == dict(got)
+    answered = [s.value for s in families["odqa_request_seconds"].samples if s.name.endswith("_count")]
+    assert answered == [5]
