@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import AutoConfig
+from transformers import AutoConfig, StoppingCriteria, StoppingCriteriaList
 
 from odqa.common.device import search_dtype
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import answer_em, is_echo
 from odqa.common.ranks import current, split_map
-from odqa.common.timings import stage
+from odqa.common.timings import check_deadline, past_deadline, stage
 from odqa.common.weights import check_sealed, weight_file, weight_keys
 from odqa.reader import fusion
 from odqa.reader.args import ReaderSettings
@@ -176,6 +176,13 @@ def _answer_text(spans: PassageSpans, row: int, answer: list[int], tokenizer) ->
     return surface if surface is not None else tokenizer.decode(answer, skip_special_tokens=True)
 
 
+class _UntilDeadline(StoppingCriteria):
+    """Ends decoding at the next step once the caller's deadline (`common.timings.deadline`) has passed."""
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), past_deadline(), dtype=torch.bool, device=input_ids.device)
+
+
 class _Decoder:
     """Greedy (or beam) decoding of some rows of a batch from its encoder output, span-constrained
     where `spans` is given; each row's answer tokens, without start and end."""
@@ -197,7 +204,9 @@ class _Decoder:
                 rows[i], strip_generated(prefix.tolist(), -1, None, self.start))
         generated = self.model.generate(encoder_outputs=encoded, attention_mask=self.mask[index],
                                         max_new_tokens=self.max_new_tokens, num_beams=self.num_beams, do_sample=False,
-                                        eos_token_id=self.end, pad_token_id=self.pad, **constrain)
+                                        eos_token_id=self.end, pad_token_id=self.pad,
+                                        stopping_criteria=StoppingCriteriaList([_UntilDeadline()]), **constrain)
+        check_deadline("the answer")   # decoding stopped early for it: the tokens so far are no answer
         return [strip_generated(seq, self.end, self.pad, self.start) for seq in generated.tolist()]
 
 

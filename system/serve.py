@@ -50,6 +50,7 @@ from odqa.common.io import InputError
 from odqa.common.questions import checked_question
 from odqa.common.results import Answer
 from odqa.common.settings import from_flat
+from odqa.common.timings import PastDeadline, deadline
 from odqa.reader.args import ReaderSettings
 from odqa.retriever.search_config import SearchConfig
 from odqa.system.args import ServeConfig
@@ -124,6 +125,8 @@ requests it has answered."""
                                buckets=LATENCY_BUCKETS)
         self.gone = Counter("odqa_requests_gone", "POST /answer requests whose client went away before they were "
                             "answered; those whose batch had not started were never computed", registry=r)
+        self.stopped = Counter("odqa_requests_stopped", "POST /answer requests whose computation was stopped "
+                               "past their timeout", registry=r)
         self.latency = Histogram("odqa_request_seconds", "seconds from arrival to answer, answered requests",
                                  registry=r, buckets=LATENCY_BUCKETS)
 
@@ -314,6 +317,10 @@ class Batcher:
             for (k, _), group in alike.items():
                 await self._answer(k, group)
 
+    def _compute(self, until: float, questions: list[str], k: int, settings: dict) -> list[dict]:
+        with deadline(until):
+            return self.pipeline.answer(questions, k, **settings)
+
     async def _answer(self, k: int, group: list[_Pending]) -> None:
         group = [p for p in group if not p.abandoned]
         if not group:
@@ -322,9 +329,18 @@ class Batcher:
         self.metrics.batch_size.observe(len(group))
         start = time.perf_counter()
         self.in_flight = len(group)
+        # the batch stops at its next stage or decoding step once the last of its requests has been answered
+        # 503 for its timeout: once, the most costly request the limits allow computed on for 40 s after
+        # its 503 while every other client got 429s
+        until = max(p.arrived for p in group) + self.timeout_s
         try:
-            answers = await asyncio.to_thread(self.pipeline.answer, [p.request.question for p in group], k,
-                                              **group[0].request.settings)
+            answers = await asyncio.to_thread(self._compute, until, [p.request.question for p in group], k,
+                                              group[0].request.settings)
+        except PastDeadline:
+            self.in_flight = 0
+            self.metrics.stopped.inc(len(group))
+            log.info("stopped a batch of %d: every request in it was past its timeout", len(group))
+            return
         except Exception as e:  # noqa: BLE001 -- one failed batch must not stop the worker
             self.in_flight = 0
             if len(group) > 1:

@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -376,3 +377,31 @@ def test_pretraining_reports_to_tensorboard(t5, tmp_path):
                     LoopArgs(out_dir=str(tmp_path / "pre"), backend="accelerate", batch_size=2, max_steps=4,
                              eval_steps=2, save_steps=4, warmup_steps=1, log_steps=2, report_to="tensorboard"))
     assert_reported(tmp_path / "pre", "neg_loss")
+
+
+def test_reading_stops_at_the_next_decoding_step_once_its_deadline_passes(tmp_path, monkeypatch):
+    """The server's timeout reaches into decoding: with a clock that passes the deadline after a few
+    steps, generate raises PastDeadline having run those steps only; no deadline, the same answers as
+    before."""
+    import itertools
+
+    from tiny_models import make_tiny_t5
+
+    from odqa.common import timings
+    from odqa.common.timings import PastDeadline, deadline
+    from odqa.reader.args import ReaderSettings
+    from odqa.reader.fid_data import FiDExample
+    from odqa.reader.read import generate, load_reader
+    texts = ["the code of bob is 7 .", "question: what is the code of bob ? title: t context: bob likes chess ."]
+    model, tok = load_reader(make_tiny_t5(tmp_path / "t5", texts * 4, vocab_size=300))
+    examples = [FiDExample("0", "what is the code of bob ?", [], [("t", "the code of bob is 7 .")])]
+    settings = ReaderSettings(decoding="free", max_new_tokens=30, num_beams=2)
+    free = generate(model, tok, examples, [1], settings)
+    ticks = itertools.count()
+    monkeypatch.setattr(timings, "clock", lambda: next(ticks))
+    with deadline(5), pytest.raises(PastDeadline):
+        generate(model, tok, examples, [1], settings)
+    assert next(ticks) < 12        # three stage checks and a few steps: not thirty
+    monkeypatch.setattr(timings, "clock", time.perf_counter)
+    with deadline(time.perf_counter() + 600):
+        assert generate(model, tok, examples, [1], settings) == free

@@ -2,6 +2,7 @@
 the body limit counts the bytes received whatever the headers say, a client that sends its request
 too slowly (one header byte a second, half a body) is closed within the request timeout while others
 are served, and a request whose client has gone is never computed."""
+import asyncio
 import json
 import socket
 import threading
@@ -12,7 +13,15 @@ import psutil
 import pytest
 import uvicorn
 
-from odqa.system.serve import MAX_BODY_BYTES, REQUEST_TIMEOUT_ENV, TimedH11Protocol, create_app
+from odqa.system.serve import (
+    MAX_BODY_BYTES,
+    REQUEST_TIMEOUT_ENV,
+    AnswerRequest,
+    Batcher,
+    Metrics,
+    TimedH11Protocol,
+    create_app,
+)
 
 TIMEOUT_S = 1.5
 
@@ -182,3 +191,43 @@ def test_metrics_count_every_response_the_clients_got_by_status(server):
     assert got == Counter({200: 5, 422: 2, 500: 3, 405: 1}) and counted == dict(got)
     answered = [s.value for s in families["odqa_request_seconds"].samples if s.name.endswith("_count")]
     assert answered == [5]
+
+
+class EndlessPipeline:
+    """Computes until its deadline stops it, as the reader's stages and decoding steps do; records how
+    long it ran past the request's timeout."""
+
+    def __init__(self):
+        self.ran_s, self.stopped = [], threading.Event()
+
+    def answer(self, questions, k=10, **settings):
+        from odqa.common.timings import check_deadline
+        if questions[0] == "quick":
+            return GatedPipeline().answer(questions, k)
+        start = time.perf_counter()
+        try:
+            while time.perf_counter() - start < 30:
+                check_deadline("the next step")
+                time.sleep(0.01)
+        finally:
+            self.ran_s.append(time.perf_counter() - start)
+            self.stopped.set()
+        return GatedPipeline().answer(questions, k)
+
+
+def test_a_request_past_its_timeout_stops_its_work_and_the_next_is_served():
+    async def scenario():
+        batcher = Batcher(Metrics(), max_batch=1, max_wait_ms=1, timeout_s=0.5)
+        batcher.pipeline = EndlessPipeline()
+        worker = asyncio.ensure_future(batcher.run())
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await batcher.submit(AnswerRequest(question="endless"))
+            start = time.perf_counter()
+            answer = await batcher.submit(AnswerRequest(question="quick"))
+            return answer, time.perf_counter() - start, batcher
+        finally:
+            worker.cancel()
+    answer, waited, batcher = asyncio.run(scenario())
+    assert answer["generated"] == "x" and waited < 2      # not behind 30 s of work no one reads
+    assert batcher.pipeline.ran_s and batcher.pipeline.ran_s[0] < 1.5

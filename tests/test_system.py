@@ -100,7 +100,7 @@ def test_a_reader_error_is_a_500_and_the_server_keeps_serving(system, monkeypatc
         model, tokenizer = pipeline.reader
         monkeypatch.setattr(pipeline, "_reader", (type("Broken", (), {
             "generate": broken, "get_encoder": lambda self: broken, "training": False,
-            "generation_config": model.generation_config, "eval": lambda self: self,
+            "generation_config": model.generation_config, "config": model.config, "eval": lambda self: self,
             "train": lambda self, m: self})(), tokenizer))
         r = client.post("/answer", json={"question": "how tall is mount everest"})
         assert r.status_code == 500 and "reader exploded" in r.json()["detail"]
