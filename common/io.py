@@ -295,9 +295,11 @@ def checksums(directory: str | os.PathLike) -> dict[str, dict]:
 
 
 def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
-                     hash_up_to: int | None = None, record: str = "the manifest") -> list[str]:
+                     hash_up_to: int | None = None, record: str = "the manifest", remember: bool = False) -> list[str]:
     """Problems (an empty list when none) of the files against `recorded` checksums: a missing file, a
-    size or a sha256 that differs. Files over `hash_up_to` bytes have only their size checked."""
+    size or a sha256 that differs. Files over `hash_up_to` bytes have only their size checked. With
+    `remember`, the hash of a file over VERIFY_ON_OPEN_BYTES is kept (`remembered_sha256`), so a large
+    checkpoint is hashed once, not at every load."""
     directory, problems = Path(directory), []
     for name, want in checked_record(recorded, _record_path(directory, record)).items():
         path = directory / name
@@ -305,9 +307,41 @@ def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
             problems.append(f"{path}: missing")
         elif path.stat().st_size != want["bytes"]:
             problems.append(f"{path}: {path.stat().st_size} bytes, {record} says {want['bytes']}")
-        elif (hash_up_to is None or want["bytes"] <= hash_up_to) and file_sha256(path) != want["sha256"]:
-            problems.append(f"{path}: its sha256 differs from {record}'s (the file is corrupted)")
+        elif hash_up_to is None or want["bytes"] <= hash_up_to:
+            big = remember and want["bytes"] > VERIFY_ON_OPEN_BYTES
+            if (remembered_sha256(path) if big else file_sha256(path)) != want["sha256"]:
+                problems.append(f"{path}: its sha256 differs from {record}'s (the file is corrupted)")
     return problems
+
+
+def _hashes_file() -> Path:
+    from odqa.common.paths import odqa_home
+    return odqa_home() / "hashes.json"
+
+
+def remembered_sha256(path: str | os.PathLike) -> str:
+    """A large file's sha256, computed once (1.1 s a GiB on a 2-core AMD EPYC, with another job running) and kept in $ODQA_HOME/hashes.json under
+    its real path with its size, inode, mtime and ctime: a file written since (in place or replaced) has
+    another mtime and ctime, and is hashed again. The ctime cannot be set back by hand, as mtime can."""
+    path = Path(os.path.realpath(path))
+    st = path.stat()
+    stamp = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+    store = _hashes_file()
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+        entry = known.get(str(path)) if isinstance(known, dict) else None
+    except (OSError, ValueError):   # none yet, unreadable, damaged: hash again
+        known, entry = {}, None
+    if isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str):
+        return entry[4]
+    digest = file_sha256(path)
+    known = known if isinstance(known, dict) else {}
+    known[str(path)] = [*stamp, digest]
+    try:
+        write_json(store, known, indent=None)
+    except OSError as e:   # a read-only home: hashed again next time
+        log.info("cannot keep the hash of %s in %s (%s)", path, store, e)
+    return digest
 
 
 def _record_path(directory, record: str) -> str:
@@ -338,7 +372,8 @@ def checked_record(recorded, where: str) -> dict[str, dict]:
 
 def check_checksums(directory: str | os.PathLike, manifest: dict, what: str = "index", state: str = "corrupt",
                     record: str = "the manifest", advice: str = "rebuild it",
-                    hash_up_to: int | None = VERIFY_ON_OPEN_BYTES, reads: Iterable[str] = ()) -> None:
+                    hash_up_to: int | None = VERIFY_ON_OPEN_BYTES, reads: Iterable[str] = (),
+                    remember: bool = False) -> None:
     """On opening an index (or a checkpoint): sizes of all its files and bytes of those up to `hash_up_to`,
     as its manifest's "files" record them; an InputError naming the first that differs, or a file the
     opener `reads` that the record leaves out (and so would go unchecked)."""
@@ -347,7 +382,7 @@ def check_checksums(directory: str | os.PathLike, manifest: dict, what: str = "i
     if unrecorded:
         raise InputError(f"{state} {what}: {Path(directory) / unrecorded[0]} is not in {record}'s files, so it "
                          f"cannot be checked; {advice}")
-    problems = verify_checksums(directory, manifest.get("files", {}), hash_up_to, record)
+    problems = verify_checksums(directory, manifest.get("files", {}), hash_up_to, record, remember)
     if problems:
         raise InputError(f"{state} {what}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                          + f"; {advice}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from odqa.common.io import VERIFY_ON_OPEN_BYTES, InputError, check_checksums, file_sha256, loading, read_json, write_json
+from odqa.common.io import InputError, check_checksums, file_sha256, loading, read_json, write_json
 
 SHOWN = 5   # keys named in an error, of each kind
 CHECKSUMS = "checksums.json"   # in every checkpoint odqa writes: {relative path: {"bytes", "sha256"}}
@@ -31,8 +31,10 @@ def seal(directory: str | os.PathLike) -> None:
 
 def check_sealed(directory: str | os.PathLike, what: str, whole: bool = False) -> bool:
     """Refuse (an InputError naming the file) a checkpoint whose files differ from its CHECKSUMS: every
-    size, and the bytes of the files up to VERIFY_ON_OPEN_BYTES (of all with `whole`), as the indexes
-    are checked. False for a directory odqa did not seal (a hub or T5 checkpoint), which loads as it is."""
+    size and every byte (a published t5-base reader is some 900 MB), a file over VERIFY_ON_OPEN_BYTES
+    hashed once and remembered by its size, inode and times (`remembered_sha256`), and hashed anew by
+    `whole` (`odqa verify`). False for a directory odqa did not seal (a hub or T5 checkpoint), which loads
+    as it is."""
     directory = Path(directory)
     if not (directory / CHECKSUMS).is_file():
         return False
@@ -41,7 +43,7 @@ def check_sealed(directory: str | os.PathLike, what: str, whole: bool = False) -
                                                  for v in recorded.values()):
         raise InputError(f"{directory / CHECKSUMS}: not a checksum record ({{path: {{bytes, sha256}}}})")
     check_checksums(directory, {"files": recorded}, what, state="damaged", record=CHECKSUMS,
-                    advice="restore it or train it again", hash_up_to=None if whole else VERIFY_ON_OPEN_BYTES)
+                    advice="restore it or train it again", hash_up_to=None, remember=not whole)
     return True
 
 

@@ -355,6 +355,7 @@ def add(sub) -> None:
     p = command(sub, "verify", cmd_verify, help="check an index's or a checkpoint's files against their checksums",
                 description="Hash every file of a phrase or document index (or a dense index under a corpus) "
                             "and compare with manifest.json, or of a checkpoint odqa wrote and compare with "
-                            "checksums.json. Opening one checks every size but hashes only files up to 256 MB; "
-                            "this checks the large ones too.")
+                            "checksums.json. Opening an index checks every size but hashes only files up to "
+                            "256 MB, and loading a checkpoint remembers the hash of a large file it has checked; "
+                            "this hashes every file anew.")
     add_dataclass_args(p, VerifyArgs)
