@@ -84,3 +84,27 @@ def without_dropout(encoder: Path, out: Path) -> Path:
     config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (out / "config.json").write_text(json.dumps(config))
     return out
+
+
+def wandb_records(path):
+    """The records of an offline wandb run's `run-ID.wandb` file, read back as wandb's protobuf `Record`s
+    (wandb 0.31 reads these files in its Go core only). The file is a leveldb log: a 7-byte header, then
+    32 KiB blocks of chunks, each crc32 (4 bytes), length (2), type (1: whole, 2: first, 3: middle, 4: last)
+    and data."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+    data, pos, block, parts = Path(path).read_bytes(), 7, 32768, b""
+    assert data[:4] == b":W&B", path
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:        # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        parts += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            yield record

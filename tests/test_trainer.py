@@ -1,5 +1,7 @@
 """The shared training loop's own guarantees, apart from any trainer: the data order it promises and
 the settings it refuses. (Each trainer's tests check resuming, process counts and ZeRO stages.)"""
+import json
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -121,8 +123,50 @@ def test_each_engine_reports_to_tensorboard_and_a_missing_tracker_is_named(backe
     assert_reported(tmp_path / "run", "mse")
     assert [step for step, _ in tensorboard_scalars(tmp_path / "run")["train/loss"]] == [2, 4, 6, 8, 10, 12]
     wanted = OptimArgs(backend=backend, report_to="wandb", max_steps=1)
-    with pytest.raises(InputError, match="--report-to wandb: wandb is not installed"):
-        train(task(), wanted, make_engine(wanted), tmp_path / "other")
+    import accelerate.tracking
+    available = accelerate.tracking.get_available_trackers
+    with pytest.MonkeyPatch.context() as m:   # as on a machine without it
+        m.setattr(accelerate.tracking, "get_available_trackers", lambda: [t for t in available() if str(t) != "wandb"])
+        with pytest.raises(InputError, match="--report-to wandb: wandb is not installed"):
+            train(task(), wanted, make_engine(wanted), tmp_path / "other")
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+def test_wandb_offline_and_mlflow_runs_land_in_out_runs(tracker, tmp_path, monkeypatch):
+    """The two trackers installed (requirements.txt): a wandb run in offline mode and an MLflow run in a file
+    store, each under OUT/runs with the loss of every --log-steps and the settings."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)     # nothing may land in the working directory instead
+    x = torch.randn(32, 4)
+
+    def loss(model, batch, step):
+        value = model(batch).pow(2).mean()
+        return value, {"loss": value.item()}
+    args = OptimArgs(batch_size=8, lr=0.01, warmup_steps=1, max_steps=4, eval_steps=0, log_steps=2, report_to=tracker)
+    task = Task(model=torch.nn.Linear(4, 1), n_batches=4, loss=loss, save=lambda m, path: path.mkdir(),
+                batches=lambda epoch: [x[i:i + 8] for i in range(0, 32, 8)])
+    out = tmp_path / "run"
+    train(task, args, make_engine(args), out)
+    assert not [p for p in tmp_path.iterdir() if p.name != "run"]
+    if tracker == "wandb":
+        from loop_checks import wandb_records
+        (run,) = (out / "runs" / "wandb").glob("offline-run-*")
+        records = list(wandb_records(next(run.glob("run-*.wandb"))))
+        history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                   for r in records if r.HasField("history")]
+        assert [h["_step"] for h in history] == [2, 4] and all(h["train/loss"] > 0 for h in history)
+        config = {u.key or "/".join(u.nested_key): json.loads(u.value_json)
+                  for r in records if r.HasField("config") for u in r.config.update}
+        assert config["lr"] == 0.01
+    else:
+        import mlflow
+        client = mlflow.tracking.MlflowClient(tracking_uri=(out / "runs" / "mlruns").as_uri())
+        (experiment,) = [e for e in client.search_experiments() if e.name != "Default"]
+        (run,) = client.search_runs([experiment.experiment_id])
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [2, 4]
+        assert run.data.params["lr"] == "0.01" and run.info.status == "FINISHED"
 
 
 
