@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from odqa.common.io import InputError, read_json, write_json_array
+from odqa.common.io import InputError, plain_suffix, read_json, read_jsonl, write_json_array
 from odqa.common.metrics.has_answer import TokenizedText, has_answer
 from odqa.common.questions import Question
 
@@ -22,6 +22,8 @@ def make_entry(q: Question, passages: Sequence[dict], scores: Sequence[float],
     tokens = tokens or [None] * len(passages)
     return {
         "id": q.id, "question": q.question, "answers": q.answers, "regex": q.regex,
+        # NQ-open's own answers beside DPR's tokenised ones, for EM as FiD scores it
+        **({"answers_raw": q.extra["answers_raw"]} if isinstance(q.extra.get("answers_raw"), list) else {}),
         "ctxs": [{"id": p["id"], "title": p["title"], "text": p["text"], "score": float(s),
                   "has_answer": has_answer(p["text"], q.answers, q.regex, tokens=t)}
                  for p, s, t in zip(passages, scores, tokens)],
@@ -49,8 +51,11 @@ def write_trec(path: str | os.PathLike, entries: list[dict], tag: str) -> None:
         tmp.write_text("".join(lines), encoding="utf-8")
 
 
-def read_results(path: str | os.PathLike) -> list[dict]:
-    data = read_json(path)
+def read_results(path: str | os.PathLike, flags: bool = True) -> list[dict]:
+    """The entries of a DPR-format file, checked; `flags=False`: ctxs may lack "has_answer" (FiD's files),
+    for the caller to compute (`retrieval_eval.recompute_flags`). A .jsonl file holds an entry a line (odqa's
+    FiD files)."""
+    data = [row for _, row in read_jsonl(path)] if plain_suffix(path) == ".jsonl" else read_json(path)
     if not isinstance(data, list):
         raise InputError(f"{path}: expected a JSON list of questions with ctxs")
     if not data:    # every metric over it would be a 0.0 that measures nothing
@@ -59,8 +64,11 @@ def read_results(path: str | os.PathLike) -> list[dict]:
         if not isinstance(entry, dict) or "question" not in entry or not isinstance(entry.get("ctxs"), list):
             raise InputError(f"{path}: entry {i} needs \"question\" and a \"ctxs\" list")
         for j, ctx in enumerate(entry["ctxs"]):
-            if not isinstance(ctx, dict) or "has_answer" not in ctx:
-                raise InputError(f"{path}: entry {i}, ctx {j} has no \"has_answer\"")
+            if not isinstance(ctx, dict) or (flags and "has_answer" not in ctx):
+                raise InputError(f"{path}: entry {i}, ctx {j} has no \"has_answer\"" + (
+                    " (give --recompute-has-answer to compute the flags from the ctxs' texts)" if flags else ""))
+            if not flags and not isinstance(ctx.get("text"), str):
+                raise InputError(f"{path}: entry {i}, ctx {j} has no \"text\" to find an answer in")
         answers = entry.get("answers")
         if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
             raise InputError(f"{path}: entry {i}: \"answers\" must be a list of strings")

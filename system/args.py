@@ -159,5 +159,8 @@ class EvalRetrievalArgs(Settings):
     runs: list[Path] = required("DPR-format retrieval files", positional=True)
     topk: list[int] = listed([1, 5, 20, 100], "k values", range="positive")
     no_answerable: bool = arg(False, "skip the answerable subset (no corpus pass)")
+    recompute_has_answer: bool = arg(False, "compute each ctx's has_answer from its text, as DPR's and FiD's "
+                                            "evaluation do, rather than take the file's flags (and say how many "
+                                            "disagree); a file without flags, as FiD's are, is always computed")
     json: Path | None = arg(None, "also write the metrics to this JSON file", **FILE_OUT)
     corpus: Path | None = path(None, CORPUS_HELP)

@@ -105,13 +105,41 @@ def test_the_extractive_answer_is_scored_over_all_and_over_a_right_first_passage
     entries = [entry("rome", True, False), entry("paris", True, True), entry("milan", False, True),
                entry("Rome", False, False)]            # right without an answer-bearing passage: EM, not a read
     metrics = evaluate_results(entries, [True, True, True, False], ks=(1, 2))
-    assert metrics["all"]["EM"] == 50.0 and metrics["all"]["EM (Top-1 hit)"] == 50.0    # 1 of the 2 first hits
-    assert metrics["answerable"]["EM"] == pytest.approx(100 / 3) and metrics["answerable"]["EM (Top-1 hit)"] == 50.0
+    em, read = "extractive EM", "extractive EM (Top-1 hit)"
+    assert metrics["all"][em] == 50.0 and metrics["all"][read] == 50.0    # 1 of the 2 first hits
+    assert metrics["answerable"][em] == pytest.approx(100 / 3) and metrics["answerable"][read] == 50.0
     no_prediction = evaluate_results([{k: v for k, v in entries[0].items() if k != "prediction"}], ks=(1,))["all"]
-    assert "EM" not in no_prediction and "EM (Top-1 hit)" not in no_prediction
+    assert not [column for column in no_prediction if "EM" in column]
     no_first_hit = evaluate_results([entry("rome", False, True)], ks=(1,))
-    assert no_first_hit["all"]["EM"] == 100.0 and "EM (Top-1 hit)" not in no_first_hit["all"]
+    assert no_first_hit["all"][em] == 100.0 and read not in no_first_hit["all"]
     assert format_table({"run": metrics, "no hit": no_first_hit}).splitlines()[-1].endswith("| 100.0 | - |")
+
+
+def test_each_extractive_em_is_named_for_the_answer_and_the_gold_it_scores():
+    """The memory-assisted "prediction" and the phrase's own "prediction_without_memory" are scored apart
+    (once, "EM" scored the first while the report's "extractive EM" scored the second); where entries
+    carry NQ-open's "answers_raw", each EM is scored against them too."""
+    def entry(own, helped, answers, raw):
+        return {"question": "q", "answers": answers, "answers_raw": raw, "prediction": helped,
+                "prediction_without_memory": own, "ctxs": [{"has_answer": True}]}
+    entries = [entry("1950-51", "1950-51", ["1950 - 51"], ["1950-51"]),   # DPR's tokens: "1950 51" against "195051"
+               entry("paris", "rome", ["rome"], ["Rome"])]
+    m = evaluate_results(entries, ks=(1,))["all"]
+    assert m["extractive EM"] == 0.0 and m["extractive + memory EM"] == 50.0
+    assert m["extractive EM (NQ-open answers)"] == 50.0 and m["extractive + memory EM (NQ-open answers)"] == 100.0
+
+
+def test_no_figure_is_given_past_the_files_depth():
+    """A 10-deep file once showed Top-20 and Top-100 as its Top-10, and P@20 of a 5-deep file was divided by
+    20: past the shallowest question's ctxs there is no figure (None; "-" in the table)."""
+    ten = [{"question": "q", "answers": ["a"], "ctxs": [{"has_answer": i == 7} for i in range(10)]}]
+    m = evaluate_results(ten, ks=(1, 5, 10, 20, 100))["all"]
+    assert m["Top-10"] == 100.0 and m["Top-5"] == 0.0 and m["depth"] == 10
+    assert m["Top-20"] is m["Top-100"] is m["MRR@20"] is m["P@20"] is None
+    row = format_table({"ten": {"all": m}}).splitlines()[-1]
+    assert row == "| ten | all | 1 | 0.0 | 0.0 | 100.0 | - | - | - | - |"
+    deep = [{"question": "q", "answers": ["a"], "ctxs": [{"has_answer": i < 5} for i in range(20)]}]
+    assert evaluate_results(deep, ks=(20,))["all"]["P@20"] == 25.0
 
 
 def test_read_results_rejects_a_file_of_another_shape(tmp_path):

@@ -45,6 +45,21 @@ def test_build_retrieve_evaluate_supervise(tmp_path, tiny_docs, tiny_questions, 
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert metrics["run"]["answerable"]["Top-5"] == 100.0
 
+    # a FiD-format file, its ctxs without flags: scored by flags computed from the texts, the same figures
+    fid = tmp_path / "fid.jsonl"
+    fid.write_text("".join(json.dumps({**e, "ctxs": [{k: v for k, v in c.items() if k != "has_answer"}
+                                                     for c in e["ctxs"]]}) + "\n" for e in entries))
+    flipped = tmp_path / "flipped.json"
+    flipped.write_text(json.dumps([{**e, "ctxs": [{**c, "has_answer": not c["has_answer"]} for c in e["ctxs"][:2]]
+                                    + e["ctxs"][2:]} for e in entries]))
+    assert main(["-q", "eval-retrieval", str(fid), str(flipped), "--corpus", str(corpus), "--topk", "1", "5",
+                 "--recompute-has-answer", "--json", str(tmp_path / "m2.json")]) == 0
+    out = capsys.readouterr().out
+    recomputed = json.loads((tmp_path / "m2.json").read_text())
+    assert recomputed["fid"] == recomputed["flipped"] == metrics["run"]
+    assert f"{fid}: has_answer computed from each ctx's text (DPR's rule), the file holding none" in out
+    assert f"{flipped}: has_answer computed from each ctx's text (DPR's rule); 10 of the file's 25 flags disagreed" in out
+
     assert main(["-q", "supervise", "--questions", str(tiny_questions), "--corpus", str(corpus),
                  "--validation-percent", "0"]) == 0
     assert "| tiny-q | 5 | 4 | 80.0 |" in capsys.readouterr().out

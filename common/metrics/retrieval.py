@@ -37,9 +37,14 @@ def precision_at_k(hits: Sequence[Sequence[bool]], k: int) -> float:
 
 
 def retrieval_metrics(hits: Sequence[Sequence[bool]], ks: Sequence[int] = DEFAULT_TOPK,
-                      mrr_k: int = 20, p_k: int = 20) -> dict[str, float]:
-    out = {f"Top-{k}": top_k_accuracy(hits, k) for k in ks}
-    out[f"MRR@{mrr_k}"] = mrr_at_k(hits, mrr_k)
-    out[f"P@{p_k}"] = precision_at_k(hits, p_k)
+                      mrr_k: int = 20, p_k: int = 20, depth: int | None = None) -> dict[str, float]:
+    """Top-k for each k, MRR@mrr_k, P@p_k and the count of questions. `depth`: how many passages a question
+    the ranking holds; a metric whose k is deeper has no figure (None), since the ranks past the depth
+    are unknown: a 10-deep file's "Top-20" would be its Top-10."""
+    def known(k: int, metric):
+        return metric(hits, k) if depth is None or k <= depth else None
+    out = {f"Top-{k}": known(k, top_k_accuracy) for k in ks}
+    out[f"MRR@{mrr_k}"] = known(mrr_k, mrr_at_k)
+    out[f"P@{p_k}"] = known(p_k, precision_at_k)
     out["questions"] = len(hits)
     return out

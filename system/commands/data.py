@@ -40,14 +40,32 @@ def cmd_supervise(args) -> None:
 
 def cmd_eval_retrieval(args) -> None:
     from odqa.common.paths import default_corpus
-    from odqa.common.retrieval_eval import answerable_flags, evaluate_results, format_table
+    from odqa.common.retrieval_eval import answerable_flags, evaluate_results, format_table, recompute_flags
     from odqa.common.retrieval_file import read_results
-    rows = {}
+    rows, notes = {}, []
     for path in args.runs:
-        entries = read_results(path)
+        entries = read_results(path, flags=False)
+        unflagged = sum("has_answer" not in c for e in entries for c in e["ctxs"])
+        if args.recompute_has_answer or unflagged:
+            disagree = recompute_flags(entries)
+            flagged = sum(len(e["ctxs"]) for e in entries) - unflagged
+            notes.append(f"{path}: has_answer computed from each ctx's text (DPR's rule)" +
+                         (", the file holding none" if not flagged else
+                          f"; {disagree} of the file's {flagged} flags disagreed"))
         answerable = None if args.no_answerable else answerable_flags(entries, args.corpus or default_corpus())
-        rows[Path(path).stem] = evaluate_results(entries, answerable, ks=args.topk)
+        rows[Path(path).stem] = metrics = evaluate_results(entries, answerable, ks=args.topk)
+        depth = metrics["all"]["depth"]
+        if max([*args.topk, 20]) > depth:
+            notes.append(f"-: past {path}'s depth ({depth} passages a question), a figure would count only "
+                         f"its first {depth}")
     print(format_table(rows))
+    if any("EM" in column for subsets in rows.values() for column in subsets["all"]):
+        notes.append("extractive EM: the phrase answer; + memory: the answer the memory helped vote for; each "
+                     "scored against the questions' \"answers\" (DPR's: NQ's are PTB-tokenised, \"May 18 , 2018\")"
+                     + ("; (NQ-open answers): against \"answers_raw\", NQ-open's own, as FiD's data scores them"
+                        if any("(NQ-open answers)" in c for subsets in rows.values() for c in subsets["all"]) else ""))
+    for note in notes:
+        print(note)
     if args.json:
         from odqa.common.io import write_json
         write_json(args.json, rows)
