@@ -110,6 +110,7 @@ class ReadAtK:
     generated_em: bool
     hit: bool   # an answer-bearing passage among the top k
     generated_f1: float | None = None   # SQuAD's token F1; None for regex answers (CuratedTREC), as the papers
+    generated_em_raw: bool | None = None   # EM against NQ-open's own answers, where the set has them (NQ)
 
 
 @dataclass(frozen=True)
@@ -127,16 +128,25 @@ class RunQuestion:
     # with an answer memory (`odqa run --with-memory`): the vote's answer with its help, and its EM
     extractive_memory: str | None = None
     extractive_memory_em: bool | None = None
+    # NQ: "answers" are DPR's, PTB-tokenised ("May 18 , 2018"); NQ-open's own, which FiD's data scores, beside
+    answers_raw: tuple[str, ...] | None = None
+    extractive_em_raw: bool | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunQuestion":
+        raw = d.get("answers_raw")
         return cls(d["dataset"], d["id"], d["question"], tuple(d["answers"]), d["extractive"], d["extractive_em"],
                    {int(k): ReadAtK(**v) for k, v in d["k"].items()}, d.get("extractive_f1"),
-                   d.get("extractive_memory"), d.get("extractive_memory_em"))
+                   d.get("extractive_memory"), d.get("extractive_memory_em"),
+                   None if raw is None else tuple(raw), d.get("extractive_em_raw"))
 
     def to_dict(self) -> dict:
         memory = {} if self.extractive_memory is None else {"extractive_memory": self.extractive_memory,
                                                             "extractive_memory_em": self.extractive_memory_em}
+        raw = {} if self.answers_raw is None else {"answers_raw": list(self.answers_raw),
+                                                   "extractive_em_raw": self.extractive_em_raw}
         return {"dataset": self.dataset, "id": self.id, "question": self.question, "answers": list(self.answers),
-                "extractive": self.extractive, "extractive_em": self.extractive_em, "extractive_f1": self.extractive_f1,
-                **memory, "k": {str(k): asdict(v) for k, v in sorted(self.k.items())}}
+                **raw, "extractive": self.extractive, "extractive_em": self.extractive_em,
+                "extractive_f1": self.extractive_f1, **memory,
+                "k": {str(k): {n: v for n, v in asdict(r).items() if n != "generated_em_raw" or v is not None}
+                      for k, r in sorted(self.k.items())}}

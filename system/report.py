@@ -25,6 +25,10 @@ COLUMNS = ("questions", "Top-k", "extractive EM", "generated EM", "only extracti
 
 
 MEMORY_COLUMN = "extractive + memory EM"
+# NQ scored against NQ-open's own answers ("answers_raw"), as FiD's data scores it, beside DPR's tokenised ones
+RAW_COLUMNS = ("extractive EM (NQ-open answers)", "generated EM (NQ-open answers)")
+LEGEND = ("EM scores each question's \"answers\": DPR's, whose NQ answers are PTB-tokenised (\"May 18 , 2018\"); "
+          "the (NQ-open answers) columns score NQ-open's own, which FiD's data and published EM use.")
 
 
 def _mean_f1(values: list) -> float | None:
@@ -50,18 +54,22 @@ def table_rows(records: list[dict]) -> list[dict]:
                          "generated F1": _mean_f1([r["k"][str(k)].get("generated_f1") for r in recs]),
                          # the answer memory's help, where the run asked for it (`--with-memory`)
                          **({MEMORY_COLUMN: 100.0 * sum(r["extractive_memory_em"] for r in recs) / n}
-                            if all("extractive_memory_em" in r for r in recs) else {})})
+                            if all("extractive_memory_em" in r for r in recs) else {}),
+                         **(dict(zip(RAW_COLUMNS, (100.0 * sum(r["extractive_em_raw"] for r in recs) / n,
+                                                   100.0 * sum(r["k"][str(k)]["generated_em_raw"] for r in recs) / n)))
+                            if all("answers_raw" in r for r in recs) else {})})
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    columns = COLUMNS + ((MEMORY_COLUMN,) if any(MEMORY_COLUMN in r for r in rows) else ())
+    columns = COLUMNS + ((MEMORY_COLUMN,) if any(MEMORY_COLUMN in r for r in rows) else ()) + \
+        (RAW_COLUMNS if any(RAW_COLUMNS[0] in r for r in rows) else ())
     lines = ["| dataset | k | " + " | ".join(columns) + " |", "|---|---:|" + "---:|" * len(columns)]
     for r in rows:
         cells = [f"{r[c]:.1f}" if isinstance(r.get(c), float) else "-" if r.get(c) is None else str(r[c])
                  for c in columns]
         lines.append(f"| {r['dataset']} | {r['k']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + ("\n\n" + LEGEND if RAW_COLUMNS[0] in columns else "")
 
 
 def plot_em(rows: list[dict], path: str | os.PathLike) -> None:

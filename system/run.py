@@ -140,18 +140,21 @@ def run(args: RunArgs) -> list[dict]:
             per_k[k] = [obj for _, obj in read_jsonl(pred_files[k])]
             if len(per_k[k]) != len(entries):
                 raise InputError(f"{pred_files[k]} has {len(per_k[k])} predictions for {len(entries)} questions: delete it")
-        for i, e in enumerate(entries):
+        for i, (q, e) in enumerate(zip(questions, entries)):
             regex = bool(e.get("regex"))
             f1 = (lambda answer: None) if regex else (lambda answer, golds=e["answers"]: f1_score(answer, golds))
+            raw = q.extra.get("answers_raw") if isinstance(q.extra.get("answers_raw"), list) else None
+            em_raw = (lambda answer: None) if raw is None else (lambda answer, golds=raw: answer_em(answer, golds))
             # the extractive answer is the phrase model's own; the memory's, where it voted, a column of its own
             own = e.get("prediction_without_memory", e.get("prediction", ""))
             helped = e.get("prediction", "") if "prediction_without_memory" in e else None
             records.append(RunQuestion(
                 ds, e["id"], e["question"], tuple(e["answers"]), own, answer_em(own, e["answers"], regex),
                 {k: ReadAtK(per_k[k][i]["prediction"], bool(per_k[k][i]["em"]), any(c["has_answer"] for c in e["ctxs"][:k]),
-                            f1(per_k[k][i]["prediction"]))
+                            f1(per_k[k][i]["prediction"]), em_raw(per_k[k][i]["prediction"]))
                  for k in sorted(ev.k)}, f1(own), helped,
-                None if helped is None else answer_em(helped, e["answers"], regex)))
+                None if helped is None else answer_em(helped, e["answers"], regex),
+                None if raw is None else tuple(raw), em_raw(own)))
     if not ranks.main:
         return []
     lines = [r.to_dict() for r in records]

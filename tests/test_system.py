@@ -547,6 +547,24 @@ def test_the_reports_f1_is_left_out_for_regex_answers_and_for_records_written_be
     assert table_rows(new)[0]["extractive F1"] == pytest.approx(66.67, abs=0.01)
 
 
+def test_nq_is_scored_against_nq_opens_answers_beside_dprs_and_the_report_says_which(tmp_path):
+    """DPR's NQ answers are PTB-tokenised: "1950 - 51" normalises to "1950 51", NQ-open's "1950-51" to "195051",
+    and FiD's published EM scores the latter. A question set with answers_raw gets both, labelled."""
+    from odqa.common.results import ReadAtK, RunQuestion
+    from odqa.system.report import LEGEND, RAW_COLUMNS, markdown, table_rows
+    record = RunQuestion("nq-test", "1", "q", ("1950 - 51",), "1950-51", False,
+                         {5: ReadAtK("1950-51", False, True, 0.0, True)}, 0.0, answers_raw=("1950-51",),
+                         extractive_em_raw=True)
+    lines = [record.to_dict(), {**RunQuestion("tqa-test", "2", "q", ("x",), "x", True, {5: ReadAtK("x", True, True)}).to_dict()}]
+    assert RunQuestion.from_dict(lines[0]) == record
+    rows = table_rows(lines)
+    assert rows[0]["generated EM"] == 0.0 and rows[0][RAW_COLUMNS[1]] == 100.0 and rows[0][RAW_COLUMNS[0]] == 100.0
+    assert RAW_COLUMNS[0] not in rows[1]
+    text = markdown(rows)
+    assert text.splitlines()[0].endswith(f"| {RAW_COLUMNS[0]} | {RAW_COLUMNS[1]} |")
+    assert text.splitlines()[3].endswith("| - | - |") and text.endswith(LEGEND)
+
+
 def test_a_run_with_other_arguments_never_leaves_the_old_report_beside_its_files(system, tmp_path, monkeypatch):
     """`odqa run` into an --out holding another run's report (here of --limit 4) removes that report before
     it starts: a run with --limit 2 cut short leaves its own files and no report of 4 questions."""
