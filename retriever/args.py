@@ -102,14 +102,34 @@ class CrossEncoderConfig(CrossEncoderInput):
                                      "yet, 1)", tuned=True)
 
 
+# k1 and b of published BM25 figures: pyserini's on DPR's Wikipedia (its DPR-reproduction tables)
+BM25_PRESETS = {"pyserini": {"k1": 0.9, "b": 0.4}}
+
+
 @dataclass(kw_only=True)
 class BM25Params(Settings):
     """BM25's scoring and its index's tokens (a BM25 index is cached by these)."""
     k1: float = arg(1.5, "BM25 k1")
     b: float = arg(0.75, "BM25 b")
+    preset: str = arg("none", "pyserini: k1 0.9 and b 0.4, as pyserini's published BM25 figures on DPR's "
+                              "Wikipedia use (compare with the literature under it)", flag="--bm25-preset",
+                      choices=["none", *BM25_PRESETS])
     method: str = arg("lucene", "bm25s' scoring variant", flag="--bm25-method")
     stopwords: str = arg("en", "bm25s' stopword list")
     stemmer: str = arg("english", "PyStemmer's stemmer")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.preset in BM25_PRESETS:
+            want, default = BM25_PRESETS[self.preset], {"k1": 1.5, "b": 0.75}
+            given = {name: getattr(self, name) for name in want if getattr(self, name) != default[name]}
+            if any(value != want[name] for name, value in given.items()):
+                raise InputError(f"--bm25-preset {self.preset} sets " + " and ".join(f"--{n} {v:g}" for n, v in want.items())
+                                 + ": give the preset or your own --k1 and --b, not both")
+            self.k1, self.b = want["k1"], want["b"]
+
+    def describe(self) -> str:
+        return f"BM25 k1 {self.k1:g}, b {self.b:g}" + (f": {self.preset}'s" if self.preset in BM25_PRESETS else "")
 
 
 # --- the commands -----------------------------------------------------------------------------------

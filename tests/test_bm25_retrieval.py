@@ -193,3 +193,26 @@ def test_retrieve_writes_a_trec_run_of_the_same_ranking(tiny_corpus, tiny_questi
     from odqa.common.retrieval_file import trec_id
     for name in ("William Shakespeare#1", "100% Pure#0", "a\tb"):   # a title's white space, and "%"
         assert " " not in trec_id(name) and "\t" not in trec_id(name) and unquote(trec_id(name)) == name
+
+
+def test_the_pyserini_preset_is_its_k1_and_b_and_the_run_says_which_it_used(tmp_path, tiny_corpus, tiny_questions, capsys):
+    """pyserini's published BM25 figures on DPR's Wikipedia use k1 0.9, b 0.4: --bm25-preset pyserini gives
+    them, the same index as those values given by hand, and the run's line names them."""
+    from odqa.common.io import InputError
+    from odqa.retriever.args import BM25Params
+    from odqa.retriever.bm25 import BM25Index
+    from odqa.system.cli import main
+    assert (BM25Params(preset="pyserini").k1, BM25Params(preset="pyserini").b) == (0.9, 0.4)
+    assert BM25Index.key("f", BM25Params(preset="pyserini")) == BM25Index.key("f", BM25Params(k1=0.9, b=0.4))
+    with pytest.raises(InputError, match="--bm25-preset pyserini sets --k1 0.9 and --b 0.4: give the preset or"):
+        BM25Params(preset="pyserini", k1=1.2)
+    runs = {}
+    for name, flags in (("preset", ["--bm25-preset", "pyserini"]), ("hand", ["--k1", "0.9", "--b", "0.4"]),
+                        ("default", [])):
+        assert main(["-q", "retrieve", "--questions", str(tiny_questions), "--corpus", str(tiny_corpus), "--k", "3",
+                     "--out", str(tmp_path / f"{name}.json"), *flags]) == 0
+        runs[name] = [[c["id"] for c in e["ctxs"]] for e in json.loads((tmp_path / f"{name}.json").read_text())]
+        runs[name + " line"] = capsys.readouterr().out.strip()
+    assert runs["preset"] == runs["hand"]
+    assert runs["preset line"].endswith("(BM25 k1 0.9, b 0.4: pyserini's)")
+    assert runs["default line"].endswith("(BM25 k1 1.5, b 0.75)")

@@ -80,7 +80,8 @@ def cmd_retrieve(args) -> None:
     else:
         store = PassageStore(corpus)
         if args.retriever == "bm25":
-            index = BM25Index.open(corpus, dataclass_from_args(BM25Params, args))
+            params = dataclass_from_args(BM25Params, args)
+            index = BM25Index.open(corpus, params)
         else:
             from odqa.common.paths import default_encoder
             from odqa.retriever.dense import DenseIndex
@@ -93,7 +94,8 @@ def cmd_retrieve(args) -> None:
             write_trec(args.out, entries, tag=f"odqa-{args.retriever}")
         else:
             write_results(args.out, entries)
-        print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}")
+        print(f"{len(entries)} questions x top-{args.k} passages -> {args.out}"
+              + (f" ({params.describe()})" if args.retriever == "bm25" else ""))
 
 
 def cmd_train_teacher(args) -> None:
