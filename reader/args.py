@@ -178,7 +178,8 @@ class ReaderInitArgs(Settings, Seeded):
 @dataclass(kw_only=True)
 class ReadArgs(Settings, Passages, Limited):
     """`odqa read`'s own settings, beside `ReaderSettings`."""
-    model: str = required("reader checkpoint (train-reader OUT/best, FiD's published readers) or T5 name")
+    model: str | None = path(None, "reader checkpoint (train-reader OUT/best, FiD's published readers) or T5 name "
+                                   "(default: the default pipeline's reader, `odqa demo`'s)")
     tokenizer: str | None = path(None, "the reader's tokenizer, for a checkpoint without one (FiD's published "
                                        "readers; default: the checkpoint's own, else the T5 of its width: t5-base, "
                                        "t5-large)")

@@ -96,3 +96,20 @@ def test_a_stage_record_of_the_wrong_shape_is_named(tmp_path, monkeypatch, capsy
     (tmp_path / "out" / "stages" / "data.json").write_text("[1]")
     assert main(["demo", "--plan", "--out", str(tmp_path / "out")]) == 2
     assert "stages/data.json: not a stage record" in capsys.readouterr().err
+
+
+def test_read_takes_the_default_pipelines_reader_unless_given_one(home, tmp_path, capsys, monkeypatch):
+    """`odqa read` without --model reads with the default pipeline's reader, as every other command takes the
+    pipeline's parts; with no pipeline recorded, it says how to make one."""
+    from tiny_data import code_world
+    fid = write_jsonl(tmp_path / "fid.jsonl", code_world(3, 2, 0))
+    argv = ["-q", "read", "--input", str(fid), "--k", "2", "--max-new-tokens", "3"]
+    assert main([*argv, "--out", str(tmp_path / "default.jsonl")]) == 0
+    from odqa.system.pipeline import pipeline_record
+    reader = pipeline_record()[1]["reader"]
+    assert main([*argv, "--out", str(tmp_path / "given.jsonl"), "--model", str(reader)]) == 0
+    assert (tmp_path / "default.jsonl").read_text() == (tmp_path / "given.jsonl").read_text()
+    capsys.readouterr()
+    monkeypatch.setenv("ODQA_HOME", str(tmp_path / "empty"))
+    assert main([*argv, "--out", str(tmp_path / "none.jsonl")]) == 2
+    assert "no pipeline record at" in capsys.readouterr().err
