@@ -45,7 +45,7 @@ def page(run: Path, preset: str, machine: str, when: str) -> str:
              "files; the README's table comes from the same script.", "",
              "```", f"$ {COMMANDS.get(preset, f'odqa demo --preset {preset}')}", "```", "",
              "## The report", "",
-             f"{config['run_limit'] or 'All'} questions of each of {', '.join(config['test_questions'])}; the "
+             f"{config['run']['limit'] or 'All'} questions of each of {', '.join(config['run']['questions'])}; the "
              f"reader reads the top k passages. `Top-k`: questions with an answer-bearing passage in the top k; "
              "`extractive EM`: the top phrases' vote, the phrase model's own answer; `generated EM`: the FiD "
              "reader's answer; `only ... right`: the questions only one of them got right; F1: SQuAD's token F1 of "
