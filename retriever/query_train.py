@@ -69,23 +69,24 @@ class NoPositives(InputError):
 def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: int,
                     parts: Path | None = None) -> list[dict]:
     """The questions with a positive among the current model's top phrases: their phrase ids and labels.
-    Under a launcher each rank mines its share of the batches of 64 questions, and every rank gets
-    every question's (common/ranks.py); `parts` keeps the finished batches of a mining cut short."""
+    Under a launcher each rank encodes and mines its share of the batches of 64 questions, and every rank
+    gets every question's (common/ranks.py); `parts` keeps the finished batches of a mining cut short.
+    A batch's questions are encoded together whatever the rank count, so 1 and 2 ranks mine alike."""
     model = searcher.artifacts.model
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        q_start, q_end = searcher.encode([q.question for q in questions])
-    model.train(was_training)
     doc_cache: dict = {}
 
     def mine(rows: list[int]) -> list[dict | None]:
         a, b = rows[0], rows[-1] + 1
+        texts = [q.question for q in questions[a:b]]
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            q_start, q_end = searcher.encode(texts)
+        model.train(was_training)
         if searcher.prefilter is None:
-            retrieved = searcher.phrases.mips(q_start[a:b], q_end[a:b], args.top_k)   # batched MIPS
+            retrieved = searcher.phrases.mips(q_start, q_end, args.top_k)   # batched MIPS
         else:   # the phrases of the top documents, as the pipeline scores them: every start, its best end
-            retrieved = searcher.prefilter.search([q.question for q in questions[a:b]], q_start[a:b], q_end[a:b],
-                                                  searcher.phrases)[0]
+            retrieved = searcher.prefilter.search(texts, q_start, q_end, searcher.phrases)[0]
         out = []
         for i, phrases in zip(rows, retrieved):
             q, phrases = questions[i], phrases[:args.top_k]

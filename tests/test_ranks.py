@@ -174,3 +174,52 @@ def test_supervise_under_two_ranks_writes_what_one_process_writes(tiny_corpus, t
         assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
     assert (tmp_path / "one" / "train.jsonl").stat().st_size > 0
     assert not list((tmp_path / "two").glob(".*"))
+
+
+MINING = '''
+import json, sys
+from odqa.common.questions import load_questions
+from odqa.common.ranks import current
+from odqa.common.settings import from_flat
+from odqa.retriever.args import QueryTrainArgs
+from odqa.retriever.query_train import mine_candidates
+from odqa.retriever.searcher import Searcher
+index, model, corpus, questions, out = sys.argv[1:]
+searcher = Searcher.open(index, model, corpus, trained=True)
+encoded = []
+encode = searcher.encode
+searcher.encode = lambda texts: encoded.extend(texts) or encode(texts)
+args = from_flat(QueryTrainArgs, {"model": model, "index": index, "corpus": corpus, "out_dir": out, "top_k": 20,
+                                   "label": "passage"})
+found = mine_candidates(searcher, load_questions(questions), args, 0, parts=out + "/.mine.parts")
+with open(f"{out}/rank{current().rank}.json", "w") as f:
+    json.dump({"found": found, "encoded": encoded}, f)
+'''
+
+
+def test_train_query_mining_under_two_ranks_gives_one_processs_candidates_each_rank_encoding_its_share(world, tmp_path):
+    """train-query's candidates: each rank encodes and searches only its share of the batches of 64
+    questions (once, every rank encoded every question), and every rank gets the candidates one process
+    mines."""
+    import subprocess
+    import sys
+    questions = write_jsonl(tmp_path / "q.jsonl", [{**q, "id": f"{q['id']}-{i}"} for i in range(30) for q in TINY_QUESTIONS])
+    script = tmp_path / "mine.py"
+    script.write_text(MINING)
+    results = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"n{nproc}"
+        out.mkdir()
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+                               str(script), str(world["index"]), str(world["phrase"]), str(world["corpus"]),
+                               str(questions), str(out)], env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[nproc] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    n = 30 * len(TINY_QUESTIONS)
+    assert n > 64 * 2                                       # several batches a rank
+    one, two = results[1][0], results[2]
+    assert two[0]["found"] == two[1]["found"] == one["found"]
+    assert len(one["encoded"]) == n
+    assert sorted(two[0]["encoded"] + two[1]["encoded"]) == sorted(one["encoded"])   # each question once in all
+    assert 0 < len(two[0]["encoded"]) < n and 0 < len(two[1]["encoded"]) < n
