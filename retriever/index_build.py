@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from odqa.common.artifact import build_dir, fingerprint
 from odqa.common.corpus import corpus_info
-from odqa.common.io import InputError, read_json
+from odqa.common.io import InputError, atomic_path, glob_escape, read_json
 from odqa.common.paths import default_corpus
 from odqa.common.ranks import current
 from odqa.common.settings import needs
@@ -91,46 +91,32 @@ def build_index(args: BuildIndexArgs, add_chunk: int = 100_000) -> dict:
            **({"filter": "the phrase model's"} if model_filter else {})}
     # Under a launcher rank 0 trains the start side and rank 1 the end side (each on its own sample's
     # side: the same vectors a single process trains on), and every rank encodes its share of the
-    # chunks into the codes files, beside the index until it is complete (the other ranks never see its
-    # temporary directory); rank 0 writes the index.
+    # chunks into the codes files. The trained quantisers, the codes files and a mark for each chunk
+    # encoded stay in a work directory beside the index, named for the build's inputs and settings, so
+    # that a killed build resumes where it stopped with the same quantisers (the same codes as a build
+    # never stopped); it goes once the index is in place. Rank 0 writes the index.
     ranks = current()
-    shared = out_dir.with_name(f".{out_dir.name}.ranks-{fingerprint(key)}") if ranks.world > 1 else None
-    if shared is not None:
-        if ranks.main:
-            shutil.rmtree(shared, ignore_errors=True)
-            shared.mkdir(parents=True)
-        ranks.barrier()   # before any rank writes its trained side there
+    work = out_dir.with_name(f".{out_dir.name}.build-{fingerprint(key)}")
+    if ranks.main:
+        for other in out_dir.parent.glob(f".{glob_escape(out_dir.name)}.build-*"):
+            if other != work:   # a build of other inputs or settings, never to be resumed now
+                shutil.rmtree(other, ignore_errors=True)
+        (work / "done").mkdir(parents=True, exist_ok=True)
+        if any((work / "done").iterdir()):
+            log.info("%s: resuming the build stopped there", work)
+    ranks.barrier()   # before any rank writes its trained side there
     with build_dir(out_dir, key) if ranks.main else contextlib.nullcontext((None, None)) as (tmp, manifest):
-        work = shared or tmp
-        indexes = {side: faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT) for side in sides}
-        for index in indexes.values():
-            ivf = faiss.try_extract_index_ivf(index)
-            if isinstance(faiss.downcast_index(ivf) if ivf is not None else None, faiss.IndexIVFPQ):
-                # faiss reorders each PQ codebook for Hamming-distance filtering unless told not to; search
-                # here never filters (polysemous_ht stays 0), and the reordering is a quarter of the training
-                faiss.downcast_index(ivf).do_polysemous_training = False
-        mine = [side for i, side in enumerate(indexes) if i % ranks.world == ranks.rank]
-        if not indexes["start"].is_trained and mine:
-            pick = np.random.default_rng(seed).choice(n_vec, min(train_size, n_vec), replace=False)
-            sample = _gathered(chunks, kept, ids, pick, dim, "sample", sides=mine)
-            for side in mine:
-                log.info("training %s index (%s) on %d vectors", side, factory, len(pick))
-                _train(indexes[side], sample.pop(side))
-        if shared is not None:   # every rank encodes with the same quantisers
-            for side in mine:
-                faiss.write_index(indexes[side], str(shared / f"{side}.faiss"))
-            ranks.barrier()
-            indexes = {side: index if side in mine else faiss.read_index(str(shared / f"{side}.faiss"))
-                       for side, index in indexes.items()}
+        indexes = _trained(sides, dim, factory, work, ranks, lambda mine: _gathered(
+            chunks, kept, ids, np.random.default_rng(seed).choice(n_vec, min(train_size, n_vec), replace=False),
+            dim, "sample", sides=mine), train_size=min(train_size, n_vec))
         if all(IVFPQCodes.encodes(index) for index in indexes.values()):
             # The default: each vector's list and code straight into the codes files (`sa_encode` gives
             # what `add` would store), never filling faiss's lists only to read the codes back out.
             _encode_codes(indexes, chunks, kept, ids, n_vec, add_chunk, work, ranks)
             if ranks.main:
                 for side, index in indexes.items():
-                    if shared is not None:
-                        for name in (f"{side}.codes.npy", f"{side}.lists.npy"):
-                            os.replace(shared / name, tmp / name)
+                    for name in (f"{side}.codes.npy", f"{side}.lists.npy"):
+                        os.replace(work / name, tmp / name)
                     # the ids list by list, for whole-index search to read the codes a list at a time
                     lists = np.load(tmp / f"{side}.lists.npy", mmap_mode="r")
                     np.save(tmp / f"{side}.order.npy", IVFPQCodes.list_order(lists))
@@ -151,14 +137,41 @@ def build_index(args: BuildIndexArgs, add_chunk: int = 100_000) -> dict:
                             max_span_len=first["max_span_len"], fingerprint=first["fingerprint"],
                             vectors_per_passage=n_vec / max(n_pass, 1), sides=list(sides), bytes=sizes,
                             bytes_per_passage=sum(sizes.values()) / max(n_pass, 1))
-    if shared is not None:
-        ranks.barrier()   # the index is in place before any rank goes on
-        if ranks.main:
-            shutil.rmtree(shared)
+    ranks.barrier()   # the index is in place before any rank goes on
+    if ranks.main:
+        shutil.rmtree(work)
+    if not ranks.main:
         manifest = read_json(out_dir / "manifest.json")
     log.info("phrase index %s: %d vectors (%.1f per passage), %.0f bytes per passage", out_dir, n_vec,
              manifest["vectors_per_passage"], manifest["bytes_per_passage"])
     return manifest
+
+
+def _trained(sides, dim: int, factory: str, work: Path, ranks, sample, train_size: int) -> dict[str, faiss.Index]:
+    """Each side's index, trained: read from WORK/SIDE.faiss where an earlier run of this build trained it,
+    else trained here, rank r training sides r, r + world, ... on `sample(its sides)` and saving them
+    there for the other ranks and for a resumed run."""
+    indexes = {side: faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT) for side in sides}
+    if indexes["start"].is_trained:   # Flat: nothing to train
+        return indexes
+    mine = [side for i, side in enumerate(indexes) if i % ranks.world == ranks.rank
+            and not (work / f"{side}.faiss").exists()]
+    for index in indexes.values():
+        ivf = faiss.try_extract_index_ivf(index)
+        if isinstance(faiss.downcast_index(ivf) if ivf is not None else None, faiss.IndexIVFPQ):
+            # faiss reorders each PQ codebook for Hamming-distance filtering unless told not to; search
+            # here never filters (polysemous_ht stays 0), and the reordering is a quarter of the training
+            faiss.downcast_index(ivf).do_polysemous_training = False
+    if mine:
+        vectors = sample(mine)
+        for side in mine:
+            log.info("training %s index (%s) on %d vectors", side, factory, train_size)
+            _train(indexes[side], vectors.pop(side))
+            with atomic_path(work / f"{side}.faiss") as path:
+                faiss.write_index(indexes[side], str(path))
+    ranks.barrier()   # every side is trained and saved before any rank encodes with them
+    return {side: index if side in mine else faiss.read_index(str(work / f"{side}.faiss"))
+            for side, index in indexes.items()}
 
 
 def _train(index: faiss.Index, sample: np.ndarray) -> None:
@@ -178,20 +191,34 @@ def _encode_codes(indexes: dict, chunks: list[Path], kept: list, ids: list, n_ve
     list_type = narrow(np.array([nlist - 1])).dtype     # the narrowest that holds every list number
     if ranks.main:
         for side, index in indexes.items():
-            np.lib.format.open_memmap(work / f"{side}.codes.npy", mode="w+", dtype=np.uint8,
-                                      shape=(n_vec, IVFPQCodes.code_size(index))).flush()
-            np.lib.format.open_memmap(work / f"{side}.lists.npy", mode="w+", dtype=list_type, shape=(n_vec,)).flush()
+            shapes = {"codes": (np.uint8, (n_vec, IVFPQCodes.code_size(index))), "lists": (list_type, (n_vec,))}
+            for name, (dtype, shape) in shapes.items():
+                path = work / f"{side}.{name}.npy"
+                if not _holds(path, dtype, shape):   # made by the run this one resumes, else made now
+                    with atomic_path(path) as tmp:
+                        np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape).flush()
     ranks.barrier()
     codes = {side: np.load(work / f"{side}.codes.npy", mmap_mode="r+") for side in indexes}
     lists = {side: np.load(work / f"{side}.lists.npy", mmap_mode="r+") for side in indexes}
-    mine = slice(ranks.rank, None, ranks.world)
-    for side, x, at in _kept_batches(chunks[mine], kept[mine], ids[mine], add_chunk, tuple(indexes)):
-        lists[side][at], codes[side][at] = IVFPQCodes.encode(indexes[side], x)
-    for side in indexes:
-        codes[side].flush()
-        lists[side].flush()
+    done = work / "done"
+    todo = [i for i in range(ranks.rank, len(chunks), ranks.world) if not (done / str(i)).exists()]
+    for i in tqdm(todo, desc="encode", disable=None):
+        for side, x, at in _kept_batches([chunks[i]], [kept[i]], [ids[i]], add_chunk, tuple(indexes), bar=False):
+            lists[side][at], codes[side][at] = IVFPQCodes.encode(indexes[side], x)
+        for side in indexes:   # on disk before the chunk is marked done
+            codes[side].flush()
+            lists[side].flush()
+        (done / str(i)).touch()
     del codes, lists
     ranks.barrier()
+
+
+def _holds(path: Path, dtype, shape) -> bool:
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return False
+    return array.dtype == dtype and array.shape == shape
 
 
 def _fill_in_faiss(indexes: dict, chunks, kept, ids, n_vec: int, dim: int, add_chunk: int, tmp: Path) -> None:
@@ -263,11 +290,11 @@ def _placed(chunks: list[Path], kept: list[np.ndarray], n_pass: int
     return ids, meta, counts
 
 
-def _kept_batches(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], size: int, sides=SIDES
-                  ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+def _kept_batches(chunks: list[Path], kept: list[np.ndarray], ids: list[np.ndarray], size: int, sides=SIDES,
+                  bar: bool = True) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
     """(side, float32 vectors, their ids) of every kept vector of `sides`, a dump chunk and `size`
     vectors at a time, the start side before the end side in each chunk."""
-    for i, c in enumerate(tqdm(chunks, desc="index", disable=None)):
+    for i, c in enumerate(tqdm(chunks, desc="index", disable=None if bar else True)):
         vectors = read_chunk(c, sides)
         for side in sides:
             x = vectors[side][kept[i]]

@@ -223,3 +223,39 @@ def test_train_query_mining_under_two_ranks_gives_one_processs_candidates_each_r
     assert len(one["encoded"]) == n
     assert sorted(two[0]["encoded"] + two[1]["encoded"]) == sorted(one["encoded"])   # each question once in all
     assert 0 < len(two[0]["encoded"]) < n and 0 < len(two[1]["encoded"]) < n
+
+
+def test_a_killed_build_index_resumes_and_writes_the_codes_of_a_build_never_stopped(tmp_path, monkeypatch):
+    """A build stopped in its third chunk keeps its trained quantisers and the chunks it encoded (once, a
+    restart started over); the next run trains nothing, encodes only the chunks left, and every file of
+    the index is that of a build that never stopped."""
+    from odqa.retriever import index_build
+    from odqa.retriever.ivfpq_codes import IVFPQCodes
+    dump, corpus = synthetic_dump(tmp_path, 600, 10, 32, chunks=4)
+    args = ["-q", "build-index", "--dump", str(dump), "--corpus", str(corpus), "--keep", "1", "--factory", "OPQ8,IVF16,PQ8"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    encode, train = IVFPQCodes.encode, index_build._train
+    calls = {"encode": 0, "train": 0}
+
+    def counted_encode(index, x, stop_at=None):
+        calls["encode"] += 1
+        if calls["encode"] == stop_at:
+            raise KeyboardInterrupt    # as a kill would stop it
+        return encode(index, x)
+    monkeypatch.setattr(index_build, "_train", lambda *a: calls.__setitem__("train", calls["train"] + 1) or train(*a))
+    monkeypatch.setattr(IVFPQCodes, "encode", staticmethod(lambda index, x: counted_encode(index, x, stop_at=5)))
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--out", str(tmp_path / "resumed")])
+    assert calls == {"encode": 5, "train": 2} and not (tmp_path / "resumed").exists()
+    (work,) = tmp_path.glob(".resumed.build-*")
+    assert sorted(p.name for p in (work / "done").iterdir()) == ["0", "1"]    # two sides a chunk: 2 chunks done
+    calls.update(encode=0, train=0)
+    monkeypatch.setattr(IVFPQCodes, "encode", staticmethod(lambda index, x: counted_encode(index, x)))
+    assert main([*args, "--out", str(tmp_path / "resumed")]) == 0
+    assert calls == {"encode": 4, "train": 0}                                 # chunks 2 and 3, both sides
+    files = sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert sorted(p.name for p in (tmp_path / "resumed").iterdir()) == files
+    for name in files:
+        if name != "manifest.json":
+            assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert not list(tmp_path.glob(".resumed*"))   # the work directory went with the build
