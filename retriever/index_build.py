@@ -174,13 +174,47 @@ def _trained(sides, dim: int, factory: str, work: Path, ranks, sample, train_siz
             for side, index in indexes.items()}
 
 
-def _train(index: faiss.Index, sample: np.ndarray) -> None:
-    """`index.train`, its coarse k-means on every GPU faiss sees (the bulk of an IVF's training at
-    65,536 lists), as faiss's own benchmarks do it; on the CPU otherwise."""
+def gpu_flat(d: int, every: bool) -> faiss.Index:
+    """A flat L2 index on every GPU faiss sees (`every`), or on the first."""
+    if every:
+        return faiss.index_cpu_to_all_gpus(faiss.IndexFlatL2(d))
+    resources = faiss.StandardGpuResources()
+    flat = faiss.index_cpu_to_gpu(resources, 0, faiss.IndexFlatL2(d))
+    flat.held_resources = resources   # the resources live as long as the index that uses them
+    return flat
+
+
+def _train(index: faiss.Index, sample: np.ndarray, flat=None) -> None:
+    """`index.train` with its k-means assigning through `flat(d, every)` (default `gpu_flat` where faiss sees
+    a GPU), as faiss's own GPU benchmarks train (faiss/benchs/bench_gpu_1bn.py): the coarse k-means through
+    one over every GPU (`IndexIVF.clustering_index`), the PQ codebooks' (the IVF-PQ's, and OPQ's, which
+    train through a `ProductQuantizer` too) through one of a sub-vector's width on one GPU
+    (`ProductQuantizer.assign_index`, as faiss's `GpuIndexIVFPQ` trains its own). Without a GPU, faiss's
+    CPU k-means. `flat` returning CPU indexes runs the same wiring on a CPU (scripts/gpu_check.py --cpu)."""
+    if flat is None and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+        flat = gpu_flat
     ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None and hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
-        ivf.clustering_index = faiss.index_cpu_to_all_gpus(faiss.IndexFlatL2(ivf.d))
-    index.train(sample)
+    if flat is None or ivf is None:
+        index.train(sample)
+        return
+    ivfpq, opq = faiss.downcast_index(ivf), None
+    held = [flat(ivf.d, True)]   # referenced until the training ends
+    ivf.clustering_index = held[0]
+    if isinstance(ivfpq, faiss.IndexIVFPQ):
+        held.append(flat(ivfpq.pq.dsub, False))
+        ivfpq.pq.assign_index = held[-1]
+        outer = faiss.downcast_index(index)
+        first = faiss.downcast_VectorTransform(outer.chain.at(0)) if isinstance(outer, faiss.IndexPreTransform) else None
+        if isinstance(first, faiss.OPQMatrix) and first.M == ivfpq.pq.M and first.d_out == ivfpq.pq.d:
+            opq, first.pq = first, ivfpq.pq   # OPQ's codebooks train through the same assign index
+    try:
+        index.train(sample)
+    finally:   # the assign indexes are the training's, not the index's (they are not saved with it)
+        ivf.clustering_index = None
+        if isinstance(ivfpq, faiss.IndexIVFPQ):
+            ivfpq.pq.assign_index = None
+        if opq is not None:
+            opq.pq = None
 
 
 def _encode_codes(indexes: dict, chunks: list[Path], kept: list, ids: list, n_vec: int, add_chunk: int, work: Path,
