@@ -154,3 +154,19 @@ def test_bench_answer_index_finds_the_same_passages_both_ways(tiny_corpus, tiny_
     bench = _script("bench_answer_index")
     old, new = (bench.measure(mode, str(tiny_corpus), [str(tiny_questions)]) for mode in ("old", "new"))
     assert old["found"] == new["found"] and any(old["found"]) and min(old["peak_mb"], new["peak_mb"]) > 0
+
+
+def test_gpu_check_runs_every_stage_on_the_cpu_and_every_check_passes(tmp_path):
+    """scripts/gpu_check.py, the prepared check for a GPU node, at its --cpu sizes: the same code runs every
+    stage (bf16 dumping, the accelerated index training's wiring, both whole-index searches, FiD under
+    ZeRO-2 in bf16 and ZeRO-3 with DeepSpeedCPUAdam's offload, generation), so it cannot rot before the day
+    a GPU is lent."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--cpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert len(report["checks"]) == 8 and all(c["passed"] for c in report["checks"])
+    assert set(report["results"]["reader training"]) == {"ZeRO-2 bf16", "ZeRO-3 + CPU offload"}
+    assert "| two searches of one index agree |" in done.stdout
