@@ -36,7 +36,9 @@ def search_dtype(device: str):
     if choice != "auto":
         return getattr(torch, choice)
     if str(device).startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        # native only: torch's default (including_emulation=True) says yes on a V100 or a T4, which make
+        # bfloat16 tensors but compute them emulated, slower than float32 (torch/cuda/__init__.py)
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float32
     return torch.bfloat16 if str(device) == "cpu" and cpu_has_bf16() else torch.float32
 
 

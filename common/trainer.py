@@ -142,7 +142,7 @@ def deepspeed_config(args: OptimArgs, total_steps: int, world: int, device: torc
     config = copy.deepcopy(read_json(require_file(args.deepspeed_config, "DeepSpeed config")))
     cuda = device.type == "cuda"
     # On CPU, bf16 is autocast around the forward (`cpu_autocast`), not DeepSpeed's bf16 weights.
-    bf16 = cuda and args.precision != "fp32" and torch.cuda.is_bf16_supported()
+    bf16 = cuda and args.precision != "fp32" and torch.cuda.is_bf16_supported(including_emulation=False)
     zero = config.setdefault("zero_optimization", {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage

@@ -27,7 +27,7 @@ import torch
 
 SIZES = {
     "gpu": dict(passages=200_000, words=24, vocab_words=20_000, hidden=768, layers=12, heads=12, max_tokens=32,
-                dump_batch=512, keep=0.25, factory="OPQ32,IVF1024,PQ32", train=200_000, base=500_000, queries=1000,
+                dump_batch=512, keep=0.25, factory="OPQ32,IVF1024,PQ32", train=100_000, base=500_000, queries=1000,
                 nprobe=64, reader="base", reader_vocab=8000, steps=20, batch=4, train_k=10, read_ks=(10, 25, 100),
                 read_questions=64, read_batch=8),
     "cpu": dict(passages=400, words=12, vocab_words=300, hidden=32, layers=2, heads=2, max_tokens=24, dump_batch=32,

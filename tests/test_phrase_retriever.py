@@ -208,6 +208,10 @@ def test_search_dtype_is_bfloat16_only_where_the_hardware_has_it(monkeypatch):
     for has, want in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr(device, "cpu_has_bf16", lambda: has)
         assert device.search_dtype("cpu") == want
+    # a GPU before Ampere (a V100) makes bfloat16 tensors but emulates their arithmetic: float32 there
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n or including_emulation)
+        assert device.search_dtype("cuda") == want
     monkeypatch.setenv("ODQA_SEARCH_DTYPE", "float32")
     assert device.search_dtype("cpu") == torch.float32
     monkeypatch.setenv("ODQA_SEARCH_DTYPE", "half")

@@ -195,3 +195,14 @@ def test_a_run_that_fails_still_closes_its_trackers(tmp_path, monkeypatch):
         train(task, args, make_engine(args), tmp_path)
     assert finished == [1]
     assert [step for step, _ in tensorboard_scalars(tmp_path)["train/loss"]] == [2, 4, 6]
+
+
+def test_deepspeed_trains_in_bf16_only_on_a_gpu_that_computes_it(monkeypatch):
+    """A V100 makes bfloat16 tensors but emulates their arithmetic (torch's is_bf16_supported says yes by
+    default): DeepSpeed's bf16 is turned on for a GPU that computes it natively alone."""
+    from odqa.common.trainer import deepspeed_config
+    args = OptimArgs(precision="bf16")
+    for native, enabled in ((True, True), (False, False)):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n or including_emulation)
+        config = deepspeed_config(args, 10, 1, torch.device("cuda"))
+        assert config["bf16"]["enabled"] is enabled
