@@ -111,25 +111,24 @@ class BM25Params(Settings):
     """BM25's scoring and its index's tokens (a BM25 index is cached by these)."""
     k1: float = arg(1.5, "BM25 k1")
     b: float = arg(0.75, "BM25 b")
-    preset: str = arg("none", "pyserini: k1 0.9 and b 0.4, as pyserini's published BM25 figures on DPR's "
-                              "Wikipedia use (compare with the literature under it)", flag="--bm25-preset",
-                      choices=["none", *BM25_PRESETS])
+    bm25_preset: str = arg("none", "pyserini: k1 0.9 and b 0.4, as pyserini's published BM25 figures on DPR's "
+                                   "Wikipedia use (compare with the literature under it)", choices=["none", *BM25_PRESETS])
     method: str = arg("lucene", "bm25s' scoring variant", flag="--bm25-method")
     stopwords: str = arg("en", "bm25s' stopword list")
     stemmer: str = arg("english", "PyStemmer's stemmer")
 
     def __post_init__(self):
         super().__post_init__()
-        if self.preset in BM25_PRESETS:
-            want, default = BM25_PRESETS[self.preset], {"k1": 1.5, "b": 0.75}
+        if self.bm25_preset in BM25_PRESETS:
+            want, default = BM25_PRESETS[self.bm25_preset], {"k1": 1.5, "b": 0.75}
             given = {name: getattr(self, name) for name in want if getattr(self, name) != default[name]}
             if any(value != want[name] for name, value in given.items()):
-                raise InputError(f"--bm25-preset {self.preset} sets " + " and ".join(f"--{n} {v:g}" for n, v in want.items())
+                raise InputError(f"--bm25-preset {self.bm25_preset} sets " + " and ".join(f"--{n} {v:g}" for n, v in want.items())
                                  + ": give the preset or your own --k1 and --b, not both")
             self.k1, self.b = want["k1"], want["b"]
 
     def describe(self) -> str:
-        return f"BM25 k1 {self.k1:g}, b {self.b:g}" + (f": {self.preset}'s" if self.preset in BM25_PRESETS else "")
+        return f"BM25 k1 {self.k1:g}, b {self.b:g}" + (f": {self.bm25_preset}'s" if self.bm25_preset in BM25_PRESETS else "")
 
 
 # --- the commands -----------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class BM25Index:
     @staticmethod
     def key(corpus_fingerprint: str, params: BM25Params) -> dict:
         # the preset is only a name for its k1 and b: an index built with them is the same whichever way
-        return {"corpus": corpus_fingerprint, "params": {k: v for k, v in asdict(params).items() if k != "preset"}}
+        return {"corpus": corpus_fingerprint, "params": {k: v for k, v in asdict(params).items() if k != "bm25_preset"}}
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], params: BM25Params = BM25Params(), fingerprint: str = "",

@@ -202,10 +202,10 @@ def test_the_pyserini_preset_is_its_k1_and_b_and_the_run_says_which_it_used(tmp_
     from odqa.retriever.args import BM25Params
     from odqa.retriever.bm25 import BM25Index
     from odqa.system.cli import main
-    assert (BM25Params(preset="pyserini").k1, BM25Params(preset="pyserini").b) == (0.9, 0.4)
-    assert BM25Index.key("f", BM25Params(preset="pyserini")) == BM25Index.key("f", BM25Params(k1=0.9, b=0.4))
+    assert (BM25Params(bm25_preset="pyserini").k1, BM25Params(bm25_preset="pyserini").b) == (0.9, 0.4)
+    assert BM25Index.key("f", BM25Params(bm25_preset="pyserini")) == BM25Index.key("f", BM25Params(k1=0.9, b=0.4))
     with pytest.raises(InputError, match="--bm25-preset pyserini sets --k1 0.9 and --b 0.4: give the preset or"):
-        BM25Params(preset="pyserini", k1=1.2)
+        BM25Params(bm25_preset="pyserini", k1=1.2)
     runs = {}
     for name, flags in (("preset", ["--bm25-preset", "pyserini"]), ("hand", ["--k1", "0.9", "--b", "0.4"]),
                         ("default", [])):
