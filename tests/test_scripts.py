@@ -161,10 +161,13 @@ def test_gpu_check_runs_every_stage_on_the_cpu_and_every_check_passes(tmp_path):
     stage (bf16 dumping, the accelerated index training's wiring, both whole-index searches, FiD under
     ZeRO-2 in bf16 and ZeRO-3 with DeepSpeedCPUAdam's offload, generation), so it cannot rot before the day
     a GPU is lent."""
+    import os
     import subprocess
     import sys
+    # a process of its own, as on a node: not the launcher variables (and port) of trainers run earlier in this one
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--cpu", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert len(report["checks"]) == 8 and all(c["passed"] for c in report["checks"])
