@@ -582,3 +582,27 @@ def test_lengths_past_the_position_embeddings_are_refused_by_name_before_reading
     with pytest.raises(InputError, match=r"--text-maxlength 129: this reader reads at most 128 tokens a passage"):
         generated(model, tok, examples, 1, text_maxlength=129)
     assert len(generated(model, tok, examples, 1, max_new_tokens=127, text_maxlength=128, decoding="free")) == 1
+
+
+def test_ask_names_a_length_past_the_readers_positions_before_it_searches(b2b):
+    """`ask(..., max_new_tokens=2000)` on a warm-started reader: the named error comes before the search
+    runs, not after it as a tensor-size error inside BERT."""
+    from odqa.reader.args import ReaderSettings
+    from odqa.retriever.search_config import SearchConfig
+    from odqa.system.args import PipelineParts
+    from odqa.system.pipeline import Pipeline
+
+    class Searcher:
+        searched = 0
+
+        def with_settings(self, **settings):
+            return self
+
+        def search(self, questions, k, unit):
+            Searcher.searched += 1
+            raise AssertionError("searched")
+    pipeline = Pipeline(PipelineParts(), SearchConfig(), ReaderSettings(decoding="free"), "cpu",
+                        searcher=Searcher(), reader=load_reader(b2b))
+    with pytest.raises(InputError, match="--max-new-tokens 2000: this reader reads at most 127 answer tokens"):
+        pipeline.ask("what is the code of bob ?", k=1, max_new_tokens=2000)
+    assert Searcher.searched == 0
