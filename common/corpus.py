@@ -275,7 +275,8 @@ def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fm
                 raise InputError(f"{', '.join(map(str, inputs))}: the {what} id {twice!r} is given more than once; "
                                  f"{what}s are looked up by id, so each needs its own")
     info = {"passages": n_passages, "documents": n_docs, "max_words": max_words,
-            "inputs": [str(p) if is_hub(p) else str(Path(p).resolve()) for p in inputs], "fingerprint": fingerprint.hexdigest()[:16],
+            "inputs": [str(p) if is_hub(p) else str(Path(p).resolve()) for p in inputs],
+            "fingerprint": fingerprint.hexdigest()[:16],
             "files": {name: {"bytes": (out_dir / name).stat().st_size, "sha256": file_sha256(out_dir / name)}
                       for name in ("passages.jsonl", "documents.jsonl")}}
     write_json(out_dir / "corpus.json", info)
@@ -386,7 +387,8 @@ def _check_file(corpus_dir: Path, info: dict, name: str) -> None:
     edited after indexing would be read at the index's character offsets, an answer cut mid-word. A corpus
     built before corpus.json recorded its files is read as it is."""
     if "files" in info:
-        check_checksums(corpus_dir, {"files": {k: v for k, v in info["files"].items() if k == name}}, "corpus", state="changed", record="corpus.json",
+        recorded = {"files": {k: v for k, v in info["files"].items() if k == name}}
+        check_checksums(corpus_dir, recorded, "corpus", state="changed", record="corpus.json",
                         advice="a corpus is rebuilt (`odqa corpus build`) rather than edited, with the indexes built "
                                "from it", reads=[name])
 

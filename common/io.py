@@ -320,9 +320,10 @@ def _hashes_file() -> Path:
 
 
 def remembered_sha256(path: str | os.PathLike) -> str:
-    """A large file's sha256, computed once (1.1 s a GiB on a 2-core AMD EPYC, with another job running) and kept in $ODQA_HOME/hashes.json under
-    its real path with its size, inode, mtime and ctime: a file written since (in place or replaced) has
-    another mtime and ctime, and is hashed again. The ctime cannot be set back by hand, as mtime can."""
+    """A large file's sha256, computed once (1.1 s a GiB on a 2-core AMD EPYC, with another job running)
+    and kept in $ODQA_HOME/hashes.json under its real path with its size, inode, mtime and ctime: a file
+    written since (in place or replaced) has another mtime and ctime, and is hashed again. The ctime
+    cannot be set back by hand, as mtime can. Entries of files gone are dropped as a new one is kept."""
     path = Path(os.path.realpath(path))
     st = path.stat()
     stamp = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
@@ -335,7 +336,7 @@ def remembered_sha256(path: str | os.PathLike) -> str:
     if isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str):
         return entry[4]
     digest = file_sha256(path)
-    known = known if isinstance(known, dict) else {}
+    known = {name: v for name, v in known.items() if os.path.exists(name)} if isinstance(known, dict) else {}
     known[str(path)] = [*stamp, digest]
     try:
         write_json(store, known, indent=None)
