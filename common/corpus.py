@@ -44,7 +44,6 @@ from odqa.common.io import (
     InputError,
     atomic_path,
     check_checksums,
-    file_sha256,
     parse_json,
     plain_suffix,
     read_json,
@@ -245,11 +244,19 @@ def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fm
     checks."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fingerprint = hashlib.sha256()
+    # each file's sha256 and size as it is written (corpus.json records them; DPR's passages are 13 GB to
+    # read back); the passages' sha256 is the corpus's fingerprint too
+    written = {name: [hashlib.sha256(), 0] for name in ("passages.jsonl", "documents.jsonl")}
+    fingerprint = written["passages.jsonl"][0]
     n_passages = n_docs = 0
     passage_ids, doc_ids = _Distinct(), _Distinct()
+
+    def write(f, name: str, line: bytes) -> None:
+        written[name][0].update(line)
+        written[name][1] += len(line)
+        f.write(line)
     with atomic_path(out_dir / "passages.jsonl") as p_tmp, atomic_path(out_dir / "documents.jsonl") as d_tmp, \
-            open(p_tmp, "w", encoding="utf-8") as p_out, open(d_tmp, "w", encoding="utf-8") as d_out:
+            open(p_tmp, "wb") as p_out, open(d_tmp, "wb") as d_out:
         for path in inputs:
             for doc in tqdm(read_source(path, fmt), desc=f"corpus {path if is_hub(path) else Path(path).name}", unit=" docs",
                             mininterval=2, disable=None):
@@ -257,12 +264,11 @@ def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fm
                 doc_ids.add(doc.id)
                 for p in passages:
                     passage_ids.add(p["id"])
-                    line = (json.dumps(p, ensure_ascii=False) + "\n").encode("utf-8")
-                    fingerprint.update(line)
-                    p_out.write(line.decode("utf-8"))
+                    write(p_out, "passages.jsonl", (json.dumps(p, ensure_ascii=False) + "\n").encode("utf-8"))
                 abstract = doc.abstract if doc.abstract is not None else (passages[0]["text"] if passages else "")
-                d_out.write(json.dumps({"id": doc.id, "title": doc.title, "abstract": abstract, "toc": doc.toc,
-                                        "n_passages": len(passages), **doc.meta}, ensure_ascii=False) + "\n")
+                write(d_out, "documents.jsonl", (json.dumps(
+                    {"id": doc.id, "title": doc.title, "abstract": abstract, "toc": doc.toc, "n_passages": len(passages),
+                     **doc.meta}, ensure_ascii=False) + "\n").encode("utf-8"))
                 n_passages += len(passages)
                 n_docs += 1
         if not n_passages:
@@ -277,8 +283,7 @@ def build_corpus(inputs: list[str | os.PathLike], out_dir: str | os.PathLike, fm
     info = {"passages": n_passages, "documents": n_docs, "max_words": max_words,
             "inputs": [str(p) if is_hub(p) else str(Path(p).resolve()) for p in inputs],
             "fingerprint": fingerprint.hexdigest()[:16],
-            "files": {name: {"bytes": (out_dir / name).stat().st_size, "sha256": file_sha256(out_dir / name)}
-                      for name in ("passages.jsonl", "documents.jsonl")}}
+            "files": {name: {"bytes": size, "sha256": h.hexdigest()} for name, (h, size) in written.items()}}
     write_json(out_dir / "corpus.json", info)
     log.info("wrote %d passages of %d documents to %s", n_passages, n_docs, out_dir)
     return info
