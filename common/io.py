@@ -383,7 +383,7 @@ def check_checksums(directory: str | os.PathLike, manifest: dict, what: str = "i
     if unrecorded:
         raise InputError(f"{state} {what}: {Path(directory) / unrecorded[0]} is not in {record}'s files, so it "
                          f"cannot be checked; {advice}")
-    problems = verify_checksums(directory, manifest.get("files", {}), hash_up_to, record, remember)
+    problems = verify_checksums(directory, recorded, hash_up_to, record, remember)
     if problems:
         raise InputError(f"{state} {what}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                          + f"; {advice}")
