@@ -15,7 +15,7 @@ from odqa.common.answer_index import AnswerIndex
 from odqa.common.artifact import fingerprint
 from odqa.common.corpus import corpus_info
 from odqa.common.io import read_json, write_json
-from odqa.common.metrics.answers import answer_em
+from odqa.common.metrics.answers import NQ_OPEN, answer_em
 from odqa.common.metrics.has_answer import has_answer
 from odqa.common.metrics.retrieval import DEFAULT_TOPK, retrieval_metrics
 
@@ -61,7 +61,7 @@ def evaluate_results(entries: Sequence[dict], answerable: Sequence[bool] | None 
     depth = min(len(h) for h in hits)   # the file's depth: past it no question's ranks are known
     answers = {"": [e["answers"] for e in entries]}
     if all(isinstance(e.get("answers_raw"), list) for e in entries):
-        answers[" (NQ-open answers)"] = [e["answers_raw"] for e in entries]
+        answers[NQ_OPEN] = [e["answers_raw"] for e in entries]
     predictions = {}
     if all("prediction" in e for e in entries):
         helped = any("prediction_without_memory" in e for e in entries)

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
 
+from odqa.common.metrics.answers import NQ_OPEN  # noqa: E402
 from odqa.common.metrics.retrieval import top_k_accuracy  # noqa: E402
 
 COLUMNS = ("questions", "Top-k", "extractive EM", "generated EM", "only extractive right", "only generated right",
@@ -26,7 +27,7 @@ COLUMNS = ("questions", "Top-k", "extractive EM", "generated EM", "only extracti
 
 MEMORY_COLUMN = "extractive + memory EM"
 # NQ scored against NQ-open's own answers ("answers_raw"), as FiD's data scores it, beside DPR's tokenised ones
-RAW_COLUMNS = ("extractive EM (NQ-open answers)", "generated EM (NQ-open answers)")
+RAW_COLUMNS = ("extractive EM" + NQ_OPEN, "generated EM" + NQ_OPEN)
 LEGEND = ("EM scores each question's \"answers\": DPR's, whose NQ answers are PTB-tokenised (\"May 18 , 2018\"); "
           "the (NQ-open answers) columns score NQ-open's own, which FiD's data and published EM use.")
 

@@ -19,6 +19,10 @@ _PUNCT = set(string.punctuation)
 RegexMode = Literal["match", "search", "fullmatch"]
 
 
+# an EM column that scores NQ-open's own answers ("answers_raw", which FiD's data and published EM use)
+# rather than DPR's tokenised ones ends so: eval-retrieval's and odqa run's report alike
+NQ_OPEN = " (NQ-open answers)"
+
 def normalize_answer(text: str) -> str:
     """The SQuAD script's normalisation, unchanged so EM stays comparable with published numbers:
     lower case, drop ASCII punctuation, drop articles (a/an/the), squeeze white space. Accents and

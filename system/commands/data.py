@@ -39,6 +39,7 @@ def cmd_supervise(args) -> None:
 
 
 def cmd_eval_retrieval(args) -> None:
+    from odqa.common.metrics.answers import NQ_OPEN
     from odqa.common.paths import default_corpus
     from odqa.common.retrieval_eval import answerable_flags, evaluate_results, format_table, recompute_flags
     from odqa.common.retrieval_file import read_results
@@ -63,7 +64,7 @@ def cmd_eval_retrieval(args) -> None:
         notes.append("extractive EM: the phrase answer; + memory: the answer the memory helped vote for; each "
                      "scored against the questions' \"answers\" (DPR's: NQ's are PTB-tokenised, \"May 18 , 2018\")"
                      + ("; (NQ-open answers): against \"answers_raw\", NQ-open's own, as FiD's data scores them"
-                        if any("(NQ-open answers)" in c for subsets in rows.values() for c in subsets["all"]) else ""))
+                        if any(c.endswith(NQ_OPEN) for subsets in rows.values() for c in subsets["all"]) else ""))
     for note in notes:
         print(note)
     if args.json:
