@@ -259,14 +259,20 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def hash_files(root: str | os.PathLike, files) -> str:
-    """A short sha256 of the named files' paths (relative to root) and bytes: identifies a model part."""
-    h = hashlib.sha256()
+    """A short sha256 of the named files' paths (relative to root) and bytes: identifies a model part.
+    Remembered (`remembered`) while no file of it is written: a search compares three such hashes with
+    its index's at every opening, 360 MB of the demo's models."""
     root = Path(root)
-    for f in files:
-        if f.is_file():
+    files = [f for f in files if f.is_file()]
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        for f in files:
             h.update(f.relative_to(root).as_posix().encode())
             _hash_into(h, f)
-    return h.hexdigest()[:16]
+        return h.hexdigest()[:16]
+    names = " ".join(f.relative_to(root).as_posix() for f in files)
+    return remembered(f"hash_files {os.path.realpath(root)} {names}", files, digest)
 
 
 def _hash_into(h, path: str | os.PathLike) -> None:
@@ -275,8 +281,8 @@ def _hash_into(h, path: str | os.PathLike) -> None:
             h.update(block)
 
 
-# Files up to this size are hashed each time their index is opened (10 MB takes a few ms); larger ones
-# have their sizes checked then, and their bytes by `odqa verify DIR`.
+# Files up to this size are hashed when their index is opened (once while they are not written:
+# `remembered_sha256`); larger ones have their sizes checked then, and their bytes by `odqa verify DIR`.
 VERIFY_ON_OPEN_BYTES = 256 << 20
 
 
@@ -298,8 +304,8 @@ def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
                      hash_up_to: int | None = None, record: str = "the manifest", remember: bool = False) -> list[str]:
     """Problems (an empty list when none) of the files against `recorded` checksums: a missing file, a
     size or a sha256 that differs. Files over `hash_up_to` bytes have only their size checked. With
-    `remember`, the hash of a file over VERIFY_ON_OPEN_BYTES is kept (`remembered_sha256`), so a large
-    checkpoint is hashed once, not at every load."""
+    `remember`, a file's hash is kept (`remembered_sha256`), so a checkpoint is hashed once, not at every
+    load (the demo's models are 560 MB)."""
     directory, problems = Path(directory), []
     for name, want in checked_record(recorded, _record_path(directory, record)).items():
         path = directory / name
@@ -308,8 +314,7 @@ def verify_checksums(directory: str | os.PathLike, recorded: dict[str, dict],
         elif path.stat().st_size != want["bytes"]:
             problems.append(f"{path}: {path.stat().st_size} bytes, {record} says {want['bytes']}")
         elif hash_up_to is None or want["bytes"] <= hash_up_to:
-            big = remember and want["bytes"] > VERIFY_ON_OPEN_BYTES
-            if (remembered_sha256(path) if big else file_sha256(path)) != want["sha256"]:
+            if (remembered_sha256(path) if remember else file_sha256(path)) != want["sha256"]:
                 problems.append(f"{path}: its sha256 differs from {record}'s (the file is corrupted)")
     return problems
 
@@ -320,29 +325,39 @@ def _hashes_file() -> Path:
 
 
 def remembered_sha256(path: str | os.PathLike) -> str:
-    """A large file's sha256, computed once (1.1 s a GiB on a 2-core AMD EPYC, with another job running)
-    and kept in $ODQA_HOME/hashes.json under its real path with its size, inode, mtime and ctime: a file
-    written since (in place or replaced) has another mtime and ctime, and is hashed again. The ctime
-    cannot be set back by hand, as mtime can. Entries of files gone are dropped as a new one is kept."""
-    path = Path(os.path.realpath(path))
-    st = path.stat()
-    stamp = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+    """A file's sha256, computed once (1.1 s a GiB on a 2-core AMD EPYC, with another job running) and
+    kept while the file is not written (`remembered`)."""
+    return remembered(f"sha256 {os.path.realpath(path)}", [Path(path)], lambda: file_sha256(path))
+
+
+def remembered(key: str, files: list[Path], digest) -> str:
+    """`digest()`, kept in $ODQA_HOME/hashes.json under `key` with each of `files`' real path, size, inode,
+    mtime and ctime, and computed again once any of them differs: a file written since (in place or
+    replaced) has another mtime and ctime, and the ctime cannot be set back by hand, as mtime can.
+    Entries of files gone are dropped as a new one is kept."""
+    stamps = []
+    for f in files:
+        real = os.path.realpath(f)
+        st = os.stat(real)
+        stamps.append([real, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
     store = _hashes_file()
     try:
         known = json.loads(store.read_text(encoding="utf-8"))
-        entry = known.get(str(path)) if isinstance(known, dict) else None
+        entry = known.get(key) if isinstance(known, dict) else None
     except (OSError, ValueError):   # none yet, unreadable, damaged: hash again
         known, entry = {}, None
-    if isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str):
-        return entry[4]
-    digest = file_sha256(path)
-    known = {name: v for name, v in known.items() if os.path.exists(name)} if isinstance(known, dict) else {}
-    known[str(path)] = [*stamp, digest]
+    if isinstance(entry, dict) and entry.get("files") == stamps and isinstance(entry.get("digest"), str):
+        return entry["digest"]
+    value = digest()
+    known = {k: v for k, v in known.items() if isinstance(v, dict) and isinstance(v.get("files"), list)
+             and all(isinstance(s, list) and s and os.path.exists(str(s[0])) for s in v["files"])} \
+        if isinstance(known, dict) else {}
+    known[key] = {"files": stamps, "digest": value}
     try:
         write_json(store, known, indent=None)
     except OSError as e:   # a read-only home: hashed again next time
-        log.info("cannot keep the hash of %s in %s (%s)", path, store, e)
-    return digest
+        log.info("cannot keep the hash of %s in %s (%s)", key, store, e)
+    return value
 
 
 def _record_path(directory, record: str) -> str:
@@ -374,10 +389,11 @@ def checked_record(recorded, where: str) -> dict[str, dict]:
 def check_checksums(directory: str | os.PathLike, manifest: dict, what: str = "index", state: str = "corrupt",
                     record: str = "the manifest", advice: str = "rebuild it",
                     hash_up_to: int | None = VERIFY_ON_OPEN_BYTES, reads: Iterable[str] = (),
-                    remember: bool = False) -> None:
+                    remember: bool = True) -> None:
     """On opening an index (or a checkpoint): sizes of all its files and bytes of those up to `hash_up_to`,
     as its manifest's "files" record them; an InputError naming the first that differs, or a file the
-    opener `reads` that the record leaves out (and so would go unchecked)."""
+    opener `reads` that the record leaves out (and so would go unchecked). A file's hash is remembered
+    (`remembered_sha256`) unless `remember` is False (`odqa verify` hashes anew)."""
     recorded = checked_record(manifest.get("files", {}), _record_path(directory, record))
     unrecorded = [name for name in reads if name not in recorded]
     if unrecorded:

@@ -31,9 +31,8 @@ def seal(directory: str | os.PathLike) -> None:
 
 def check_sealed(directory: str | os.PathLike, what: str, whole: bool = False) -> bool:
     """Refuse (an InputError naming the file) a checkpoint whose files differ from its CHECKSUMS: every
-    size and every byte (a published t5-base reader is some 900 MB), a file over VERIFY_ON_OPEN_BYTES
-    hashed once and remembered by its size, inode and times (`remembered_sha256`), and hashed anew by
-    `whole` (`odqa verify`). False for a directory odqa did not seal (a hub or T5 checkpoint), which loads
+    size and every byte (a published t5-base reader is some 900 MB), each file hashed once and remembered
+    by its size, inode and times (`remembered_sha256`), and hashed anew by `whole` (`odqa verify`). False for a directory odqa did not seal (a hub or T5 checkpoint), which loads
     as it is."""
     directory = Path(directory)
     if not (directory / CHECKSUMS).is_file():

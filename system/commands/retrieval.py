@@ -358,6 +358,6 @@ def add(sub) -> None:
                 description="Hash every file of a phrase or document index (or a dense index under a corpus) "
                             "and compare with manifest.json, or of a checkpoint odqa wrote and compare with "
                             "checksums.json. Opening an index checks every size but hashes only files up to "
-                            "256 MB, and loading a checkpoint remembers the hash of a large file it has checked; "
+                            "256 MB, and loading a checkpoint remembers the hash of each file it has checked; "
                             "this hashes every file anew.")
     add_dataclass_args(p, VerifyArgs)
