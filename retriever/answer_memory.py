@@ -24,7 +24,7 @@ import numpy as np
 
 from odqa.common.artifact import build_dir, read_manifest
 from odqa.common.device import pick_device, search_dtype
-from odqa.common.io import InputError, check_checksums, read_jsonl, write_jsonl
+from odqa.common.io import InputError, check_checksums, parse_json, read_text, write_jsonl
 from odqa.common.metrics.answers import normalize_answer
 from odqa.common.questions import Question
 from odqa.common.results import Neighbour, Phrase
@@ -64,12 +64,18 @@ class AnswerMemory:
         check_checksums(self.dir, manifest, "answer memory", reads=["vectors.npy", "questions.jsonl"])
         self.manifest = manifest
         self.vectors = np.load(self.dir / "vectors.npy")
-        rows = [obj for _, obj in read_jsonl(self.dir / "questions.jsonl")]
-        if len(rows) != len(self.vectors) or self.vectors.shape[1:] != (manifest["dim"],):
+        # A row is parsed when it is a neighbour: `odqa ask` reads a handful of the 17k the demo keeps.
+        self._lines = [line for line in read_text(self.dir / "questions.jsonl").split("\n") if line.strip()]
+        if len(self._lines) != len(self.vectors) or self.vectors.shape[1:] != (manifest["dim"],):
             raise InputError(f"{self.dir}: corrupt answer memory (questions.jsonl and vectors.npy disagree); rebuild it")
         self.vectors = self.vectors.astype(np.float32)   # stored in half the bytes; compared in float32
-        self.questions = [r["question"] for r in rows]
-        self.answers = [r["answers"] for r in rows]
+
+    def row(self, r: int) -> dict:
+        """Row r's {"id", "question", "answers"}."""
+        obj = parse_json(self._lines[r], f"{self.dir / 'questions.jsonl'}:{r + 1}")
+        if not isinstance(obj, dict) or not isinstance(obj.get("question"), str) or not isinstance(obj.get("answers"), list):
+            raise InputError(f"{self.dir / 'questions.jsonl'}:{r + 1}: not a memory question; rebuild the memory")
+        return obj
 
     @property
     def question_encoder(self) -> str:
@@ -77,7 +83,7 @@ class AnswerMemory:
         return self.manifest["key"]["question_encoder"]
 
     def __len__(self) -> int:
-        return len(self.questions)
+        return len(self.vectors)
 
     @stage("memory")
     def neighbours(self, vectors: np.ndarray, count: int, threshold: float) -> list[list[Neighbour]]:
@@ -90,8 +96,8 @@ class AnswerMemory:
             top = np.argpartition(-sims, n - 1, axis=1)[:, :n]
             for s, rows in zip(sims, top):
                 rows = rows[np.argsort(-s[rows], kind="stable")]
-                out.append([Neighbour(self.questions[r], tuple(self.answers[r]), float(s[r]))
-                            for r in rows if s[r] >= threshold])
+                out.append([Neighbour(row["question"], tuple(row["answers"]), float(s[r]))
+                            for r in rows if s[r] >= threshold for row in [self.row(r)]])
         return out
 
 
