@@ -60,12 +60,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, quick_exit: bool = False) -> int:
+    """Run one command; its exit status. With `quick_exit` (the `odqa` script), a command that leaves
+    nothing to finish (`command(..., quick_exit=True)`) ends the process itself (`_exit_now`)."""
     args = parse_args(argv)
     configure_logging(args.quiet)
     loads = args.loads_checkpoints
     if loads(args) if callable(loads) else loads:
         quiet_checkpoint_loading()
+    code = _run(args)
+    if quick_exit and args.quick_exit:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown, as mypy's `hard_exit` does: freeing the thousands of
+    modules torch and transformers import took 0.75 s of a 5 s `odqa ask` (docs/notes/speed.md). Output
+    is flushed first; the command has written and closed its files."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a reader that closed the pipe (`odqa ask ... | head -1`)
+            pass
+    os._exit(code)
+
+
+def console() -> None:
+    """The `odqa` script."""
+    sys.exit(main(quick_exit=True))
+
+
+def _run(args: argparse.Namespace) -> int:
     from odqa.common.datapack import FetchError
     try:
         args.func(args)
@@ -90,4 +117,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

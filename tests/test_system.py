@@ -139,6 +139,43 @@ def test_cli_ask_prints_both_answers_and_marks_the_phrase(system, capsys):
     assert "argument question: must not be empty, not '  '" in capsys.readouterr().err
 
 
+def test_the_odqa_script_ends_ask_at_once_with_its_whole_output_and_status(system, tmp_path):
+    """The script ends `odqa ask` without the interpreter's teardown (`cli._exit_now`): output written to a
+    file (block-buffered, so lost unless flushed), the exit status of success and of bad input, and a
+    reader that closes the pipe early; `main` called in-process returns instead."""
+    import subprocess
+    import sys
+
+    from odqa.system import cli
+    root = system["root"]
+    flags = ["--k", "2", "--index", str(root / "index"), "--model", str(root / "phrase"), "--reader", str(root / "t5"),
+             "--corpus", str(system["corpus"])]
+    script = [sys.executable, "-m", "odqa.system.cli", "ask"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "out.txt", "w") as out:
+        done = subprocess.run([*script, "how tall is mount everest", *flags], stdout=out, stderr=subprocess.PIPE,
+                              text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    assert lines[0] == "question:   how tall is mount everest" and lines[-1].startswith("retrieve ")
+    bad = subprocess.run([*script, "how tall is mount everest", *flags[:2], "--index", str(tmp_path / "none"),
+                          *flags[4:]], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "odqa: error: " in bad.stderr and "Traceback" not in bad.stderr
+    head = subprocess.run(f"{' '.join(map(str, script))} 'how tall is mount everest' {' '.join(flags)} | head -1",
+                          shell=True, capture_output=True, text=True, env=env, timeout=300)
+    assert head.stdout == "question:   how tall is mount everest\n" and "Traceback" not in head.stderr
+    exits = []
+    assert cli.main(["ask", "how tall is mount everest", *flags]) == 0   # in-process: returns
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(cli.os, "_exit", exits.append)
+    try:
+        cli.main(["ask", "how tall is mount everest", *flags], quick_exit=True)
+        cli.main(["verify", str(root / "index")], quick_exit=True)   # a command that does not ask for it
+    finally:
+        monkey.undo()
+    assert exits == [0]
+
+
 def test_odqa_run_report_equals_the_per_question_file_and_resumes(system, tmp_path, capsys):
     import json
 

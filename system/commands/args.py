@@ -175,11 +175,13 @@ def given(cls, args) -> dict:
 
 
 def command(parent, name: str, func, loads_checkpoints: bool | Callable[[argparse.Namespace], bool] = False,
-            **kwargs) -> argparse.ArgumentParser:
+            quick_exit: bool = False, **kwargs) -> argparse.ArgumentParser:
     """A subcommand's parser, with the handler it runs. `loads_checkpoints`: whether the command loads
-    model checkpoints (or, given its parsed flags, whether it will), so that the CLI quiets their loading."""
+    model checkpoints (or, given its parsed flags, whether it will), so that the CLI quiets their loading.
+    `quick_exit`: the command leaves nothing to finish once it returns (no tracker, process or open
+    file), so the `odqa` script ends it without the interpreter's teardown (`cli.console`)."""
     p = parent.add_parser(name, **kwargs)
-    p.set_defaults(func=func, loads_checkpoints=loads_checkpoints)
+    p.set_defaults(func=func, loads_checkpoints=loads_checkpoints, quick_exit=quick_exit)
     return p
 
 

@@ -167,7 +167,7 @@ def add(sub) -> None:
                             "table, per-question JSONL and PNG plots in OUT; a rerun reuses what is done.")
     add_dataclass_args(p, RunArgs, unset=True)
 
-    p = command(sub, "ask", cmd_ask, loads_checkpoints=True,
+    p = command(sub, "ask", cmd_ask, loads_checkpoints=True, quick_exit=True,
                 help="answer one question: the extractive and the generated answer, and the passages")
     add_dataclass_args(p, AskArgs)
     system_args(p)
