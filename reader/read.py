@@ -93,6 +93,27 @@ def load_reader(name_or_path: str | os.PathLike, device: str | torch.device = "c
     return model.to(device).eval(), tokenizer
 
 
+def in_reading_dtype(model, device: str | torch.device = "cpu"):
+    """`model` with each linear layer's weight and bias held in the dtype `generate` reads in on `device`
+    (`search_dtype`: bfloat16 where native), its embeddings and norms left in float32: the casts autocast
+    makes of them, made once. Autocast keeps its casts for one `generate` call only, so a pipeline that
+    reads a question a call cast the reader's linear weights for every answer (the lm head at every
+    decoding step: a tenth of an answer, docs/notes/speed.md). The products are the same ones, and so
+    are the answers. An output layer tied to the input embeddings gets a copy of its own. Such a model
+    reads in that dtype only (`generate` refuses another); it is for reading, not for saving or training."""
+    dtype = search_dtype(torch.device(device).type)
+    if dtype == torch.float32:
+        return model
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            for name in ("weight", "bias"):
+                p = getattr(module, name)
+                if p is not None and p.dtype == torch.float32:
+                    setattr(module, name, torch.nn.Parameter(p.detach().to(dtype), requires_grad=False))
+    model.reading_dtype = dtype
+    return model
+
+
 @torch.no_grad()
 def generate(model, tokenizer, examples: list[FiDExample], ks: list[int], settings: ReaderSettings,
              device: str | torch.device = "cpu", *, progress: bool = False, refuse_echoes: bool = True,
@@ -110,6 +131,10 @@ def generate(model, tokenizer, examples: list[FiDExample], ks: list[int], settin
         fusion.check_phrases(examples)
     kind = torch.device(device).type
     dtype = search_dtype(kind) if dtype is None else dtype
+    held = getattr(model, "reading_dtype", None)
+    if held is not None and held != dtype:
+        raise ValueError(f"this reader holds its linear layers in {held} (in_reading_dtype), so it reads in "
+                         f"{held} only, not {dtype}: load it again to read in {dtype}")
     with torch.autocast(kind, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         return _generate(model, tokenizer, examples, ks, settings, device, progress, refuse_echoes)
 

@@ -207,8 +207,11 @@ def read_table(qa, examples: list[FiDExample], k: int) -> None:
         out = fn(examples)
         return out, len(examples) / (time.perf_counter() - start)
 
+    float32 = load_reader(qa.parts.reader)[0]   # the pipeline's holds its linear layers in the default dtype
+
     def read(s, dtype=None):
-        return lambda exs: generate(model, tokenizer, exs, [k], s, dtype=dtype)[k]
+        return lambda exs: generate(float32 if dtype == torch.float32 else model, tokenizer, exs, [k], s,
+                                    dtype=dtype)[k]
     runs = {"FiD loop (float32, one question a batch, padded, free)": timed(lambda exs: [loop.answer(e) for e in exs]),
             "odqa read, free decoding, float32": timed(read(free, torch.float32)),
             "odqa read, free decoding (default dtype)": timed(read(free)),

@@ -77,10 +77,11 @@ class Pipeline:
     def reader(self) -> tuple:
         """(model, tokenizer) of the FiD reader."""
         if self._reader is None:
-            from odqa.reader.read import load_reader
+            from odqa.reader.read import in_reading_dtype, load_reader
             if self.parts.reader is None:
                 raise InputError("this pipeline has no FiD reader: give one (--reader, or a record with one)")
-            self._reader = load_reader(self.parts.reader, self.device)
+            model, tokenizer = load_reader(self.parts.reader, self.device)
+            self._reader = in_reading_dtype(model, self.device), tokenizer
         return self._reader
 
     def loaded(self) -> "Pipeline":

@@ -38,3 +38,24 @@ def assert_an_interrupted_training_resumes_with_the_same_losses(loop_args, tmp_p
     again = train_reader(reader, loop)
     assert [h["step"] for h in again["history"]] == list(range(1, 9))
     assert [h["loss"] for h in again["history"]] == pytest.approx([h["loss"] for h in straight["history"]], rel=1e-5)
+
+
+def assert_held_in_reading_dtype_reads_alike(model_path, examples, k: int, monkeypatch, **settings) -> None:
+    """`in_reading_dtype`: every linear layer in bfloat16, the embeddings kept in float32, and the same
+    answers, spans and free, as the model autocast casts at each call; a float32 read is refused."""
+    import torch
+
+    from odqa.reader.read import in_reading_dtype
+    monkeypatch.setenv("ODQA_SEARCH_DTYPE", "bfloat16")
+    cast, tokenizer = load_reader(model_path)
+    held = in_reading_dtype(load_reader(model_path)[0])
+    linears = [m for m in held.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert held.get_input_embeddings().weight.dtype == torch.float32
+    for decoding in ("spans", "free"):
+        expected = generated(cast, tokenizer, examples, k, decoding=decoding, **settings)
+        assert generated(held, tokenizer, examples, k, decoding=decoding, **settings) == expected
+    with pytest.raises(ValueError, match="in_reading_dtype"):
+        generated(held, tokenizer, examples, k, dtype=torch.float32, **settings)
+    monkeypatch.setenv("ODQA_SEARCH_DTYPE", "float32")
+    assert in_reading_dtype(cast) is cast and cast.get_output_embeddings().weight.dtype == torch.float32

@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from loop_checks import assert_reported
-from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses, read_file
+from reader_checks import (
+    assert_an_interrupted_training_resumes_with_the_same_losses,
+    assert_held_in_reading_dtype_reads_alike,
+    read_file,
+)
 from tiny_data import CODE_NAMES as NAMES
 from tiny_data import HOBBIES, TINY_DOCS, code_world, write_jsonl
 from tiny_models import make_tiny_t5
@@ -25,7 +29,7 @@ from odqa.common.trainer import deepspeed_config
 from odqa.reader.args import LoopArgs
 from odqa.reader.cloze import salient_spans
 from odqa.reader.fid import FiDT5
-from odqa.reader.fid_data import FiDCollator, load_fid_file
+from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
 from odqa.reader.fid_train import ReaderArgs, split_examples, train_reader
 from odqa.reader.pretrain import span_corrupt
 from odqa.reader.read import load_reader
@@ -122,6 +126,13 @@ def test_t5_passages_encoded_in_length_groups_read_as_one_padded_call(t5):
     for past_width in (out[4][0][0, 1, 4:], out[4][0][1, 0, 8:], out[4][0][1, 2]):
         assert torch.count_nonzero(past_width) == 0
     assert torch.allclose(out[0][1], out[4][1], atol=1e-5) and torch.equal(out[0][2], out[4][2])
+
+
+def test_t5_held_in_its_reading_dtype_answers_as_autocast_does(t5, monkeypatch):
+    examples = [FiDExample(str(i), w["question"], w["answers"], [(c["title"], c["text"]) for c in w["ctxs"]])
+                for i, w in enumerate(code_world(12, 4, 3))]
+    assert_held_in_reading_dtype_reads_alike(t5, examples, 4, monkeypatch, batch_size=4, text_maxlength=32,
+                                             max_new_tokens=4)
 
 
 def test_collator_pads_missing_passages_and_keeps_the_best_k(t5, tmp_path):

@@ -6,7 +6,12 @@ import json
 
 import pytest
 import torch
-from reader_checks import assert_an_interrupted_training_resumes_with_the_same_losses, generated, read_file
+from reader_checks import (
+    assert_an_interrupted_training_resumes_with_the_same_losses,
+    assert_held_in_reading_dtype_reads_alike,
+    generated,
+    read_file,
+)
 from safetensors import safe_open
 from tiny_data import CODE_NAMES, HOBBIES, code_world
 from tiny_models import make_tiny_bert
@@ -195,6 +200,15 @@ def test_several_k_from_one_encoder_pass_equal_separate_reads(b2b, b2b_pointer, 
     for k, answers in by_k.items():
         assert answers == generated(model, tok, examples, k, batch_size=4, text_maxlength=32, max_new_tokens=4,
                                            progress=False)
+
+
+@pytest.mark.parametrize("kind", ["plain", "pointer", "prior"])
+def test_a_reader_held_in_its_reading_dtype_answers_as_autocast_does(b2b, b2b_pointer, b2b_prior, kind, monkeypatch):
+    examples = [FiDExample(str(i), w["question"], w["answers"], [(c["title"], c["text"]) for c in w["ctxs"]])
+                for i, w in enumerate(code_world(12, 4, 3))]
+    assert_held_in_reading_dtype_reads_alike({"plain": b2b, "pointer": b2b_pointer, "prior": b2b_prior}[kind],
+                                             examples, 4, monkeypatch, batch_size=4, text_maxlength=32,
+                                             max_new_tokens=4)
 
 
 def _args(model, data, out, **loop):
