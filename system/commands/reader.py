@@ -79,13 +79,14 @@ def cmd_train_reader(args) -> None:
 def cmd_read(args) -> None:
     from odqa.common.device import pick_device
     from odqa.common.ranks import current, parts_beside
-    from odqa.reader.read import load_reader, read
+    from odqa.reader.read import in_reading_dtype, load_reader, read
     # Under a launcher each rank reads its share of the questions; a killed run resumes its batches.
     device = pick_device()
     if args.model is None:   # as every other command takes the default pipeline's part
         from odqa.system.pipeline import pipeline_record
         args.model = str(pipeline_record()[1]["reader"])
     model, tokenizer = load_reader(args.model, device, args.tokenizer)
+    model = in_reading_dtype(model, device)
     r = read(model, tokenizer, args.input, {args.k: args.out}, dataclass_from_args(ReaderSettings, args), device,
              limit=args.limit, parts=parts_beside(args.out), key=stage_key(args))[args.k]
     if current().main:
