@@ -12,21 +12,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
-import time
+
+from bench_retrieval import timed  # one whole command, as a user runs it (this folder is on sys.path)
 
 QUESTIONS = ["who directed jaws", "panda is a national animal of which country", "who wrote hamlet"]
 FLOOR = ("import torch, faiss; "
          "from transformers import AutoTokenizer, BertModel, EncoderDecoderModel, T5ForConditionalGeneration")
-
-
-def timed(cmd: list[str]) -> float:
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    return time.perf_counter() - start
 
 
 def main() -> int:
