@@ -97,8 +97,8 @@ def in_reading_dtype(model, device: str | torch.device = "cpu"):
     """`model` with each linear layer's weight and bias held in the dtype `generate` reads in on `device`
     (`search_dtype`: bfloat16 where native), its embeddings and norms left in float32: the casts autocast
     makes of them, made once. Autocast keeps its casts for one `generate` call only, so a pipeline that
-    reads a question a call cast the reader's linear weights for every answer (the lm head at every
-    decoding step: a tenth of an answer, docs/notes/speed.md). The products are the same ones, and so
+    reads a question a call cast the reader's linear weights for every answer, the lm head's at every
+    decoding step (a third of an answer's time in the profile of docs/notes/speed.md). The products are the same ones, and so
     are the answers. An output layer tied to the input embeddings gets a copy of its own. Such a model
     reads in that dtype only (`generate` refuses another); it is for reading, not for saving or training."""
     dtype = search_dtype(torch.device(device).type)
