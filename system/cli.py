@@ -9,6 +9,7 @@ import os
 import sys
 import traceback
 
+from odqa.common.device import keep_freed_memory
 from odqa.common.io import InputError
 from odqa.system.commands import data, reader, retrieval, system
 
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None, quick_exit: bool = False) -> int:
     nothing to finish (`command(..., quick_exit=True)`) ends the process itself (`_exit_now`)."""
     args = parse_args(argv)
     configure_logging(args.quiet)
+    keep_freed_memory()
     loads = args.loads_checkpoints
     if loads(args) if callable(loads) else loads:
         quiet_checkpoint_loading()

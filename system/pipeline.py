@@ -87,7 +87,9 @@ class Pipeline:
     def loaded(self) -> "Pipeline":
         """This pipeline with its searcher and reader loaded now (a server, `odqa.load`: a damaged part is
         named before the first question)."""
+        from odqa.common.device import keep_freed_memory
         from odqa.reader.read import check_lengths
+        keep_freed_memory()
         self.searcher   # noqa: B018
         check_lengths(self.reader[0], self.settings)
         return self
