@@ -96,13 +96,12 @@ class ServeConfig(Settings):
     """`odqa serve`'s own settings: the server's address, batching, limits and processes."""
     host: str = arg("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
     port: int = arg(8000, "port", range="port")
-    max_batch: int | None = arg(None, "requests answered together at most (default: 1 on a CPU, where a batch saves "
-                                      "nothing; 16 on a GPU)", range="positive")
+    max_batch: int | None = arg(None, "requests answered together at most (default: 8 on a CPU, 16 on a GPU; 1 "
+                                      "answers one question at a time, at the lowest latency)", range="positive")
     max_wait_ms: float = arg(10.0, "wait for more requests after the first", range="non_negative")
     max_queue: int = arg(64, "requests that may wait; more are answered 429 with Retry-After", range="positive")
     max_queue_s: float | None = arg(None, "refuse (429) a request with more than this many seconds of work ahead of "
-                                          "it, as measured (0: only when idle; negative: no such limit; default: 0 "
-                                          "on a CPU, 1 on a GPU)")
+                                          "it, as measured (0: only when idle; negative: no such limit; default: 1)")
     timeout_s: float = arg(30.0, "a request not answered in this time gets 503", range="positive")
     request_timeout_s: float = arg(10.0, "a client must send each request whole (headers and body) within this "
                                          "many seconds of connecting or of its previous answer, or its connection "

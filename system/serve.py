@@ -262,7 +262,7 @@ class Batcher:
 
     def work_ahead_s(self) -> float:
         """Expected seconds before a request arriving now starts: the requests ahead of it times the
-        measured seconds a request (CPU: batching barely helps; GPU: the mean falls with batch size)."""
+        measured seconds a request (the mean falls with batch size, little on a CPU, much on a GPU)."""
         return (self.queue.qsize() + self.in_flight) * (self.request_s or 0.0)
 
     def retry_after(self) -> int:

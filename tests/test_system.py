@@ -513,9 +513,10 @@ def test_serve_threads_sets_the_models_cpu_threads(system, monkeypatch):
 
 def test_serve_limits_follow_the_device_unless_flags_name_them():
     from odqa.system.commands.system import serve_limits
-    assert serve_limits(None, None, "cpu") == (1, 0.0)      # a CPU batch saves nothing: one at a time, when idle
+    assert serve_limits(None, None, "cpu") == (8, 1.0)      # a CPU batch of 8 costs 0.75x a question each
     assert serve_limits(None, None, "cuda") == (16, 1.0)
-    assert serve_limits(8, -1.0, "cpu") == (8, -1.0)
+    assert serve_limits(1, 0.0, "cpu") == (1, 0.0)          # one at a time, when idle: the lowest latency
+    assert serve_limits(8, -1.0, "cuda") == (8, -1.0)
 
 
 def test_serve_with_two_workers_answers_and_metrics_count_both(system, tmp_path):

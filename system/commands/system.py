@@ -85,11 +85,13 @@ def marked(s: str, phrase, title: bool) -> str:
     return s[:a] + "[[" + s[a:b] + "]]" + s[b:]
 
 
-# Measured on 2 CPU cores (docs/guides/evaluate.md): a batch of n questions costs n times one, so batching adds
-# no throughput on a CPU and only makes every request in a batch wait for all of them; admitting a
-# request only when the server is idle then keeps the answered requests' p99 near one question's time
-# under any load. On a GPU a batch costs little more than one question: batch, and queue a second.
-SERVE_LIMITS = {"cpu": (1, 0.0), "cuda": (16, 1.0)}
+# Measured on one core of a CPU with AMX (docs/notes/serving.md, 2026-12-03): a batch of 8 questions costs
+# 0.75x per question what one does (the question encoders batch, the reader decodes 8 at once), and with
+# freed memory kept (`keep_freed_memory`) the encoder's activations no longer page-fault in; batches of up
+# to 8, admitted while a second of work is ahead, answered 1.6x the requests a second of one question at
+# a time when idle, with the p99 under overload 1.73x its value at peak. On a GPU a batch costs little
+# more than one question: 16, and a second's queue.
+SERVE_LIMITS = {"cpu": (8, 1.0), "cuda": (16, 1.0)}
 
 
 def serve_limits(max_batch: int | None, max_queue_s: float | None, device: str) -> tuple[int, float]:
