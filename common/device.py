@@ -52,33 +52,29 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-_MALLOC_KEPT = False
 
-
+@lru_cache(maxsize=1)   # once a process: every command and every pipeline load asks
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep freed blocks for reuse instead of handing each large one back to the
     system. By default a block over its threshold (at most 32 MB) is mmap-ed fresh at every allocation
     and unmapped at its free, so every activation of a batch of passages page-faults its memory in again:
     reading 8 questions at k = 10, GELU took 24 ms a layer against 8 with the memory kept, and the
-    encoder 1.3x as long (docs/notes/speed.md). The usual advice for PyTorch on CPU (jemalloc or tcmalloc
-    in LD_PRELOAD) does the same; this needs no other library. The process's RSS stays at its peak, since
-    that peak recurs. ODQA_KEEP_FREED_MEMORY=0 leaves malloc as it is. True when set, here or before;
-    a no-op off glibc."""
-    global _MALLOC_KEPT
-    if _MALLOC_KEPT or os.environ.get("ODQA_KEEP_FREED_MEMORY", "1") == "0":
-        return _MALLOC_KEPT
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-        gnu = libc.gnu_get_libc_version   # glibc's own; musl and macOS have other allocators
-    except (OSError, AttributeError):
+    encoder 1.3x as long (docs/notes/serving.md). The usual advice for PyTorch on CPU (jemalloc or
+    tcmalloc in LD_PRELOAD) does the same; this needs no other library. The process's RSS stays at its
+    peak, since that peak recurs. ODQA_KEEP_FREED_MEMORY=0 leaves malloc as it is. True when set; a
+    no-op off glibc."""
+    if os.environ.get("ODQA_KEEP_FREED_MEMORY", "1") == "0":
         return False
-    del gnu
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)   # the process's own symbols, libc's among them (find_library runs ldconfig)
+    except (OSError, TypeError):   # TypeError: Windows loads no library by None
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):   # glibc's own; musl and macOS have other allocators
+        return False
     m_trim_threshold, m_mmap_threshold = -1, -3
     # a glibc that bounds the threshold by its heaps' size (64 MB) refuses 1 GB; 32 MB covers a batch's
     # bfloat16 activations
-    if any(mallopt(m_mmap_threshold, most) for most in (1 << 30, 32 << 20)):
-        _MALLOC_KEPT = bool(mallopt(m_trim_threshold, 1 << 30))
-    return _MALLOC_KEPT
+    if not any(libc.mallopt(m_mmap_threshold, most) for most in (1 << 30, 32 << 20)):
+        return False
+    return bool(libc.mallopt(m_trim_threshold, 1 << 30))
