@@ -9,7 +9,8 @@ load goes through here and refuses such a checkpoint, naming the keys.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -82,21 +83,31 @@ def refuse_misfit(name, what: str, missing: Iterable[str] = (), unexpected: Iter
                          f"model or layout, or a damaged one (none was initialised at random)")
 
 
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' report of a load, whose "newly initialized" `refuse_misfit` makes untrue, and its
+    "Loading weights" bar (one a checkpoint, over in milliseconds: six above a one-line `odqa ask` or
+    `odqa.load().ask`), both hidden for the block and then put back as they were. A download from the
+    hub keeps its own bar."""
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hook = hf_logging.set_tqdm_hook(lambda factory, args, kwargs: factory(*args, **{**kwargs, "disable": True}))
+    try:
+        yield
+    finally:
+        hf_logging.set_tqdm_hook(hook)
+        hf_logging.set_verbosity(verbosity)
+
+
 def from_pretrained_whole(cls, name: str | os.PathLike, what: str, may_lack: tuple[str, ...] = (),
                           may_add: tuple[str, ...] = (), **kwargs):
     """`cls.from_pretrained(name)`, refused (`refuse_misfit`) unless every weight is loaded. Keys under
     the prefixes `may_lack` may be missing and those under `may_add` unexpected: parts the caller never
     uses (a BERT's pooler, a pretraining checkpoint's `cls.` heads)."""
-    # mismatched shapes come back in the info (and are refused) rather than as transformers' report,
-    # whose "newly initialized" the refusal makes untrue: it is not printed
-    from transformers.utils import logging as hf_logging
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with loading(name, what):
-            model, info = cls.from_pretrained(name, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    # mismatched shapes come back in the info (and are refused) rather than as transformers' report
+    with quiet_loading(), loading(name, what):
+        model, info = cls.from_pretrained(name, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     refuse_misfit(name, what,
                   [k for k in info.get("missing_keys", ()) if not k.startswith(may_lack)],
                   [k for k in info.get("unexpected_keys", ()) if not k.startswith(may_add)],

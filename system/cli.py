@@ -34,15 +34,6 @@ def configure_logging(quiet: bool) -> None:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
 
-def quiet_checkpoint_loading() -> None:
-    """transformers draws a "Loading weights" bar for every checkpoint it loads (six for one `odqa ask`,
-    five for a phrase `retrieve`), each over in milliseconds, above the command's own output. Its own
-    bars only: a download from the hub keeps its bar. Only for commands that load checkpoints, since
-    importing transformers costs a light command (eval-retrieval, a BM25 retrieve) half a second."""
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_tqdm_hook(lambda factory, bar_args, bar_kwargs: factory(*bar_args, **{**bar_kwargs, "disable": True}))
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with a training command's --config file read in (flags on the line win)."""
     from odqa.system.commands.args import expand_config
@@ -67,9 +58,6 @@ def main(argv: list[str] | None = None, quick_exit: bool = False) -> int:
     args = parse_args(argv)
     configure_logging(args.quiet)
     keep_freed_memory()
-    loads = args.loads_checkpoints
-    if loads(args) if callable(loads) else loads:
-        quiet_checkpoint_loading()
     code = _run(args)
     if quick_exit and args.quick_exit:
         _exit_now(code)

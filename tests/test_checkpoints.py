@@ -21,6 +21,21 @@ def t5(tmp_path_factory):
     return make_tiny_t5(tmp_path_factory.mktemp("t5") / "t5", TEXTS, vocab_size=300)
 
 
+def test_a_load_hides_transformers_bar_for_itself_only(t5, capsys):
+    """transformers draws a "Loading weights" bar for every checkpoint, over in milliseconds (six above a
+    one-line answer); a load hides it and its report, and leaves the caller's own hook and verbosity."""
+    from transformers.utils import logging as hf_logging
+    def mine(factory, args, kwargs):
+        return factory(*args, **kwargs)
+    previous, verbosity = hf_logging.set_tqdm_hook(mine), hf_logging.get_verbosity()
+    try:
+        load_reader(t5)
+        assert "Loading weights" not in capsys.readouterr().err
+        assert hf_logging.set_tqdm_hook(mine) is mine and hf_logging.get_verbosity() == verbosity
+    finally:
+        hf_logging.set_tqdm_hook(previous)
+
+
 def fid_layout(plain, out):
     """The same weights as FiD's own `save_pretrained` wrote them (transformers 3: every key, tied ones too,
     under EncoderWrapper's and CheckpointWrapper's names)."""

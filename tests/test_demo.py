@@ -12,6 +12,7 @@ import pytest
 from tiny_data import write_jsonl
 from tiny_models import make_tiny_bert
 
+import odqa
 from odqa.common.device import cpu_has_bf16
 from odqa.common.questions import load_questions
 from odqa.common.settings import from_flat, updated
@@ -495,8 +496,8 @@ def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_ru
     assert pipeline["doc_index"] == (out / "doc-index").resolve()
     capsys.readouterr()
     run = tmp_path / "r.json"
-    # transformers draws a "Loading weights" bar for each checkpoint opened, unless the CLI hooks it off
-    # (once a process: clear that hook so the commands here must set it)
+    # transformers draws a "Loading weights" bar for each checkpoint opened, unless the load hides it
+    # (`quiet_loading`, for that load only: no hook is left behind)
     previous_hook = hf_logging.set_tqdm_hook(None)
     try:
         assert main(["-q", "retrieve", "--retriever", "phrase", "--questions", str(world["root"] / "questions.jsonl"),
@@ -504,11 +505,13 @@ def test_the_demo_becomes_the_default_pipeline_of_later_commands(world, first_ru
         assert "Loading weights" not in capsys.readouterr().err
         entries = json.loads(run.read_text())
         assert len(entries) == len(NAMES) and all(e["ctxs"] and "prediction" in e for e in entries)
-        hf_logging.set_tqdm_hook(None)
         assert main(["ask", "where was alice born", "--k", "2"]) == 0
         said = capsys.readouterr()
         assert "extractive:" in said.out and "generated:" in said.out
         assert "Loading weights" not in said.err
+        assert odqa.load().ask("where was alice born", k=2).generated is not None   # the library as quiet
+        assert "Loading weights" not in capsys.readouterr().err
+        assert hf_logging.set_tqdm_hook(None) is None
     finally:
         hf_logging.set_tqdm_hook(previous_hook)
     assert main(["-q", "ask", "where was alice born", "--index", str(tmp_path / "nowhere")]) == 2  # a flag wins

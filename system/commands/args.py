@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from odqa.common.settings import (
@@ -174,14 +173,12 @@ def given(cls, args) -> dict:
     return {name: getattr(args, name) for name, _, _ in leaves(cls) if getattr(args, name, None) is not None}
 
 
-def command(parent, name: str, func, loads_checkpoints: bool | Callable[[argparse.Namespace], bool] = False,
-            quick_exit: bool = False, **kwargs) -> argparse.ArgumentParser:
-    """A subcommand's parser, with the handler it runs. `loads_checkpoints`: whether the command loads
-    model checkpoints (or, given its parsed flags, whether it will), so that the CLI quiets their loading.
-    `quick_exit`: the command leaves nothing to finish once it returns (no tracker, process or open
-    file), so the `odqa` script ends it without the interpreter's teardown (`cli.console`)."""
+def command(parent, name: str, func, quick_exit: bool = False, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand's parser, with the handler it runs. `quick_exit`: the command leaves nothing to
+    finish once it returns (no tracker, process or open file), so the `odqa` script ends it without the
+    interpreter's teardown (`cli.console`)."""
     p = parent.add_parser(name, **kwargs)
-    p.set_defaults(func=func, loads_checkpoints=loads_checkpoints, quick_exit=quick_exit)
+    p.set_defaults(func=func, quick_exit=quick_exit)
     return p
 
 

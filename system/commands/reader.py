@@ -98,7 +98,7 @@ def cmd_read(args) -> None:
 def add(sub) -> None:
     from odqa.common.paths import default_corpus, odqa_home
     reader = sub.add_parser("reader", help="the FiD reader's model").add_subparsers(dest="reader_command", required=True)
-    p = command(reader, "init", cmd_reader_init, loads_checkpoints=True,
+    p = command(reader, "init", cmd_reader_init,
                 help="a reader to train: warm-started from a BERT (--from) or a from-scratch T5",
                 description="With --from: an encoder-decoder warm-started from a pretrained BERT (bert2bert): "
                             "the encoder as it is, a decoder of --decoder-layers copies of its layers with "
@@ -107,14 +107,14 @@ def add(sub) -> None:
                             "the preset's shape. Either is saved as an HF checkpoint.")
     add_dataclass_args(p, ReaderInitArgs)
 
-    p = command(reader, "cloze", cmd_reader_cloze, loads_checkpoints=True,
+    p = command(reader, "cloze", cmd_reader_cloze,
                 help="cloze questions from the corpus: practice for a from-scratch reader",
                 description="Turn a name or number in a passage's sentence into a wh-word: the sentence is the "
                             "question, the span the answer, the passage one of k with k-1 random others. "
                             "Writes a FiD file for `odqa train-reader`.")
     add_dataclass_args(p, ClozeArgs, {"corpus": None, "out": str(odqa_home() / "runs" / "reader" / "cloze.jsonl")})
 
-    p = command(sub, "pretrain-reader", cmd_pretrain_reader, loads_checkpoints=True,
+    p = command(sub, "pretrain-reader", cmd_pretrain_reader,
                 help="T5 span-corruption pretraining on the corpus (DeepSpeed)",
                 description="Mask 15%% of each passage's tokens in spans of mean length 3 and train T5 to fill "
                             "them in. " + LAUNCH)
@@ -122,7 +122,7 @@ def add(sub) -> None:
     add_dataclass_args(p, PretrainArgs, {"model": str(default_reader_dir("tiny")), "corpus": str(default_corpus())})
     add_dataclass_args(p, LoopArgs, {"lr": 1e-3, "batch_size": 32, "warmup_steps": 200})
 
-    p = command(sub, "train-reader", cmd_train_reader, loads_checkpoints=True,
+    p = command(sub, "train-reader", cmd_train_reader,
                 help="train the Fusion-in-Decoder reader on retrieval files (DeepSpeed)",
                 description="FiD: each of the k passages encoded with the question on its own, the decoder "
                             "attends over all. Validation EM with greedy decoding; best checkpoint kept. " + LAUNCH)
@@ -130,8 +130,7 @@ def add(sub) -> None:
     add_dataclass_args(p, ReaderArgs)
     add_dataclass_args(p, LoopArgs)
 
-    p = command(sub, "read", cmd_read,
-                loads_checkpoints=True, help="generate answers for a retrieval file with a FiD reader; print EM",
+    p = command(sub, "read", cmd_read, help="generate answers for a retrieval file with a FiD reader; print EM",
                 description="Batched greedy (or beam) generation; writes {id, question, answers, prediction, em} "
                             "JSONL.")
     add_dataclass_args(p, ReadArgs)

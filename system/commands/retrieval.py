@@ -267,13 +267,12 @@ def add(sub) -> None:
     sup = default_supervision()
 
     p = command(sub, "retrieve", cmd_retrieve,
-                loads_checkpoints=lambda args: args.retriever != "bm25",
                 help="retrieve passages for a question set into a DPR-format file",
                 description="Write [{question, answers, ctxs:[{id,title,text,score,has_answer}]}].")
     add_dataclass_args(p, RetrieveArgs)
     search_args(p)
 
-    p = command(sub, "train-teacher", cmd_train_teacher, loads_checkpoints=True,
+    p = command(sub, "train-teacher", cmd_train_teacher,
                 help="train a cross-encoder span reader for `train-phrase --teacher` to distil from",
                 description="Question and passage read together by a BERT-family encoder with a SQuAD span "
                             "head, on the phrase model's supervision and tokens; validated by gold-passage EM.")
@@ -282,8 +281,7 @@ def add(sub) -> None:
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "encoder": str(default_encoder())})
 
-    p = command(sub, "train-phrase", cmd_train_phrase,
-                loads_checkpoints=True, help="train the dense phrase and question encoders",
+    p = command(sub, "train-phrase", cmd_train_phrase, help="train the dense phrase and question encoders",
                 description="DensePhrases training: single-passage, in-batch and pre-batch negatives, filter "
                             "head; AdamW with warm-up and decay, clipping; through accelerate (`accelerate "
                             "launch -m odqa.system.cli train-phrase ...` for several processes or DeepSpeed).")
@@ -292,7 +290,7 @@ def add(sub) -> None:
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "encoder": str(default_encoder()), "corpus": str(default_corpus())})
 
-    p = command(sub, "dump-phrases", cmd_dump_phrases, loads_checkpoints=True,
+    p = command(sub, "dump-phrases", cmd_dump_phrases,
                 help="encode every passage's phrase start/end vectors (sharded, resumable)",
                 description="Start/end vectors of the tokens whose filter logit passes --threshold, float16, "
                             "in chunk files with their metadata. Re-running resumes an interrupted shard.")
@@ -309,14 +307,13 @@ def add(sub) -> None:
                             "boundaries in supervision passages; prints tokens kept against answer phrases kept.")
     add_dataclass_args(p, FilterArgs, {"train_file": sup / "train.jsonl", "validation_file": sup / "validation.jsonl"})
 
-    p = command(sub, "train-query", cmd_train_query,
-                loads_checkpoints=True, help="query-side fine-tuning against a fixed phrase index",
+    p = command(sub, "train-query", cmd_train_query, help="query-side fine-tuning against a fixed phrase index",
                 description="Maximise the retrieval probability of the top phrases that match an answer "
                             "(--label phrase), lie in an answer passage (passage) or document (document).")
     config_arg(p)
     add_dataclass_args(p, QueryTrainArgs, {"corpus": str(default_corpus())})
 
-    p = command(sub, "train-doc", cmd_train_doc, loads_checkpoints=True,
+    p = command(sub, "train-doc", cmd_train_doc,
                 help="train the document retriever (DHR) that pre-filters phrase search",
                 description="A question/document dual encoder over title + table of contents + abstract, "
                             "in-batch and hard negatives; resumable; validation document Top-k each epoch.")
@@ -325,7 +322,7 @@ def add(sub) -> None:
         "train_file": str(sup / "train.jsonl"), "validation_file": str(sup / "validation.jsonl"),
         "corpus": str(default_corpus()), "encoder": str(default_encoder())})
 
-    p = command(sub, "train-reranker", cmd_train_reranker, loads_checkpoints=True,
+    p = command(sub, "train-reranker", cmd_train_reranker,
                 help="train the cross-encoder that reranks the search's top passages",
                 description="A BERT-family cross-encoder (monoBERT) over question + passage, trained with one "
                             "answer-bearing passage against --negatives retrieved ones per question (a retrieval "
@@ -334,11 +331,11 @@ def add(sub) -> None:
     config_arg(p)
     add_dataclass_args(p, RerankerTrainArgs, {"encoder": str(default_encoder())})
 
-    p = command(sub, "build-doc-index", cmd_build_doc_index, loads_checkpoints=True,
+    p = command(sub, "build-doc-index", cmd_build_doc_index,
                 help="encode every document summary into a faiss document index")
     add_dataclass_args(p, DocIndexArgs)
 
-    p = command(sub, "tune-lambda", cmd_tune_lambda, loads_checkpoints=True,
+    p = command(sub, "tune-lambda", cmd_tune_lambda,
                 help="grid-search the rerank weights of the document and BM25 scores on validation",
                 description="lambda in 0, 0.1, ..., 2 and the BM25 weight mu in --bm25-grid maximising "
                             "validation Top-k of pre-filtered phrase retrieval reranked by z(passage) + lambda "
@@ -346,7 +343,7 @@ def add(sub) -> None:
     search_args(p)
     add_dataclass_args(p, TuneLambdaArgs, {"questions": sup / "validation.jsonl"})
 
-    p = command(sub, "build-memory", cmd_build_memory, loads_checkpoints=True,
+    p = command(sub, "build-memory", cmd_build_memory,
                 help="the answer memory: training questions whose answers nearby questions' votes borrow",
                 description="Encode question sets with the phrase model's question encoders; the search commands "
                             "then let each question's nearest ones (cosine >= --memory-threshold) vote for their "

@@ -154,8 +154,7 @@ def serve_app_from_environment():
 
 
 def add(sub) -> None:
-    p = command(sub, "demo", cmd_demo,
-                loads_checkpoints=True, help="run the whole system on the default data: train, index, evaluate, answer",
+    p = command(sub, "demo", cmd_demo, help="run the whole system on the default data: train, index, evaluate, answer",
                 description="Fetch the data, build the corpus, train the phrase, document and FiD models on "
                             "short schedules, index, run `odqa run` on a slice of NQ-test and TQA-test, print "
                             "the report and three answers. A rerun reuses every finished stage.")
@@ -163,18 +162,18 @@ def add(sub) -> None:
     from odqa.system.recipe_config import RecipeConfig  # its own fields that are the demo's flags
     add_dataclass_args(p, RecipeConfig, only=lambda f: f.metadata.get("demo"), unset=True)
 
-    p = command(sub, "run", cmd_run, loads_checkpoints=True,
+    p = command(sub, "run", cmd_run,
                 help="evaluate the system: extractive vs generated EM per question set and k, with plots",
                 description="Phrase retrieval (with the document pre-filter if given), FiD at each k, a report "
                             "table, per-question JSONL and PNG plots in OUT; a rerun reuses what is done.")
     add_dataclass_args(p, RunArgs, unset=True)
 
-    p = command(sub, "ask", cmd_ask, loads_checkpoints=True, quick_exit=True,
+    p = command(sub, "ask", cmd_ask, quick_exit=True,
                 help="answer one question: the extractive and the generated answer, and the passages")
     add_dataclass_args(p, AskArgs)
     system_args(p)
 
-    p = command(sub, "serve", cmd_serve, loads_checkpoints=True,
+    p = command(sub, "serve", cmd_serve,
                 help="serve answers over HTTP (POST /answer, GET /health, /metrics, docs at /docs)",
                 description="FastAPI service; concurrent requests are batched for the question encoders and FiD.")
     system_args(p)
