@@ -68,9 +68,6 @@ class Question:
     regex: bool = False
     extra: dict = field(default_factory=dict)
 
-    def to_json(self) -> dict:
-        return {"id": self.id, "question": self.question, "answers": self.answers, "regex": self.regex, **self.extra}
-
 
 def split_limit(spec: str | os.PathLike, limit: int | None = None) -> tuple[str | os.PathLike, int | None]:
     """`tqa-test:3000` -> (`tqa-test`, 3000), or `limit` where that is smaller; a spec without `:N`, or

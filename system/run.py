@@ -164,8 +164,6 @@ def run(args: RunArgs) -> list[dict]:
 
 SEARCH_PARTS = ("index", "model", "doc_index", "doc_model", "reranker")   # the parts the passages come from
 BASELINES = ("bm25", "dense", "none")
-# settings of the extractive answer alone
-ANSWER_KEYS = ("answer_depth", "answer_temperature", "memory", "memory_settings", "without_memory")
 
 
 def _baselines(args: Evaluation, corpus: str, name: str, ds: str, questions, max_k: int, out: Path) -> dict:
