@@ -109,6 +109,21 @@ def test_fid_with_one_passage_is_the_plain_encoder_decoder(b2b):
     assert torch.equal(out, dec)
 
 
+def test_a_bert_that_lacks_a_weight_is_refused_not_warm_started_at_random(tmp_path):
+    """A BERT checkpoint without its pooler warm-starts (the reader never uses it); one without a layer's
+    weight is refused by name, and no reader is written."""
+    from safetensors.torch import load_file, save_file
+    bert = make_tiny_bert(tmp_path / "bert", TEXTS, hidden=32, layers=2)
+    weights = load_file(bert / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("pooler.")}, bert / "model.safetensors")
+    init_warm_reader(bert, tmp_path / "no-pooler", decoder_layers=1, pointer=False)
+    lost = "encoder.layer.1.output.dense.weight"
+    save_file({k: v for k, v in weights.items() if k != lost}, bert / "model.safetensors")
+    with pytest.raises(InputError, match=rf"missing 1 \({lost}\)"):
+        init_warm_reader(bert, tmp_path / "init", decoder_layers=1, pointer=False)
+    assert not (tmp_path / "init").exists()
+
+
 def test_decoder_layers_are_checked():
     assert decoder_layer_sources(6, 2) == [0, 3] and decoder_layer_sources(6, 6) == list(range(6))
     with pytest.raises(InputError, match="decoder-layers"):
