@@ -52,7 +52,6 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-
 @lru_cache(maxsize=1)   # once a process: every command and every pipeline load asks
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep freed blocks for reuse instead of handing each large one back to the

@@ -17,6 +17,13 @@ import torch
 
 from odqa.common.io import InputError, check_checksums, file_sha256, loading, read_json, write_json
 
+# Weights a BERT-family encoder may lack or carry beyond it and still be whole: its users (the
+# retriever's encoders, the warm-started reader) read the last hidden state, so a BERT's pooler (which
+# SpanBERT's and some sentence encoders' checkpoints lack) is never used, nor a pretraining
+# checkpoint's heads (bert-base-uncased's `cls.` heads).
+UNUSED_MISSING = ("pooler.",)
+UNUSED_EXTRA = ("cls.", "lm_head.", "pooler.")
+
 SHOWN = 5   # keys named in an error, of each kind
 CHECKSUMS = "checksums.json"   # in every checkpoint odqa writes: {relative path: {"bytes", "sha256"}}
 

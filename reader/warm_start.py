@@ -29,7 +29,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, BertLMHeadModel, EncoderDecoderConfig
 
 from odqa.common.io import InputError, atomic_path, write_json
-from odqa.common.weights import from_pretrained_whole, seal
+from odqa.common.weights import UNUSED_EXTRA, UNUSED_MISSING, from_pretrained_whole, seal
 from odqa.reader.fid import FiDEncoderDecoder
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,8 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
     if enc_config.model_type != "bert":
         raise InputError(f"--from {name}: a {enc_config.model_type!r} checkpoint; the warm start needs a BERT one")
     tokenizer = AutoTokenizer.from_pretrained(name)
-    # a BERT's pooler and pretraining heads are no part of the reader; any other weight it lacks is refused
-    encoder = from_pretrained_whole(AutoModel, name, "the warm start's encoder weights", may_lack=("pooler.",),
-                                    may_add=("cls.", "lm_head.", "pooler."), hidden_dropout_prob=dropout,
+    encoder = from_pretrained_whole(AutoModel, name, "the warm start's encoder weights", may_lack=UNUSED_MISSING,
+                                    may_add=UNUSED_EXTRA, hidden_dropout_prob=dropout,
                                     attention_probs_dropout_prob=dropout)
     torch.manual_seed(seed)
     dec_config = copy.deepcopy(encoder.config)

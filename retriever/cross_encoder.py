@@ -20,9 +20,9 @@ from transformers import AutoModelForSequenceClassification
 
 from odqa.common.device import search_dtype
 from odqa.common.io import InputError, atomic_path, write_json
-from odqa.common.weights import check_sealed, from_pretrained_whole, seal
+from odqa.common.weights import UNUSED_EXTRA, UNUSED_MISSING, check_sealed, from_pretrained_whole, seal
 from odqa.retriever.args import CrossEncoderConfig
-from odqa.retriever.lm import UNUSED_EXTRA, UNUSED_MISSING, load_tokenizer, read_config
+from odqa.retriever.lm import load_tokenizer, read_config
 
 CONFIG = "cross_encoder.json"
 

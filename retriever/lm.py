@@ -14,13 +14,7 @@ from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
 from odqa.common.io import InputError, atomic_path, loading, read_json
-from odqa.common.weights import check_sealed, from_pretrained_whole, seal
-
-# Weights an encoder may lack or carry beyond it and still be whole: token vectors come from the last
-# hidden state, so a BERT's pooler (which SpanBERT's and some sentence encoders' checkpoints lack) is
-# never used, nor a pretraining checkpoint's heads (bert-base-uncased's `cls.` heads).
-UNUSED_MISSING = ("pooler.",)
-UNUSED_EXTRA = ("cls.", "lm_head.", "pooler.")
+from odqa.common.weights import UNUSED_EXTRA, UNUSED_MISSING, check_sealed, from_pretrained_whole, seal
 
 
 def load_lm(name_or_path: str | os.PathLike, **kwargs) -> nn.Module:

@@ -13,8 +13,8 @@ from torch import nn
 from transformers import AutoModelForQuestionAnswering
 
 from odqa.common.io import InputError, atomic_path
-from odqa.common.weights import check_sealed, from_pretrained_whole
-from odqa.retriever.lm import UNUSED_EXTRA, UNUSED_MISSING, load_tokenizer
+from odqa.common.weights import UNUSED_EXTRA, UNUSED_MISSING, check_sealed, from_pretrained_whole
+from odqa.retriever.lm import load_tokenizer
 
 
 def cross_inputs(questions: dict, passages: dict) -> dict:
