@@ -21,6 +21,7 @@ from odqa.common.io import InputError
 from odqa.common.timings import stage
 from odqa.retriever.phrase_search import Phrases, PhraseSearch, id_ranges
 from odqa.retriever.rerank import doc_z_of, reranked, standardise
+from odqa.retriever.results import Queries
 from odqa.retriever.search_config import PrefilterConfig
 
 POOL = 100   # passages (documents) the rerank reorders, by passage score
@@ -43,18 +44,18 @@ class Prefilter:
     def reranks(self) -> bool:
         return bool(self.config.lam or self.config.bm25_weight)
 
-    def search(self, questions: list[str], q_start: np.ndarray, q_end: np.ndarray, phrases: PhraseSearch
-               ) -> tuple[list[Phrases], np.ndarray, np.ndarray]:
-        """(each question's phrases in its top documents, best first: every token of theirs paired with
-        its best end, so every passage in them gets its best phrase exactly; the documents' rows, -1 for
-        none; their scores)."""
-        a = self.artifacts
-        doc_rows, doc_scores = a.prefilter.search(questions, self.config.top_docs)
-        found = []
-        for qs, qe, rows in zip(q_start, q_end, doc_rows):
+    def documents(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each question's top `top_docs` documents: their rows (-1 for none) and scores."""
+        return self.artifacts.prefilter.search(questions, self.config.top_docs)
+
+    def search(self, queries: Queries, phrases: PhraseSearch) -> list[Phrases]:
+        """Each question's phrases in its top documents (`queries.doc_rows`), best first: every token of
+        theirs paired with its best end, so every passage in them gets its best phrase exactly."""
+        a, found = self.artifacts, []
+        for qs, qe, rows in zip(queries.start, queries.end, queries.doc_rows):
             rows = rows[rows >= 0]
             found.append(phrases.every_phrase(qs, qe, id_ranges(a.doc_vec_start[rows], a.doc_vec_end[rows])))
-        return found, doc_rows, doc_scores
+        return found
 
     @stage("pre-filter")
     def ranked(self, phrases: Phrases, keys: np.ndarray, best: np.ndarray, unit: str, question: str,

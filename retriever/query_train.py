@@ -81,12 +81,12 @@ def mine_candidates(searcher: Searcher, questions, args: QueryTrainArgs, epoch: 
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            q_start, q_end = searcher.encode(texts)
+            queries = searcher.queries(texts)
         model.train(was_training)
         if searcher.prefilter is None:
-            retrieved = searcher.phrases.mips(q_start, q_end, args.top_k)   # batched MIPS
+            retrieved = searcher.phrases.mips(queries.start, queries.end, args.top_k)   # batched MIPS
         else:   # the phrases of the top documents, as the pipeline scores them: every start, its best end
-            retrieved = searcher.prefilter.search(texts, q_start, q_end, searcher.phrases)[0]
+            retrieved = searcher.prefilter.search(queries, searcher.phrases)
         out = []
         for i, phrases in zip(rows, retrieved):
             q, phrases = questions[i], phrases[:args.top_k]

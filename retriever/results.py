@@ -1,10 +1,13 @@
 """What a phrase search returns to its caller: each question's `SearchResult`, its passages or documents
 as `Hit`s (the public `Passage` or `Document`, and where its phrase lies in the corpus), its top phrases
 and its extractive answer, as the public `Phrase`s (`odqa.common.results`), and the answer memory's
-`Neighbour`s it consulted. `odqa.Answer` and the retrieval file are made from these."""
+`Neighbour`s it consulted. `odqa.Answer` and the retrieval file are made from these. `Queries` holds
+what the search's encoders make of a batch of questions, before it searches."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from odqa.common.results import Document, Neighbour, Passage, Phrase
 
@@ -45,3 +48,14 @@ class SearchResult:
         if self.unit != "phrase":
             return self.answer
         return self.phrases[0] if self.phrases else None
+
+
+@dataclass(frozen=True)
+class Queries:
+    """A batch of questions as the search's encoders give them (`Searcher.queries`): their phrase start
+    and end vectors and, behind a pre-filter, their top documents (rows, -1 for none, and scores)."""
+    questions: list[str]
+    start: np.ndarray
+    end: np.ndarray
+    doc_rows: np.ndarray | None = None
+    doc_scores: np.ndarray | None = None

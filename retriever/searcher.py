@@ -26,7 +26,7 @@ from odqa.retriever.phrase_model import question_vectors_of
 from odqa.retriever.phrase_search import PhraseSearch, group
 from odqa.retriever.prefilter import POOL, Prefilter
 from odqa.retriever.rerank import cross_reranked
-from odqa.retriever.results import SearchResult
+from odqa.retriever.results import Queries, SearchResult
 from odqa.retriever.search_artifacts import SearchArtifacts
 from odqa.retriever.search_config import SearchConfig
 
@@ -66,27 +66,41 @@ class Searcher:
         it is (the server searches for other requests meanwhile)."""
         return Searcher(self.artifacts, updated(self.config, settings), self.batch_size)
 
+    def queries(self, questions: list[str]) -> Queries:
+        """The questions through the search's encoders: the phrase model's start and end vectors, and
+        the pre-filter's top documents. This part of a search is torch and faiss, which let go of the
+        GIL, so a caller with batches to go makes the next batch's queries while `search` reads this
+        one's passages (`retrieve_phrases`, common/prefetch.py)."""
+        q_start, q_end = self.encode(questions)
+        docs = self.prefilter.documents(questions) if self.prefilter is not None else (None, None)
+        return Queries(list(questions), q_start, q_end, *docs)
+
     def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The phrase model's start and end vectors of the questions."""
         a = self.artifacts
         return question_vectors_of(a.model, a.tokenizer, questions, self.batch_size, a.device)
 
     def search(self, questions: list[str], k: int = 10, unit: str = "passage",
-               max_phrases: int | None = None) -> list[SearchResult]:
+               max_phrases: int | None = None, queries: Queries | None = None) -> list[SearchResult]:
         """For each question its top phrases and, for unit passage/document, its top k of those with the
         extractive answer their top `answer_depth` vote for. Without a pre-filter, MIPS goes deeper until
-        k passages (documents) come back, up to `max_phrases` hits a side (`PhraseSearch.deep_enough`)."""
+        k passages (documents) come back, up to `max_phrases` hits a side (`PhraseSearch.deep_enough`).
+        `queries`: the questions' `queries`, where the caller made them already."""
         if unit not in UNITS:
             raise InputError(f"unit must be one of {UNITS}, not {unit!r}")
         if k < 1:
             raise InputError(f"k must be positive, not {k}")
         c, a = self.config, self.artifacts
-        q_start, q_end = self.encode(questions)
+        queries = queries or self.queries(questions)
+        if queries.questions != list(questions):
+            raise ValueError("these queries were made for other questions")
+        q_start, q_end = queries.start, queries.end
         # The answer must not depend on how many passages the caller reads: search as deep as it votes.
         n = k if unit == "phrase" else max(k, c.answer.answer_depth)
         cross = a.reranker is not None and unit == "passage"
         depth = max(n, c.reranker.rerank_depth) if cross else n
         if self.prefilter is not None:
-            found, doc_rows, doc_scores = self.prefilter.search(questions, q_start, q_end, self.phrases)
+            found, doc_rows, doc_scores = self.prefilter.search(queries, self.phrases), queries.doc_rows, queries.doc_scores
         else:
             found = self.phrases.deep_enough(q_start, q_end, depth, unit, a.table, max_phrases)
         neighbours = a.memory.neighbours(question_vectors(q_start, q_end), c.memory.memory_neighbours,

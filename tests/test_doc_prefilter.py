@@ -205,6 +205,23 @@ def test_all_documents_and_lambda_zero_rank_as_no_prefilter(world, doc_model):
             assert [h.score for h in x.hits] == pytest.approx([h.score for h in y.hits])
 
 
+def test_a_search_given_its_queries_made_apart_finds_what_it_finds_alone(world, doc_model):
+    docs = DocRetriever(doc_model["index"], doc_model["dir"], world["corpus"])
+    searcher = searcher_of(world["root"] / "index", world["root"] / "phrase", world["corpus"], doc_index=docs,
+                           top_docs=2, lam=1.0)
+    questions = world["questions"]
+    queries = searcher.queries(questions)
+    assert (queries.doc_rows == docs.search(questions, 2)[0]).all()
+    for unit in ("passage", "document"):
+        alone, given = searcher.search(questions, k=5, unit=unit), searcher.search(questions, k=5, unit=unit,
+                                                                                 queries=queries)
+        assert [[(h.unit.id, h.score, h.phrase) for h in r.hits] for r in alone] == \
+            [[(h.unit.id, h.score, h.phrase) for h in r.hits] for r in given]
+        assert [r.answer for r in alone] == [r.answer for r in given]
+    with pytest.raises(ValueError, match="other questions"):
+        searcher.search(questions[::-1], k=5, queries=queries)
+
+
 @pytest.mark.parametrize("factory", ["Flat", "IVF4,PQ4"])
 def test_prefiltered_search_is_exact_inside_the_chosen_documents(world, doc_model, factory):
     """Every passage of the top documents comes back, scored as its best span within the cap over all
