@@ -32,6 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from odqa.common.io import InputError, atomic_path, loading, read_json
+from odqa.common.prefetch import prefetched
 
 log = logging.getLogger(__name__)
 
@@ -99,22 +100,25 @@ def parts_beside(output: str | os.PathLike) -> Path:
     return output.with_name(f".{output.name}.parts")
 
 
-def split_map(fn: Callable[[Sequence], list], items: Sequence, batch_size: int, parts: str | os.PathLike | None,
-              key: Any = None, desc: str = "batches", ranks: Ranks | None = None) -> list:
+def split_map(fn: Callable[..., list], items: Sequence, batch_size: int, parts: str | os.PathLike | None,
+              key: Any = None, desc: str = "batches", ranks: Ranks | None = None,
+              prepare: Callable[[Sequence], Any] | None = None) -> list:
     """`fn` over `items` a batch at a time, this rank's batches only, and every rank's results in item
     order, on every rank; `fn(batch)` returns a list of one JSON-serialisable result an item.
 
     `parts`: the directory of the part files (`parts_beside(OUTPUT)`), resumed only when it was
     made with the same `key` (the stage's inputs and settings) and batch size, else emptied. Alone and
-    without `parts`, `fn` simply runs over every batch."""
+    without `parts`, `fn` simply runs over every batch. With `prepare`, a stage in two halves: `fn(batch,
+    prepare(batch))`, the next batch's `prepare` in a worker thread meanwhile (common/prefetch.py)."""
     ranks = ranks or current()
     batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
     if parts is None:
         if ranks.world > 1:
             raise InputError("a stage split by rank needs a directory for its parts")
-        return [r for batch in _progress(batches, desc, len(items), 0) for r in _checked(fn, batch)]
+        return [r for _, out in zip(_progress(batches, desc, len(items), 0), _outputs(fn, batches, prepare))
+                for r in out]
     with _one_run_at_a_time(Path(parts), ranks):
-        parts = _compute(fn, batches, Path(parts), key, desc, ranks, _JSON)
+        parts = _compute(fn, batches, Path(parts), key, desc, ranks, _JSON, prepare)
         results = [r for b in range(len(batches)) for r in _read_part(parts, b, batches[b], _JSON)]
         ranks.barrier()   # every rank has read every part
         if ranks.main:
@@ -184,7 +188,7 @@ _JSON = ("json", lambda path, rows: path.write_text(json.dumps(rows, ensure_asci
 _NPY = ("npy", _save_npy, lambda path: np.load(path, allow_pickle=False))
 
 
-def _compute(fn, batches: list, parts: Path, key, desc: str, ranks: Ranks, kind) -> Path:
+def _compute(fn, batches: list, parts: Path, key, desc: str, ranks: Ranks, kind, prepare=None) -> Path:
     """This rank's batches of `fn` into `parts` (those not there already); returns once every rank's are."""
     stamp = json.loads(json.dumps({"key": key, "batches": [len(b) for b in batches]}, default=str))
     if ranks.main:
@@ -202,10 +206,11 @@ def _compute(fn, batches: list, parts: Path, key, desc: str, ranks: Ranks, kind)
         log.info("%s: %d of this rank's %d batches already done; resuming", parts, len(done), len(mine))
     todo = [b for b in mine if b not in done]
     label = desc if ranks.world == 1 else f"{desc} (rank {ranks.rank} of {ranks.world})"
-    for b in _progress(todo, label, sum(len(batches[b]) for b in mine), sum(len(batches[b]) for b in done),
-                       [len(batches[b]) for b in todo]):
+    progress = _progress(todo, label, sum(len(batches[b]) for b in mine), sum(len(batches[b]) for b in done),
+                         [len(batches[b]) for b in todo])
+    for b, out in zip(progress, _outputs(fn, [batches[b] for b in todo], prepare)):
         with atomic_path(_part(parts, b, kind)) as tmp:
-            kind[1](tmp, _checked(fn, batches[b]))
+            kind[1](tmp, out)
     ranks.barrier()
     return parts
 
@@ -233,8 +238,15 @@ def _progress(seq: list, desc: str, total: int, initial: int, sizes: list[int] |
     bar.close()
 
 
-def _checked(fn, batch):
-    out = fn(batch)
+def _outputs(fn, batches: list, prepare=None) -> Iterator[list]:
+    """`fn` of each batch in turn, computed as it is asked for; with `prepare`, `fn(batch, prepared)`."""
+    if prepare is None:
+        return (_checked(fn, batch) for batch in batches)
+    return (_checked(fn, batch, prepared) for batch, prepared in prefetched(prepare, batches))
+
+
+def _checked(fn, batch, *prepared):
+    out = fn(batch, *prepared)
     if len(out) != len(batch):
         raise RuntimeError(f"a stage gave {len(out)} results for a batch of {len(batch)}")
     return out

@@ -46,9 +46,13 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int, batch_size
     "prediction_without_memory"."""
     tokens = _token_cache()
 
-    def batch_entries(batch: Sequence[Question]) -> list[dict]:
+    def queries(batch: Sequence[Question]):
+        return searcher.queries([q.question for q in batch])
+
+    def batch_entries(batch: Sequence[Question], queries) -> list[dict]:
         entries = []
-        for q, r in zip(batch, searcher.search([q.question for q in batch], k, unit="passage")):
+        texts = [q.question for q in batch]
+        for q, r in zip(batch, searcher.search(texts, k, unit="passage", queries=queries)):
             # read by the searcher already: only their tokens are made here (once a row)
             ps = [{"id": h.unit.id, "title": h.unit.title, "text": h.unit.text} for h in r.hits]
             entry = make_entry(q, ps, np.array([h.score for h in r.hits], dtype=np.float32),
@@ -67,7 +71,8 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int, batch_size
                 ctx.update({name: h.parts[name] for name in ("search_score", "cross_score") if name in h.parts})
             entries.append(entry)
         return entries
-    return split_map(batch_entries, questions, batch_size, parts, key, desc="retrieve")
+    # the next batch is encoded while this one is searched (common/prefetch.py)
+    return split_map(batch_entries, questions, batch_size, parts, key, desc="retrieve", prepare=queries)
 
 
 def _passage_cache(store: PassageStore):

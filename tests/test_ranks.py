@@ -48,6 +48,26 @@ def test_split_map_resumes_only_the_batches_it_had_not_finished(tmp_path):
         split_map(square, items, 3, None, ranks=Ranks(0, 2, 0))
 
 
+def test_split_map_in_two_halves_gives_each_batch_its_own_preparation_and_resumes(tmp_path):
+    parts, prepared = tmp_path / ".out.parts", []
+
+    def prepare(batch):
+        prepared.append(list(batch))
+        return [x * x for x in batch]
+
+    def add(batch, squares, fail_at=None):
+        if batch[0] == fail_at:
+            raise KeyboardInterrupt
+        return [x + s for x, s in zip(batch, squares)]
+    items, want = list(range(10)), [x + x * x for x in range(10)]
+    assert split_map(add, items, 3, None, prepare=prepare) == want
+    with pytest.raises(KeyboardInterrupt):
+        split_map(lambda b, s: add(b, s, fail_at=6), items, 3, parts, key="a", prepare=prepare)
+    prepared.clear()
+    assert split_map(add, items, 3, parts, key="a", prepare=prepare) == want
+    assert prepared == [[6, 7, 8], [9]]   # only the unfinished batches are prepared again
+
+
 def _run_args(world, out):
     return ["run", "--index", str(world["index"]), "--model", str(world["phrase"]), "--reader", str(world["t5"]),
             "--out", str(out), "--questions", str(world["questions"]), "--k", "1", "3", "--corpus",
