@@ -42,12 +42,17 @@ def default_corpus() -> Path:
 
 
 HOME_MARK = "$ODQA_HOME"
+CONFIG_DIR = Path(__file__).parent / "configs"   # the DeepSpeed JSONs the package ships: zero2.json, zero3_offload.json
+CONFIGS_MARK = "$ODQA_CONFIGS"
 
 
 def portable(obj):
     """`obj` (a JSON-like key) with every string that is a path inside $ODQA_HOME written from
     "$ODQA_HOME/": a key recorded in one home then equals the same key made in a copy of it (`cp -a`),
-    and a key recorded before keys were written so equals this one made in the same home."""
+    and a key recorded before keys were written so equals this one made in the same home. A DeepSpeed
+    JSON the package ships (the trainers' default) is written from "$ODQA_CONFIGS/", wherever the
+    package that wrote the key was installed: another checkout or virtual environment keeps the
+    home's finished stages rather than training them again."""
     if isinstance(obj, dict):
         return {k: portable(v) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -57,5 +62,8 @@ def portable(obj):
         for root in dict.fromkeys((str(home), str(home.resolve()))):
             if obj == root or obj.startswith(root.rstrip(os.sep) + os.sep):
                 return HOME_MARK + obj[len(root.rstrip(os.sep)):]
+        path = Path(obj)
+        if path.parent.parts[-2:] == ("common", "configs") and (CONFIG_DIR / path.name).is_file():
+            return f"{CONFIGS_MARK}/{path.name}"
     return obj
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from odqa.common.io import InputError
+from odqa.common.paths import CONFIG_DIR
 from odqa.common.tracking import REPORT_TO
 
 
@@ -314,7 +315,6 @@ class Fit(Batched, Seeded):
 
 
 BACKENDS = ("accelerate", "deepspeed")
-CONFIG_DIR = Path(__file__).parent / "configs"   # DeepSpeed JSONs: zero2.json, zero3_offload.json
 
 
 @dataclass(kw_only=True)

@@ -69,7 +69,7 @@ class Demo:
                     write_json(marker, {**record, "key": key})
                 record = {**record, "key": key}
             same = record is not None and record["key"].get("after") == key["after"] and \
-                _same(record["key"].get("settings"), key["settings"], portable_key(s.defaults))
+                _same(portable_key(record["key"].get("settings")), key["settings"], portable_key(s.defaults))
             out[s.name] = record["key"] if same and all(o.exists() for o in s.outputs) else None
             previous, previous_old = (record["key"] if same else key), old
         return out

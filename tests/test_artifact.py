@@ -1,5 +1,6 @@
 """The one artifact helper: a key fingerprinted one way, recorded with the artifact, checked on reuse."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,21 @@ def test_writers_racing_to_publish_one_directory_each_publish_whole(tmp_path):
     files = sorted((tmp_path / "out").iterdir())
     assert len(files) == 20 and len({f.read_text() for f in files}) == 1      # one writer's, whole
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_shipped_deepspeed_config_is_the_same_setting_wherever_the_package_was_installed(tmp_path):
+    """The trainers' default DeepSpeed JSON is a path inside the installed package: a key written by
+    another checkout or virtual environment names it elsewhere, and still means the same file."""
+    from odqa.common.paths import CONFIG_DIR, portable
+    from odqa.common.settings import OptimArgs
+    here = OptimArgs().deepspeed_config
+    assert Path(here).parent == CONFIG_DIR and Path(here).is_file()
+    elsewhere = "/opt/venv/lib/python3.11/site-packages/odqa/common/configs/zero2.json"
+    assert portable({"deepspeed_config": here}) == portable({"deepspeed_config": elsewhere}) == \
+        {"deepspeed_config": "$ODQA_CONFIGS/zero2.json"}
+    # the user's own JSON, or a name the package does not ship, stays the path it is
+    for own in (str(tmp_path / "zero2.json"), "/srv/odqa/common/configs/my_zero.json"):
+        assert portable(own) == own
 
 
 def test_a_key_naming_paths_in_the_home_is_reused_in_a_copy_of_it(tmp_path, monkeypatch):

@@ -402,6 +402,31 @@ def test_a_changed_setting_changes_its_stages_key_and_a_setting_added_later_leav
     assert [name for name, key in done.items() if key is None] == ["index", "doc", "reader", "memory", "run"]
 
 
+def test_stages_done_by_another_install_of_the_package_stay_done(tmp_path):
+    """A stage key names the trainers' DeepSpeed JSON by where the package that wrote it was installed
+    (the default, common/configs/zero2.json): a home built from another checkout or virtual environment
+    keeps every finished stage."""
+    from odqa.common.artifact import fingerprint, portable_key
+    from odqa.common.io import write_json
+    from odqa.common.settings import OptimArgs
+    here = portable_key({"path": OptimArgs().deepspeed_config})["path"]
+    elsewhere = "/check/work/main/common/configs/zero2.json"   # as that install wrote it
+    demo = Demo(from_flat(RecipeConfig, {"corpus": str(tmp_path / "corpus")}), tmp_path / "out")
+    stages = demo.recipe.stages()
+    demo.stages_dir.mkdir(parents=True)
+    previous, moved = None, 0
+    for s in stages:
+        text = json.dumps({"settings": portable_key(s.settings), "after": fingerprint(previous)})
+        moved += text.count(json.dumps(here))
+        key = json.loads(text.replace(json.dumps(here), json.dumps(elsewhere)))
+        write_json(demo.stages_dir / f"{s.name}.json", {"key": key})
+        for out in s.outputs:
+            out.mkdir(parents=True, exist_ok=True)
+        previous = key
+    assert moved >= 3   # the phrase, document and reader trainers' sections name it
+    assert all(demo.done(stages).values())
+
+
 def test_a_home_that_0_1_built_keeps_its_finished_stages(tmp_path, monkeypatch):
     """The stage records of a demo directory 0.1 built (tests/data/demo-stages-0.1: the demo preset's,
     its keys of flat settings by name): every stage is done for the same recipe, and the run rewrites
