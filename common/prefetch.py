@@ -15,6 +15,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 P = TypeVar("P")
+_END = object()   # what `next` gives once the batches run out
 
 
 def prefetched(prepare: Callable[[T], P], batches: Iterable[T]) -> Iterator[tuple[T, P]]:
@@ -30,5 +31,3 @@ def prefetched(prepare: Callable[[T], P], batches: Iterable[T]) -> Iterator[tupl
             ahead = pool.submit(prepare, nxt) if nxt is not _END else None
             yield batch, prepared
 
-
-_END = object()

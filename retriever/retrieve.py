@@ -46,13 +46,12 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int, batch_size
     "prediction_without_memory"."""
     tokens = _token_cache()
 
-    def queries(batch: Sequence[Question]):
+    def encoded(batch: Sequence[Question]):
         return searcher.queries([q.question for q in batch])
 
     def batch_entries(batch: Sequence[Question], queries) -> list[dict]:
         entries = []
-        texts = [q.question for q in batch]
-        for q, r in zip(batch, searcher.search(texts, k, unit="passage", queries=queries)):
+        for q, r in zip(batch, searcher.search(queries.questions, k, unit="passage", queries=queries)):
             # read by the searcher already: only their tokens are made here (once a row)
             ps = [{"id": h.unit.id, "title": h.unit.title, "text": h.unit.text} for h in r.hits]
             entry = make_entry(q, ps, np.array([h.score for h in r.hits], dtype=np.float32),
@@ -72,7 +71,7 @@ def retrieve_phrases(searcher, questions: Sequence[Question], k: int, batch_size
             entries.append(entry)
         return entries
     # the next batch is encoded while this one is searched (common/prefetch.py)
-    return split_map(batch_entries, questions, batch_size, parts, key, desc="retrieve", prepare=queries)
+    return split_map(batch_entries, questions, batch_size, parts, key, desc="retrieve", prepare=encoded)
 
 
 def _passage_cache(store: PassageStore):

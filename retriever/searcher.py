@@ -91,7 +91,8 @@ class Searcher:
         if k < 1:
             raise InputError(f"k must be positive, not {k}")
         c, a = self.config, self.artifacts
-        queries = queries or self.queries(questions)
+        if queries is None:
+            queries = self.queries(questions)
         if queries.questions != list(questions):
             raise ValueError("these queries were made for other questions")
         q_start, q_end = queries.start, queries.end
@@ -100,7 +101,7 @@ class Searcher:
         cross = a.reranker is not None and unit == "passage"
         depth = max(n, c.reranker.rerank_depth) if cross else n
         if self.prefilter is not None:
-            found, doc_rows, doc_scores = self.prefilter.search(queries, self.phrases), queries.doc_rows, queries.doc_scores
+            found = self.prefilter.search(queries, self.phrases)
         else:
             found = self.phrases.deep_enough(q_start, q_end, depth, unit, a.table, max_phrases)
         neighbours = a.memory.neighbours(question_vectors(q_start, q_end), c.memory.memory_neighbours,
@@ -116,7 +117,7 @@ class Searcher:
             keys, best = keys[:pool], best[:pool]
             if self.prefilter is not None:
                 keys, best, scores, parts = self.prefilter.ranked(phrases, keys, best, unit, question,
-                                                                  doc_rows[i], doc_scores[i])
+                                                                  queries.doc_rows[i], queries.doc_scores[i])
             else:
                 scores, parts = phrases.score[best].astype(np.float64), [{} for _ in keys]
             hits = self.phrases.hits(phrases, keys[:depth], best[:depth], scores[:depth].tolist(), parts[:depth],

@@ -203,13 +203,13 @@ def test_a_reranked_retrieval_file_keeps_both_parts_of_each_score():
     def search(questions, k, unit, queries):
         hits = cross_reranked(reranker, questions[0], passages, k)
         return [SearchResult("passage", [], hits, answer=hits[0].phrase)]
-    entry, = retrieve_phrases(SimpleNamespace(queries=lambda qs: None, search=search),
+    entry, = retrieve_phrases(SimpleNamespace(queries=lambda qs: SimpleNamespace(questions=qs), search=search),
                               [Question("q0", "which", ["answer 2"])], k=3)
     assert [c["id"] for c in entry["ctxs"]] == ["p2", "p0", "p1"] and entry["prediction"] == "answer 2"
     assert [c["search_score"] for c in entry["ctxs"]] == [7.0, 9.0, 8.0]
     assert [c["cross_score"] for c in entry["ctxs"]] == [10.0, 0.0, 0.0]
     assert entry["ctxs"][0]["has_answer"] and not entry["ctxs"][1]["has_answer"]
-    plain = retrieve_phrases(SimpleNamespace(queries=lambda qs: None,
+    plain = retrieve_phrases(SimpleNamespace(queries=lambda qs: SimpleNamespace(questions=qs),
                                              search=lambda qs, k, unit, queries: [SearchResult("passage", [], passages)]),
                              [Question("q0", "which", ["answer 2"])], k=3)[0]
     assert "search_score" not in plain["ctxs"][0] and "cross_score" not in plain["ctxs"][0]
