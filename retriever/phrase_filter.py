@@ -136,12 +136,9 @@ def train_filter(args: FilterArgs) -> dict:
     `report_to`: the loss every `log_steps` and each share's answer recall to accelerate's trackers
     (OUT/runs)."""
     needs(args, "dump", "train_file", "validation_file")
-    dump_dir, train_file, validation_file = args.dump, args.train_file, args.validation_file
-    corpus_dir = args.corpus or default_corpus()
-    hidden, epochs, batch_size, lr, seed = args.hidden, args.epochs, args.batch_size, args.lr, args.seed
-    report_to, log_steps = args.report_to, args.log_steps
+    dump_dir, corpus_dir = args.dump, args.corpus or default_corpus()
     out = Path(args.out) if args.out else filter_dir(dump_dir)
-    train_examples, val_examples = load_examples(str(train_file)), load_examples(str(validation_file))
+    train_examples, val_examples = load_examples(str(args.train_file)), load_examples(str(args.validation_file))
     # Only the supervision passages' tokens are read whole: a large corpus's dump does not fit in memory.
     places = passage_places(corpus_dir, {ex.get("passage_id") for ex in train_examples + val_examples})
     arrays, summary = read_dump(dump_dir, corpus_dir, rows=np.array(sorted(
@@ -150,13 +147,12 @@ def train_filter(args: FilterArgs) -> dict:
     train_ids, train_y, _ = answer_labels(arrays, train_examples, corpus_dir, title_path, places)
     _, _, val_spans = answer_labels(arrays, val_examples, corpus_dir, title_path, places)
     if not train_y.any():
-        raise InputError(f"{train_file}: no answer occurrence falls on the dump's token boundaries")
-    config = {"dump": dump_dir, "train_file": train_file, "hidden": hidden, "epochs": epochs,
-              "batch_size": batch_size, "lr": lr, "seed": seed}
+        raise InputError(f"{args.train_file}: no answer occurrence falls on the dump's token boundaries")
+    config = {name: getattr(args, name) for name in ("dump", "train_file", "hidden", "epochs", "batch_size", "lr", "seed")}
     with atomic_path(out) as tmp:   # the trackers' files too: the directory appears whole, or not at all
         tmp.mkdir()
-        with Trackers(report_to, tmp, "train-filter", config, rank=0) as trackers:
-            model, steps = fit(arrays, train_ids, train_y, hidden, epochs, batch_size, lr, seed, trackers, log_steps)
+        with Trackers(args.report_to, tmp, "train-filter", config, rank=0) as trackers:
+            model, steps = fit(arrays, train_ids, train_y, args, trackers)
             chunks = dump_chunks(dump_dir, corpus_dir)[0]
             every = np.concatenate(chunk_scores(model, chunks))   # shares of the whole dump
             kept_scores = every.copy()   # for build-index, which would otherwise read the whole dump again
@@ -167,34 +163,34 @@ def train_filter(args: FilterArgs) -> dict:
                 table.append({"keep": share, "threshold": threshold,
                               "answer_recall": answer_recall(scores >= threshold, val_spans)})
             trackers.log({f"eval/answer_recall_keep_{row['keep']:g}": row["answer_recall"] for row in table}, steps)
-        info = {"dim": model.dim, "hidden": hidden, "encoder_hash": summary["encoder_hash"],
+        info = {"dim": model.dim, "hidden": args.hidden, "encoder_hash": summary["encoder_hash"],
                 "fingerprint": summary["fingerprint"], "train_tokens": len(train_ids),
-                "validation_answerable": sum(bool(s) for s in val_spans), "epochs": epochs, "calibration": table,
-                "scores_of": chunk_stamps(chunks), "train_file": str(train_file),
-                "validation_file": str(validation_file)}
+                "validation_answerable": sum(bool(s) for s in val_spans), "epochs": args.epochs, "calibration": table,
+                "scores_of": chunk_stamps(chunks), "train_file": str(args.train_file),
+                "validation_file": str(args.validation_file)}
         torch.save(model.state_dict(), tmp / "filter.pt")
         np.save(tmp / "scores.npy", kept_scores)
         write_json(tmp / "filter.json", info)
     return info
 
 
-def fit(arrays: dict, train_ids: np.ndarray, train_y: np.ndarray, hidden: int, epochs: int, batch_size: int,
-        lr: float, seed: int, trackers: Trackers, log_steps: int) -> tuple[PhraseFilter, int]:
-    """The filter fitted on the labelled tokens `train_ids` of `arrays` (the dump's rows read), and its
-    number of steps."""
+def fit(arrays: dict, train_ids: np.ndarray, train_y: np.ndarray, args: FilterArgs,
+        trackers: Trackers) -> tuple[PhraseFilter, int]:
+    """The filter fitted by `args` on the labelled tokens `train_ids` of `arrays` (the dump's rows read),
+    and its number of steps."""
     start, end = arrays["start"], arrays["end"]
-    torch.manual_seed(seed)
-    model = PhraseFilter(start.shape[1], hidden)
-    opt = torch.optim.Adam(model.parameters(), lr)
+    torch.manual_seed(args.seed)
+    model = PhraseFilter(start.shape[1], args.hidden)
+    opt = torch.optim.Adam(model.parameters(), args.lr)
     y = torch.from_numpy(train_y)
     rate = y.mean(0).clamp_min(1e-6)
     pos_weight = ((1 - rate) / rate).sqrt()   # half-way to balanced: positives are ~1.5% of tokens
-    g = torch.Generator().manual_seed(seed)
-    steps = epochs * -(-len(train_ids) // batch_size)
+    g = torch.Generator().manual_seed(args.seed)
+    steps = args.epochs * -(-len(train_ids) // args.batch_size)
     bar = tqdm(total=steps, desc="train-filter", disable=None)
     step = 0
-    for _ in range(epochs):
-        for b in torch.randperm(len(train_ids), generator=g).split(batch_size):
+    for _ in range(args.epochs):
+        for b in torch.randperm(len(train_ids), generator=g).split(args.batch_size):
             ids = train_ids[b.numpy()]
             logits = model(torch.from_numpy(start[ids]), torch.from_numpy(end[ids]))
             loss = nn.functional.binary_cross_entropy_with_logits(logits, y[b], pos_weight=pos_weight)
@@ -204,7 +200,7 @@ def fit(arrays: dict, train_ids: np.ndarray, train_y: np.ndarray, hidden: int, e
             step += 1
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.4f}")
-            if step % log_steps == 0 or step == steps:
+            if step % args.log_steps == 0 or step == steps:
                 trackers.log({"train/loss": loss.item()}, step)
     bar.close()
     model.eval()
