@@ -30,6 +30,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, BertLMHeadModel, 
 
 from odqa.common.io import InputError, atomic_path, write_json
 from odqa.common.weights import UNUSED_EXTRA, UNUSED_MISSING, from_pretrained_whole, seal
+from odqa.reader.args import ReaderInitArgs
 from odqa.reader.fid import FiDEncoderDecoder
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,13 @@ def decoder_layer_sources(encoder_layers: int, decoder_layers: int) -> list[int]
     return [i * encoder_layers // decoder_layers for i in range(decoder_layers)]
 
 
-def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: int = 0, dropout: float = 0.0,
-               pointer: bool = True, passage_prior: bool | None = None):
+def warm_start(encoder_dir: str | os.PathLike, settings: ReaderInitArgs = ReaderInitArgs()):
     """(FiDEncoderDecoder, tokenizer, the encoder layer each decoder layer copies) built from the BERT
-    checkpoint at `encoder_dir`. Dropout is off by
-    default: a CPU schedule trains for few steps, where underfitting, not overfitting, is the risk."""
-    name = str(encoder_dir)
-    passage_prior = pointer if passage_prior is None else passage_prior
+    checkpoint at `encoder_dir` by `settings` (its decoder depth, dropout, pointer, passage prior and
+    seed; its T5 fields are not read). Dropout is off by default: a CPU schedule trains for few steps,
+    where underfitting, not overfitting, is the risk."""
+    name, pointer = str(encoder_dir), settings.pointer
+    passage_prior = pointer if settings.passage_prior is None else settings.passage_prior
     if passage_prior and not pointer:
         raise InputError("--passage-prior weighs the pointer's passages: it needs --pointer")
     try:
@@ -59,13 +60,13 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
         raise InputError(f"--from {name}: a {enc_config.model_type!r} checkpoint; the warm start needs a BERT one")
     tokenizer = AutoTokenizer.from_pretrained(name)
     encoder = from_pretrained_whole(AutoModel, name, "the warm start's encoder weights", may_lack=UNUSED_MISSING,
-                                    may_add=UNUSED_EXTRA, hidden_dropout_prob=dropout,
-                                    attention_probs_dropout_prob=dropout)
-    torch.manual_seed(seed)
+                                    may_add=UNUSED_EXTRA, hidden_dropout_prob=settings.dropout,
+                                    attention_probs_dropout_prob=settings.dropout)
+    torch.manual_seed(settings.seed)
     dec_config = copy.deepcopy(encoder.config)
-    dec_config.update(dict(is_decoder=True, add_cross_attention=True, num_hidden_layers=decoder_layers,
+    dec_config.update(dict(is_decoder=True, add_cross_attention=True, num_hidden_layers=settings.decoder_layers,
                            tie_word_embeddings=True))
-    sources = decoder_layer_sources(enc_config.num_hidden_layers, decoder_layers)
+    sources = decoder_layer_sources(enc_config.num_hidden_layers, settings.decoder_layers)
     decoder = BertLMHeadModel(dec_config)
     decoder.bert.embeddings.load_state_dict(encoder.embeddings.state_dict())
     for layer, src in zip(decoder.bert.encoder.layer, sources):
@@ -84,21 +85,20 @@ def warm_start(encoder_dir: str | os.PathLike, decoder_layers: int = 2, seed: in
     return model, tokenizer, sources
 
 
-def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike, decoder_layers: int = 2,
-                     seed: int = 0, dropout: float = 0.0, pointer: bool = True,
-                     passage_prior: bool | None = None) -> dict:
-    """The warm-started reader, written atomically to `out_dir`. The passage prior follows the pointer
-    unless told."""
-    model, tokenizer, sources = warm_start(encoder_dir, decoder_layers, seed, dropout, pointer, passage_prior)
+def init_warm_reader(encoder_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                     settings: ReaderInitArgs = ReaderInitArgs()) -> dict:
+    """The reader `warm_start` builds, written atomically to `out_dir`. The passage prior follows the
+    pointer unless told."""
+    model, tokenizer, sources = warm_start(encoder_dir, settings)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        info = {"kind": "bert2bert", "from": str(Path(encoder_dir)), "decoder_layers": decoder_layers,
-                "decoder_layer_sources": sources, "dropout": dropout, "pointer": pointer,
+        info = {"kind": "bert2bert", "from": str(Path(encoder_dir)), "decoder_layers": settings.decoder_layers,
+                "decoder_layer_sources": sources, "dropout": settings.dropout, "pointer": settings.pointer,
                 "passage_prior": model.has_passage_prior, "parameters": model.num_parameters(),
                 "new_parameters": sum(p.numel() for n, p in model.named_parameters() if n in model.new_parameters())}
         write_json(tmp / "reader_init.json", info)
         seal(tmp)
-    log.info("bert2bert from %s: %d decoder layers (copies of %s), %d parameters -> %s", encoder_dir, decoder_layers,
-             sources, info["parameters"], out_dir)
+    log.info("bert2bert from %s: %d decoder layers (copies of %s), %d parameters -> %s", encoder_dir,
+             settings.decoder_layers, sources, info["parameters"], out_dir)
     return info

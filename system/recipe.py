@@ -414,9 +414,8 @@ class Recipe:
         if not (p["reader-init"] / "config.json").exists():
             if c.reader_kind == "warm":
                 from odqa.reader.warm_start import init_warm_reader
-                init_warm_reader(self.encoder, p["reader-init"], init.decoder_layers, seed=init.seed + c.seed,
-                                 dropout=init.dropout, pointer=init.pointer,
-                                 passage_prior=init.passage_prior and init.pointer)
+                init_warm_reader(self.encoder, p["reader-init"], replace(
+                    init, seed=init.seed + c.seed, passage_prior=init.passage_prior and init.pointer))
             else:
                 from odqa.reader.t5_init import init_reader, passage_text
                 store = PassageStore(self.corpus)

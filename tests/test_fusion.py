@@ -12,7 +12,7 @@ from tiny_models import make_tiny_bert
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import normalize_answer
 from odqa.reader import fusion
-from odqa.reader.args import ReaderSettings
+from odqa.reader.args import ReaderInitArgs, ReaderSettings
 from odqa.reader.fid import FusedEncoderOutput
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file, strip_article
 from odqa.reader.read import load_reader, read
@@ -26,7 +26,7 @@ TEXTS = ([f"the code of {n} is {d} ." for n in CODE_NAMES for d in range(10)]
 def reader(tmp_path_factory):
     root = tmp_path_factory.mktemp("fusion")
     bert = make_tiny_bert(root / "bert", TEXTS, hidden=64, layers=2)
-    init_warm_reader(bert, root / "init", decoder_layers=2, pointer=True, passage_prior=True)
+    init_warm_reader(bert, root / "init", ReaderInitArgs(decoder_layers=2, pointer=True, passage_prior=True))
     model, tok = load_reader(root / "init")
     with torch.no_grad():                 # an untrained reader whose passage prior is not uniform
         model.passage_scorer.weight.normal_(0, 1.0)

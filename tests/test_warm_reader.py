@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, EncoderDecoderModel
 from odqa.common.io import InputError
 from odqa.common.metrics.answers import is_echo
 from odqa.common.settings import from_flat, updated
-from odqa.reader.args import LoopArgs, ReaderSettings
+from odqa.reader.args import LoopArgs, ReaderInitArgs, ReaderSettings
 from odqa.reader.fid import FiDEncoderDecoder
 from odqa.reader.fid_data import FiDCollator, FiDExample, load_fid_file
 from odqa.reader.fid_train import ReaderArgs, train_reader
@@ -37,7 +37,7 @@ TEXTS = ([f"the code of {n} is {d} ." for n in CODE_NAMES for d in range(10)]
 def b2b(tmp_path_factory):
     root = tmp_path_factory.mktemp("b2b")
     bert = make_tiny_bert(root / "bert", TEXTS, hidden=64, layers=2)
-    init_warm_reader(bert, root / "init", decoder_layers=2, pointer=False)
+    init_warm_reader(bert, root / "init", ReaderInitArgs(decoder_layers=2, pointer=False))
     return root / "init"
 
 
@@ -116,11 +116,11 @@ def test_a_bert_that_lacks_a_weight_is_refused_not_warm_started_at_random(tmp_pa
     bert = make_tiny_bert(tmp_path / "bert", TEXTS, hidden=32, layers=2)
     weights = load_file(bert / "model.safetensors")
     save_file({k: v for k, v in weights.items() if not k.startswith("pooler.")}, bert / "model.safetensors")
-    init_warm_reader(bert, tmp_path / "no-pooler", decoder_layers=1, pointer=False)
+    init_warm_reader(bert, tmp_path / "no-pooler", ReaderInitArgs(decoder_layers=1, pointer=False))
     lost = "encoder.layer.1.output.dense.weight"
     save_file({k: v for k, v in weights.items() if k != lost}, bert / "model.safetensors")
     with pytest.raises(InputError, match=rf"missing 1 \({lost}\)"):
-        init_warm_reader(bert, tmp_path / "init", decoder_layers=1, pointer=False)
+        init_warm_reader(bert, tmp_path / "init", ReaderInitArgs(decoder_layers=1, pointer=False))
     assert not (tmp_path / "init").exists()
 
 
@@ -391,7 +391,7 @@ def test_an_unknown_decoding_is_refused_before_training(b2b, data, tmp_path):
 @pytest.fixture(scope="module")
 def b2b_pointer(b2b):
     out = b2b.parent / "init-pointer"
-    init_warm_reader(next(b2b.parent.glob("bert")), out, decoder_layers=2, pointer=True, passage_prior=False)
+    init_warm_reader(next(b2b.parent.glob("bert")), out, ReaderInitArgs(decoder_layers=2, pointer=True, passage_prior=False))
     return out
 
 
@@ -482,7 +482,7 @@ def test_the_reader_reads_under_bfloat16_autocast_where_the_dtype_says(b2b_prior
 @pytest.fixture(scope="module")
 def b2b_prior(b2b):
     out = b2b.parent / "init-prior"
-    init_warm_reader(next(b2b.parent.glob("bert")), out, decoder_layers=2, pointer=True, passage_prior=True)
+    init_warm_reader(next(b2b.parent.glob("bert")), out, ReaderInitArgs(decoder_layers=2, pointer=True, passage_prior=True))
     return out
 
 
@@ -514,7 +514,7 @@ def test_a_passage_prior_starts_uniform_and_weighs_the_pointer_by_passage(b2b_po
     again, _ = load_reader(tmp_path / "saved")
     assert torch.equal(again.passage_scorer.weight, model.passage_scorer.weight)
     with pytest.raises(InputError, match="--pointer"):
-        init_warm_reader(next(b2b_prior.parent.glob("bert")), tmp_path / "x", pointer=False, passage_prior=True)
+        init_warm_reader(next(b2b_prior.parent.glob("bert")), tmp_path / "x", ReaderInitArgs(pointer=False, passage_prior=True))
 
 
 def test_the_passage_loss_learns_which_passages_hold_the_answer(b2b_prior, data):

@@ -31,8 +31,7 @@ def cmd_reader_init(args) -> None:
     if args.from_encoder is not None:
         from odqa.reader.warm_start import init_warm_reader
         out = args.out or default_warm_reader_dir()
-        info = init_warm_reader(args.from_encoder, out, args.decoder_layers, args.seed, args.dropout, args.pointer,
-                                args.passage_prior)
+        info = init_warm_reader(args.from_encoder, out, dataclass_from_args(ReaderInitArgs, args))
         print(f"bert2bert: {info['parameters']:,} parameters ({info['new_parameters']:,} new), "
               f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']}"
               f"{', pointer' if args.pointer else ''}{', passage prior' if info['passage_prior'] else ''} -> {out}")
