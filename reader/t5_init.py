@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, T5Config, T5Tokenizer
 
 from odqa.common.io import InputError, atomic_path, write_json
 from odqa.common.weights import seal
-from odqa.reader.args import SHAPES
+from odqa.reader.args import SHAPES, ReaderInitArgs
 from odqa.reader.fid import FiDT5
 
 log = logging.getLogger(__name__)
@@ -82,16 +82,17 @@ def t5_config(preset: str, vocab_size: int) -> T5Config:
                     pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
 
 
-def init_reader(texts: Iterable[str], out_dir: str | os.PathLike, preset: str = "tiny",
-                vocab_size: int | None = None, seed: int = 0) -> dict:
-    """Tokenizer + randomly initialised T5 of the preset's shape, written atomically to `out_dir`."""
+def init_reader(texts: Iterable[str], out_dir: str | os.PathLike, settings: ReaderInitArgs = ReaderInitArgs()) -> dict:
+    """Tokenizer + randomly initialised T5 of `settings.shape`, its weights drawn from `settings.seed`,
+    written atomically to `out_dir`."""
+    preset = settings.shape
     if preset not in SHAPES:
         raise InputError(f"unknown preset {preset!r}: one of {', '.join(SHAPES)}")
-    vocab_size = vocab_size or SHAPES[preset]["vocab"]
+    vocab_size = settings.vocab_size or SHAPES[preset]["vocab"]
     with atomic_path(out_dir) as tmp:
         tokenizer = train_tokenizer(texts, tmp, vocab_size)
         config = t5_config(preset, len(tokenizer))
-        torch.manual_seed(seed)
+        torch.manual_seed(settings.seed)
         model = FiDT5(config)
         model.save_pretrained(str(tmp))
         info = {"preset": preset, "vocab_size": len(tokenizer), "parameters": model.num_parameters(),

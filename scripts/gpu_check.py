@@ -175,11 +175,11 @@ def fid_examples(n: int, k: int, rng, vocab: list[str]) -> list[dict]:
 
 def reader_training(root: Path, s: dict, texts: list[str], rng, vocab: list[str]) -> dict:
     from odqa.common.settings import from_flat
-    from odqa.reader.args import LoopArgs, ReaderArgs
+    from odqa.reader.args import LoopArgs, ReaderArgs, ReaderInitArgs
     from odqa.reader.fid_train import train_reader
     from odqa.reader.t5_init import init_reader
     init = root / "reader-init"
-    init_reader(texts, init, preset=s["reader"], vocab_size=s["reader_vocab"])
+    init_reader(texts, init, ReaderInitArgs(shape=s["reader"], vocab_size=s["reader_vocab"]))
     data = root / "fid-train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in fid_examples(max(40, 8 * s["batch"]), s["train_k"], rng, vocab)))
     out = {"init": init}

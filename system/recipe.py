@@ -412,14 +412,15 @@ class Recipe:
         c, p = self.cfg, self.p
         init = c.reader_init
         if not (p["reader-init"] / "config.json").exists():
+            # the recipe's seed moves the new weights' seed as it moves every trainer's
+            settings = replace(init, seed=init.seed + c.seed, passage_prior=init.passage_prior and init.pointer)
             if c.reader_kind == "warm":
                 from odqa.reader.warm_start import init_warm_reader
-                init_warm_reader(self.encoder, p["reader-init"], replace(
-                    init, seed=init.seed + c.seed, passage_prior=init.passage_prior and init.pointer))
+                init_warm_reader(self.encoder, p["reader-init"], settings)
             else:
                 from odqa.reader.t5_init import init_reader, passage_text
                 store = PassageStore(self.corpus)
-                init_reader((passage_text(x) for x in store), p["reader-init"], init.shape, init.vocab_size)
+                init_reader((passage_text(x) for x in store), p["reader-init"], settings)
                 store.close()
         if c.reader_kind == "t5" and c.pretrain_steps:
             from odqa.reader.pretrain import pretrain_reader

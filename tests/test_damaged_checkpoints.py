@@ -17,9 +17,10 @@ from odqa.system.cli import main
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("sealed")
     world = make_tiny_system(root)
+    from odqa.reader.args import ReaderInitArgs
     from odqa.reader.t5_init import init_reader
     texts = [p for d in TINY_DOCS for s in d["sections"] for p in s["paragraphs"]] * 4
-    init_reader(texts, root / "reader", preset="tiny", vocab_size=300)    # `odqa reader init`: sealed
+    init_reader(texts, root / "reader", ReaderInitArgs(shape="tiny", vocab_size=300))    # `odqa reader init`: sealed
     return {**world, "reader": root / "reader"}
 
 

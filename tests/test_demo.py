@@ -258,6 +258,7 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
     """`odqa demo --seed 1`: another draw of the whole chain, each trainer one seed on from the guides' runs."""
     import odqa.common.retrieval_file as retrieval_file
     import odqa.reader.fid_train as fid_train
+    import odqa.reader.t5_init as t5_init
     import odqa.reader.warm_start as warm_start
     import odqa.retriever.cross_encoder_train as cross_encoder_train
     import odqa.retriever.doc_index as doc_index
@@ -274,7 +275,9 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
     monkeypatch.setattr(doc_index, "build_doc_index", lambda *a: None)
     monkeypatch.setattr(tune_lambda, "tune_searcher_lambda", lambda *a, **kw: {"lambda": 0.0, "bm25_weight": 0.0})
     monkeypatch.setattr(demo_module, "load_questions", lambda *a, **kw: [])
-    monkeypatch.setattr(warm_start, "init_warm_reader", lambda *a, seed, **kw: seeds.append(("init", seed)))
+    monkeypatch.setattr(warm_start, "init_warm_reader", lambda enc, out, init: seeds.append(("init", init.seed)))
+    monkeypatch.setattr(t5_init, "init_reader", lambda texts, out, init: seeds.append(("t5 init", init.seed)))
+    monkeypatch.setattr(demo_module, "PassageStore", lambda corpus: type("NoPassages", (list,), {"close": list.clear})())
     monkeypatch.setattr(fid_train, "train_reader", lambda r, loop: seeds.append(("reader", loop.seed)) or {
         "evals": [{"em": 1.0}], "train_questions": 1})
     monkeypatch.setattr(retrieve, "retrieve_phrases", lambda *a: [])
@@ -283,10 +286,10 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
     monkeypatch.setattr(cross_encoder_train, "train_reranker", lambda a: seeds.append(("reranker", a.seed)) or {
         "train_questions": 1, "steps": 1, "weight": 1.0, "weight_grid": [{"weight": 1.0, **scores}], "retriever": scores})
 
-    def chain(seed):
+    def chain(seed, **changes):
         seeds.clear()
-        demo = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm", seed=seed),
-                    tmp_path / f"out{seed}")
+        demo = Recipe(replace(PRESETS["full"], corpus=str(tmp_path / "corpus"), encoder="minilm", seed=seed, **changes),
+                      tmp_path / f"out{seed}{''.join(changes)}")
         monkeypatch.setattr(demo, "reader_data", lambda resume: ("train", "val"))
         monkeypatch.setattr(demo, "searcher", lambda **kw: None)
         one_question_a_split(demo.out)
@@ -303,6 +306,9 @@ def test_a_seed_moves_every_seed_of_the_chain_by_the_same_offset(tmp_path, monke
                       ("doc", 13), ("query", 13), ("query", 14), ("query", 15),   # the final fit
                       ("init", 0), ("reader", 0), ("reader", 0), ("reranker", 13)]
     assert chain(2) == [(name, seed + 2) for name, seed in guides]
+    # a from-scratch T5's new weights move with the seed too
+    assert ("t5 init", 0) in chain(0, reader_kind="t5", pretrain_steps=0)
+    assert ("t5 init", 2) in chain(2, reader_kind="t5", pretrain_steps=0)
 
 
 def test_title_phrases_reach_every_phrase_round(tmp_path, monkeypatch):

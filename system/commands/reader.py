@@ -28,10 +28,11 @@ def default_warm_reader_dir() -> Path:
 
 
 def cmd_reader_init(args) -> None:
+    settings = dataclass_from_args(ReaderInitArgs, args)
     if args.from_encoder is not None:
         from odqa.reader.warm_start import init_warm_reader
         out = args.out or default_warm_reader_dir()
-        info = init_warm_reader(args.from_encoder, out, dataclass_from_args(ReaderInitArgs, args))
+        info = init_warm_reader(args.from_encoder, out, settings)
         print(f"bert2bert: {info['parameters']:,} parameters ({info['new_parameters']:,} new), "
               f"{args.decoder_layers} decoder layers copied from encoder layers {info['decoder_layer_sources']}"
               f"{', pointer' if args.pointer else ''}{', passage prior' if info['passage_prior'] else ''} -> {out}")
@@ -41,7 +42,7 @@ def cmd_reader_init(args) -> None:
     from odqa.reader.t5_init import init_reader, passage_text
     store = PassageStore(args.corpus or default_corpus())
     out = args.out or default_reader_dir(args.shape)
-    info = init_reader((passage_text(p) for p in store), out, args.shape, args.vocab_size, args.seed)
+    info = init_reader((passage_text(p) for p in store), out, settings)
     store.close()
     print(f"{args.shape} T5: {info['parameters']:,} parameters, {info['vocab_size']:,}-token SentencePiece "
           f"vocabulary (100 sentinels) -> {out}")
