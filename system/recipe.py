@@ -428,7 +428,8 @@ class Recipe:
             pretrain_reader(PretrainArgs(model=str(p["reader-init"]), corpus=str(self.corpus)),
                             LoopArgs(out_dir=str(p["reader-pretrain"]), max_steps=steps, batch_size=32,
                                      lr=c.reader_loop.lr, warmup_steps=max(steps // 10, 1),
-                                     eval_steps=max(steps // 3, 1), save_steps=max(steps // 3, 1), resume=resume))
+                                     eval_steps=max(steps // 3, 1), save_steps=max(steps // 3, 1), resume=resume,
+                                     seed=c.reader_loop.seed + c.seed))
             return str(p["reader-pretrain"] / "best")
         return str(p["reader-init"])
 
