@@ -94,10 +94,13 @@ class AnswerMemory:
             sims = vectors[a:a + 256] @ self.vectors.T
             n = min(count, len(self))
             top = np.argpartition(-sims, n - 1, axis=1)[:, :n]
-            for s, rows in zip(sims, top):
-                rows = rows[np.argsort(-s[rows], kind="stable")]
-                out.append([Neighbour(row["question"], tuple(row["answers"]), float(s[r]))
-                            for r in rows if s[r] >= threshold for row in [self.row(r)]])
+            top_sims = np.take_along_axis(sims, top, 1)
+            order = np.argsort(-top_sims, axis=1, kind="stable")
+            top, top_sims = np.take_along_axis(top, order, 1), np.take_along_axis(top_sims, order, 1)
+            kept = top_sims >= threshold   # compared in float32, as the similarities are
+            for rows, similarities, keep in zip(top.tolist(), top_sims.tolist(), kept.tolist()):
+                out.append([Neighbour(row["question"], tuple(row["answers"]), s)
+                            for r, s, k in zip(rows, similarities, keep) if k for row in [self.row(r)]])
         return out
 
 

@@ -1161,6 +1161,36 @@ def test_the_answer_memory_adds_its_votes_to_the_passages_votes():
     assert aggregate_answer(units, 25, 1.0, prior=[(kyoto, 0.5)]).text == "Osaka"
 
 
+def test_may_hold_is_false_only_where_the_answer_has_no_occurrence():
+    from odqa.retriever.phrase_search import may_hold, occurrences
+    # re's case-insensitive match pairs "i" with "İ" and "ı", "s" with "ſ"; str.lower keeps them apart
+    cases = [("Born in Oslo.", "OSLO"), ("Born in Oslo.", "paris"), ("İstanbul", "istanbul"), ("the ſun", "sun"),
+             ("Dıyar", "diyar"), ("\u212aelvin", "kelvin"), ("Zürich", "ZÜRICH"), ("a.b c", "A.B"), ("", "x"), ("x", "")]
+    rng = random.Random(0)
+    cases += [("".join(rng.choice("abAB .İıſ") for _ in range(12)), "".join(rng.choice("abAB si") for _ in range(2)))
+              for _ in range(2000)]
+    for text, answer in cases:
+        assert may_hold(text, answer) or next(occurrences(text, answer), None) is None, (text, answer)
+    assert not may_hold("Born in Oslo.", "paris")   # ASCII both: the regex is skipped
+    assert may_hold("İstanbul", "istanbul") and next(occurrences("İstanbul", "istanbul")).group() == "İstanbul"
+
+
+def test_memory_neighbours_are_the_nearest_above_the_threshold_nearest_first(world, tmp_path):
+    from odqa.retriever.answer_memory import AnswerMemory
+    questions = ["where was alice born", "where was bob born", "where was alice born", "who is carol",
+                 "where was dave born", "who is erin"]
+    memory = AnswerMemory(_memory(world, tmp_path, [{"id": f"m{i}", "question": q, "answers": [f"a{i}"]}
+                                                    for i, q in enumerate(questions)]))
+    asked = memory.vectors[[0, 3]]   # asked again: rows 0 and 2 tie, the first row first
+    sims = asked @ memory.vectors.T
+    for threshold in (-1.0, float(np.sort(sims[0])[2]), 1.01):
+        got = memory.neighbours(asked, 4, threshold)
+        for s, neighbours in zip(sims, got):
+            want = [r for r in np.argsort(-s, kind="stable")[:4] if s[r] >= threshold]
+            assert [(n.answers, n.similarity) for n in neighbours] == [((f"a{r}",), float(s[r])) for r in want]
+    assert got == [[], []] and [n.answers for n in memory.neighbours(asked, 4, -1.0)[0][:2]] == [("a0",), ("a2",)]
+
+
 def _memory(world, tmp_path, rows, name="memory"):
     from odqa.common.questions import load_questions
     from odqa.retriever.answer_memory import build_memory
